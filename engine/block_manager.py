@@ -1,0 +1,98 @@
+"""Block ids of the KV pool: the free list, reference counts, and the shape of the block map.
+
+Free blocks are handed out lowest id first so that data packs at the bottom of the pool and the
+tail can be released. The block manager knows nothing of tensors; ``KVPool`` holds those.
+"""
+from __future__ import annotations
+
+import heapq
+import math
+
+import numpy as np
+
+
+class OutOfBlocks(RuntimeError):
+    """Every block the engine may hold is in use."""
+
+
+class BlockManager:
+    def __init__(self, num_blocks: int) -> None:
+        self.num_blocks = num_blocks
+        self.ref_counts = np.zeros(num_blocks, dtype=np.int32)
+        self._free = list(range(num_blocks))  # a heap; already ordered
+        self.num_used = 0
+
+    @property
+    def num_free(self) -> int:
+        return self.num_blocks - self.num_used
+
+    def usage(self) -> float:
+        return self.num_used / self.num_blocks
+
+    def allocate(self, n: int) -> list[int]:
+        """The ``n`` lowest free block ids, each with reference count 1; all or nothing."""
+        if n > self.num_free:
+            raise OutOfBlocks(f"{n} blocks needed, {self.num_free} free")
+        ids = [heapq.heappop(self._free) for _ in range(n)]
+        for b in ids:
+            self.ref_counts[b] = 1
+        self.num_used += n
+        return ids
+
+    def share(self, ids: list[int]) -> None:
+        """Another holder takes a reference to blocks already in use."""
+        for b in ids:
+            if self.ref_counts[b] <= 0:
+                raise AssertionError(f"block {b} is free and cannot be shared")
+            self.ref_counts[b] += 1
+
+    def free(self, ids: list[int]) -> None:
+        """Drop one reference to each block; a block whose count reaches zero is free again."""
+        for b in ids:
+            if self.ref_counts[b] <= 0:
+                raise AssertionError(f"block {b} freed twice")
+            self.ref_counts[b] -= 1
+            if self.ref_counts[b] == 0:
+                heapq.heappush(self._free, b)
+                self.num_used -= 1
+
+    def highest_used(self) -> int:
+        """The highest block id in use, or -1 when the pool is empty."""
+        used = np.flatnonzero(self.ref_counts)
+        return int(used[-1]) if used.size else -1
+
+    def free_runs(self) -> list[int]:
+        """Lengths of the maximal runs of free blocks over the whole block map."""
+        free = np.concatenate(([0], (self.ref_counts == 0).astype(np.int8), [0]))
+        edges = np.flatnonzero(np.diff(free))
+        return (edges[1::2] - edges[::2]).tolist()
+
+    def holes(self) -> int:
+        """Free blocks below the highest block in use: what makes the footprint larger than the data."""
+        top = self.highest_used()
+        return int(np.count_nonzero(self.ref_counts[:max(top, 0)] == 0))
+
+    def frag_entropy(self) -> float:
+        """Normalised Shannon entropy of free-run lengths: 0 for one run, 1 for all single holes."""
+        runs = self.free_runs()
+        total = sum(runs)
+        if len(runs) <= 1 or total <= 1:
+            return 0.0
+        h = -sum((r / total) * math.log(r / total) for r in runs)
+        return h / math.log(total)
+
+    def compaction_plan(self) -> list[tuple[int, int]]:
+        """(source, destination) moves that fill the lowest holes with the highest blocks in use."""
+        used = np.flatnonzero(self.ref_counts)[::-1]
+        holes = np.flatnonzero(self.ref_counts == 0)
+        n = min(len(used), len(holes))
+        keep = used[:n] > holes[:n]  # pairs stay ordered: once a source is below its hole, all are
+        return list(zip(used[:n][keep].tolist(), holes[:n][keep].tolist()))
+
+    def apply_moves(self, moves: list[tuple[int, int]]) -> None:
+        """Record that each source block's data and references now live at its destination."""
+        for src, dst in moves:
+            if self.ref_counts[src] <= 0 or self.ref_counts[dst] != 0:
+                raise AssertionError(f"bad move {src} -> {dst}")
+            self.ref_counts[dst], self.ref_counts[src] = self.ref_counts[src], 0
+        self._free = np.flatnonzero(self.ref_counts == 0).tolist()

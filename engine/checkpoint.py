@@ -1,0 +1,90 @@
+"""Loading a local Hugging Face Llama checkpoint directory (``config.json`` + ``*.safetensors``).
+
+Nothing is fetched from a hub: the directory must hold everything. Every refusal names the file
+or tensor at fault.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+
+from engine.config import ModelConfig, torch_dtype
+from engine.model import LlamaModel
+
+
+class CheckpointError(ValueError):
+    """A checkpoint directory that cannot be loaded; the message says which file and why."""
+
+
+def _rope_theta(cfg: dict, path: Path) -> float:
+    params = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+    kind = params.get("rope_type", params.get("type", "default"))
+    if kind not in ("default", None):
+        raise CheckpointError(f"{path}: rope type {kind!r} is not supported (only the default rotary embedding)")
+    return float(params.get("rope_theta", cfg.get("rope_theta", 10000.0)))
+
+
+def read_config(directory: str | Path) -> ModelConfig:
+    path = Path(directory) / "config.json"
+    if not Path(directory).is_dir():
+        raise CheckpointError(f"{directory}: no such checkpoint directory")
+    if not path.is_file():
+        raise CheckpointError(f"{path}: missing (a checkpoint needs config.json and *.safetensors)")
+    try:
+        cfg = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise CheckpointError(f"{path}: not valid JSON ({exc})") from exc
+    if cfg.get("model_type") != "llama":
+        raise CheckpointError(f"{path}: model_type {cfg.get('model_type')!r} is not 'llama'")
+    try:
+        heads = int(cfg["num_attention_heads"])
+        mc = ModelConfig(
+            vocab_size=int(cfg["vocab_size"]), hidden_size=int(cfg["hidden_size"]),
+            intermediate_size=int(cfg["intermediate_size"]), num_layers=int(cfg["num_hidden_layers"]),
+            num_heads=heads, num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
+            max_position=int(cfg.get("max_position_embeddings", 2048)), rope_theta=_rope_theta(cfg, path),
+            rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            dtype=str(cfg.get("dtype") or cfg.get("torch_dtype") or "float32"))
+    except KeyError as exc:
+        raise CheckpointError(f"{path}: missing field {exc.args[0]!r}") from exc
+    except (TypeError, ValueError) as exc:
+        raise CheckpointError(f"{path}: {exc}") from exc
+    if cfg.get("head_dim") not in (None, mc.head_dim):
+        raise CheckpointError(f"{path}: head_dim {cfg['head_dim']} != hidden_size / num_attention_heads ({mc.head_dim})")
+    if cfg.get("attention_bias") or cfg.get("mlp_bias"):
+        raise CheckpointError(f"{path}: attention or MLP biases are not supported")
+    return mc
+
+
+def load_checkpoint(directory: str | Path, device: str | torch.device = "cpu",
+                    dtype: str | None = None) -> LlamaModel:
+    """The model in ``directory``, with its weights; ``dtype`` overrides the checkpoint's."""
+    mc = read_config(directory)
+    if dtype is not None:
+        mc = ModelConfig(**{**mc.__dict__, "dtype": dtype})
+    files = sorted(Path(directory).glob("*.safetensors"))
+    if not files:
+        raise CheckpointError(f"{directory}: no *.safetensors weight files")
+    state: dict[str, torch.Tensor] = {}
+    for f in files:
+        try:
+            state.update(load_file(str(f)))
+        except Exception as exc:  # safetensors raises its own error types for a damaged file
+            raise CheckpointError(f"{f}: cannot be read as safetensors ({exc})") from exc
+    model = LlamaModel(mc)
+    expected = model.state_dict()
+    if mc.tie_word_embeddings:
+        state.setdefault("lm_head.weight", state.get("model.embed_tokens.weight"))
+    missing = sorted(k for k in expected if k not in state)
+    if missing:
+        raise CheckpointError(f"{directory}: tensor {missing[0]!r} is missing ({len(missing)} missing in all)")
+    for name, t in expected.items():
+        if tuple(state[name].shape) != tuple(t.shape):
+            raise CheckpointError(f"{directory}: tensor {name!r} has shape {tuple(state[name].shape)}, "
+                                  f"config.json implies {tuple(t.shape)}")
+    model.load_state_dict({k: state[k] for k in expected}, strict=True)
+    return model.to(device=device, dtype=torch_dtype(mc.dtype)).eval()

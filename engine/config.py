@@ -1,0 +1,112 @@
+"""Configuration records for the model and the engine."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    if name not in _DTYPES:
+        raise ValueError(f"dtype: {name!r} is not one of {sorted(_DTYPES)}")
+    return _DTYPES[name]
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """A Llama-architecture decoder. The default is tiny so that it runs fast on a CPU."""
+
+    vocab_size: int = 512
+    hidden_size: int = 64
+    intermediate_size: int = 128
+    num_layers: int = 2
+    num_heads: int = 4
+    num_kv_heads: int = 2
+    max_position: int = 8192
+    rope_theta: float = 10000.0
+    rms_norm_eps: float = 1e-5
+    tie_word_embeddings: bool = False
+    dtype: str = "float32"
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
+                     "num_kv_heads", "max_position"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+        if self.hidden_size % self.num_heads:
+            raise ValueError(f"hidden_size {self.hidden_size} is not a multiple of num_heads {self.num_heads}")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(f"num_heads {self.num_heads} is not a multiple of num_kv_heads {self.num_kv_heads}")
+        torch_dtype(self.dtype)
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
+    @property
+    def dtype_bytes(self) -> int:
+        return torch_dtype(self.dtype).itemsize
+
+    def param_count(self) -> int:
+        h, i, kv = self.hidden_size, self.intermediate_size, self.num_kv_heads * self.head_dim
+        per_layer = h * h * 2 + h * kv * 2 + h * i * 3 + 2 * h
+        embed = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
+        return self.num_layers * per_layer + embed + h
+
+    def kv_bytes_per_token(self) -> int:
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.dtype_bytes
+
+    def workspace_bytes_per_token(self) -> int:
+        """Peak activation bytes one batched token needs in a forward pass (residual, qkv, MLP, logits)."""
+        h, i = self.hidden_size, self.intermediate_size
+        kv = self.num_kv_heads * self.head_dim
+        return (4 * h + 2 * kv + 3 * i + self.vocab_size) * self.dtype_bytes
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """How the engine schedules and what memory it may use.
+
+    ``num_blocks`` is the KV capacity: the blocks the engine may hold. ``device_bytes`` is the
+    device's capacity on a CPU budget device (None: weights + workspace + full KV pool, so the
+    engine alone never exhausts it); on CUDA the real device decides.
+    """
+
+    block_size: int = 16
+    num_blocks: int = 1024
+    segment_blocks: int = 64
+    max_num_seqs: int = 128
+    max_num_batched_tokens: int = 2048
+    max_model_len: int = 8192
+    oom_mode: str = "crash"  # "crash" | "preempt"
+    restart_downtime_s: float = 10.0
+    overcommit: float = 1.0
+    overcommit_step: float = 0.1
+    overcommit_min: float = 1.0
+    overcommit_max: float = 2.0
+    device_bytes: int | None = None
+    host_bytes: int = 1 << 30
+    seed: int = 0
+    ttft_slo_s: float | None = None
+    tpot_slo_s: float | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("block_size", "num_blocks", "segment_blocks", "max_num_seqs",
+                     "max_num_batched_tokens", "max_model_len"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+        if self.oom_mode not in ("crash", "preempt"):
+            raise ValueError(f"oom_mode must be 'crash' or 'preempt', got {self.oom_mode!r}")
+        if self.restart_downtime_s < 0:
+            raise ValueError(f"restart_downtime_s must be >= 0, got {self.restart_downtime_s}")
+        if not (0 < self.overcommit_min <= self.overcommit_max):
+            raise ValueError(f"overcommit range [{self.overcommit_min}, {self.overcommit_max}] is empty or not positive")
+        if not (self.overcommit_min <= self.overcommit <= self.overcommit_max or math.isinf(self.overcommit)):
+            raise ValueError(f"overcommit {self.overcommit} is outside [{self.overcommit_min}, {self.overcommit_max}]")
+        if self.overcommit_step <= 0:
+            raise ValueError(f"overcommit_step must be > 0, got {self.overcommit_step}")
+        if self.host_bytes < 0:
+            raise ValueError(f"host_bytes must be >= 0, got {self.host_bytes}")

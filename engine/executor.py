@@ -1,0 +1,80 @@
+"""Executors run one iteration's work and say how long it took on the engine clock.
+
+``TorchExecutor`` runs the real model on the real KV tensors and reports the measured time.
+"""
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+import torch
+
+from engine.attention import AttentionBatch
+from engine.kv_pool import KVPool
+from engine.model import LlamaModel
+from engine.scheduler import Work
+
+
+class TorchExecutor:
+    """Runs the decoder; greedy sampling. Duration = measured wall time of the forward pass."""
+
+    materialize = True
+
+    def __init__(self, model: LlamaModel, pool: KVPool) -> None:
+        self.model, self.pool = model, pool
+        self.device = pool.device.torch_device
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def prepare(self, work: list[Work]) -> tuple[torch.Tensor, torch.Tensor, AttentionBatch, list[Work]]:
+        """Flat input ids and positions plus the attention metadata; the work reordered, decodes first."""
+        order = sorted(work, key=lambda w: w.num_tokens != 1)
+        ids, pos, blocks, offsets, qlens, clens, rows = [], [], [], [], [], [], []
+        bs = self.pool.block_size
+        for w in order:
+            s, start, n = w.seq, w.seq.num_computed, w.num_tokens
+            ids += s.token_ids[start:start + n]
+            p = list(range(start, start + n))
+            pos += p
+            blocks += [s.block_table[i // bs] for i in p]
+            offsets += [i % bs for i in p]
+            qlens.append(n)
+            clens.append(start + n)
+            if w.produces_token:
+                rows.append(len(ids) - 1)
+        width = max(len(w.seq.block_table) for w in order)
+        tables = [w.seq.block_table + [0] * (width - len(w.seq.block_table)) for w in order]
+        num_decodes = sum(1 for w in order if w.num_tokens == 1)
+        dev = self.device
+        batch = AttentionBatch(
+            slot_blocks=torch.tensor(blocks, device=dev), slot_offsets=torch.tensor(offsets, device=dev),
+            query_lens=qlens, context_lens=clens, block_tables=torch.tensor(tables, device=dev),
+            decode_lens=torch.tensor(clens[:num_decodes], device=dev), num_decodes=num_decodes,
+            logit_rows=torch.tensor(rows, dtype=torch.long, device=dev))
+        return torch.tensor(ids, device=dev), torch.tensor(pos, device=dev), batch, order
+
+    def execute(self, work: list[Work]) -> tuple[dict[str, int], float]:
+        """Run the iteration; returns the next token of each sequence whose chunk reached its end."""
+        self._sync()
+        t0 = time.perf_counter()
+        input_ids, positions, batch, order = self.prepare(work)
+        logits = self.model(input_ids, positions, batch, self.pool)
+        next_tokens = logits.argmax(dim=-1).tolist()
+        self._sync()
+        duration = time.perf_counter() - t0
+        producers = [w.seq.id for w in order if w.produces_token]
+        return dict(zip(producers, next_tokens)), duration
+
+    def bind(self, pool: KVPool) -> None:
+        self.pool = pool
+
+    def timed(self, fn: Callable[[], int]) -> float:
+        """Run a KV copy (compaction, swap; ``fn`` returns the bytes it moved) and return its
+        duration on the engine clock."""
+        self._sync()
+        t0 = time.perf_counter()
+        fn()
+        self._sync()
+        return time.perf_counter() - t0

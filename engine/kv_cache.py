@@ -1,0 +1,121 @@
+"""The KV cache: block ids (``BlockManager``) and their tensors (``KVPool``) kept in step, plus the
+host pool that evicted blocks move to.
+
+Every change of block ownership goes through here, so that ids handed out always have device
+memory behind them and a failure leaves nothing half-done.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from engine.block_manager import BlockManager, OutOfBlocks
+from engine.device import DeviceOOM
+from engine.kv_pool import KVPool
+
+
+class NeedBlocks(RuntimeError):
+    """Blocks could not be had: every block is in use, or the device could not grow the pool."""
+
+    def __init__(self, n: int, cause: Exception) -> None:
+        super().__init__(f"{n} KV blocks could not be allocated: {cause}")
+        self.n, self.cause = n, cause
+
+
+class HostFull(RuntimeError):
+    """The host pool's budget cannot take more blocks."""
+
+
+@dataclass
+class HostPool:
+    """Host memory for evicted KV blocks, with its own budget (pinned on CUDA)."""
+
+    capacity: int
+    pin: bool
+    used: int = 0
+
+    def store(self, data: torch.Tensor) -> torch.Tensor:
+        nbytes = data.numel() * data.element_size()
+        if self.used + nbytes > self.capacity:
+            raise HostFull(f"host pool: {nbytes} B needed, {self.capacity - self.used} B free")
+        host = torch.empty(data.shape, dtype=data.dtype, pin_memory=self.pin)
+        host.copy_(data)
+        self.used += nbytes
+        return host
+
+    def drop(self, data: torch.Tensor) -> None:
+        self.used -= data.numel() * data.element_size()
+
+
+@dataclass
+class SwapTraffic:
+    """Blocks and bytes moved between device and host since the engine started."""
+
+    out_blocks: int = 0
+    in_blocks: int = 0
+    bytes: int = 0
+
+
+class KVCache:
+    def __init__(self, pool: KVPool, host_bytes: int) -> None:
+        self.pool = pool
+        self.traffic = SwapTraffic()
+        self.blocks = BlockManager(pool.num_blocks)
+        self.host = HostPool(host_bytes, pin=pool.device.torch_device.type == "cuda")
+
+    @property
+    def num_blocks(self) -> int:
+        return self.blocks.num_blocks
+
+    def allocate(self, n: int) -> list[int]:
+        """``n`` blocks with device memory behind them, or ``NeedBlocks`` and no change."""
+        if n <= 0:
+            return []
+        try:
+            ids = self.blocks.allocate(n)
+        except OutOfBlocks as exc:
+            raise NeedBlocks(n, exc) from exc
+        try:
+            self.pool.ensure(max(ids))
+        except DeviceOOM as exc:
+            self.blocks.free(ids)
+            raise NeedBlocks(n, exc) from exc
+        return ids
+
+    def free(self, ids: list[int]) -> None:
+        self.blocks.free(ids)
+
+    def swap_out(self, ids: list[int]) -> torch.Tensor:
+        """Copy blocks to the host and free them on the device; ``HostFull`` leaves them in place."""
+        host = self.host.store(self.pool.read_blocks(ids))
+        self.blocks.free(ids)
+        self.traffic.out_blocks += len(ids)
+        self.traffic.bytes += len(ids) * self.pool.block_bytes
+        return host
+
+    def swap_in(self, host: torch.Tensor) -> list[int]:
+        """Bring blocks back from the host into newly allocated device blocks."""
+        ids = self.allocate(host.shape[0])
+        self.pool.write_blocks(ids, host)
+        self.host.drop(host)
+        self.traffic.in_blocks += len(ids)
+        self.traffic.bytes += len(ids) * self.pool.block_bytes
+        return ids
+
+    def compact(self) -> dict[int, int]:
+        """Move the highest blocks in use into the lowest holes and release the freed tail.
+
+        Returns the moves as {old id: new id}; the caller rewrites every block table with them.
+        """
+        moves = self.blocks.compaction_plan()
+        self.pool.copy_blocks(moves)
+        self.blocks.apply_moves(moves)
+        self.pool.release_tail(self.blocks.highest_used())
+        return dict(moves)
+
+    def reset(self) -> None:
+        """A crash: every block and every host copy is gone, the pool's memory returned."""
+        self.blocks = BlockManager(self.pool.num_blocks)
+        self.pool.release_all()
+        self.host.used = 0

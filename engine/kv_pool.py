@@ -1,0 +1,136 @@
+"""The KV pool's tensors: fixed-size blocks in segments that grow on demand and shrink from the tail.
+
+A block holds K and V of ``block_size`` tokens for every layer. Block ``b`` lives in segment
+``b // segment_blocks``; segments form a prefix of the block map (lowest-free-first allocation
+fills them in order, and only trailing free segments are released), so the pool's device
+footprint is the segments it holds, not the blocks in use. With ``materialize=False`` the pool
+keeps the same books and charges the same bytes but holds no tensors (a cost-model executor).
+"""
+from __future__ import annotations
+
+import torch
+
+from engine.config import ModelConfig, torch_dtype
+from engine.device import Device
+
+
+class KVPool:
+    def __init__(self, model: ModelConfig, block_size: int, num_blocks: int, segment_blocks: int,
+                 device: Device, materialize: bool = True) -> None:
+        self.block_size, self.num_blocks = block_size, num_blocks
+        self.segment_blocks = min(segment_blocks, num_blocks)
+        self.device, self.materialize = device, materialize
+        self.dtype = torch_dtype(model.dtype)
+        self.num_kv_heads, self.head_dim = model.num_kv_heads, model.head_dim
+        # [layers, K/V, blocks, block_size, kv_heads, head_dim]
+        self.block_shape = (model.num_layers, 2, block_size, model.num_kv_heads, model.head_dim)
+        self.block_bytes = model.kv_bytes_per_token() * block_size
+        self.segments: list[torch.Tensor | None] = []
+
+    # ---- footprint -------------------------------------------------------------------------
+    @property
+    def num_segments(self) -> int:
+        return len(self.segments)
+
+    @property
+    def held_blocks(self) -> int:
+        return min(self.num_segments * self.segment_blocks, self.num_blocks)
+
+    def footprint_bytes(self) -> int:
+        return self.held_blocks * self.block_bytes
+
+    def _segment_len(self, index: int) -> int:
+        return min(self.segment_blocks, self.num_blocks - index * self.segment_blocks)
+
+    def ensure(self, block_id: int) -> None:
+        """Hold every segment up to the one ``block_id`` lives in; raises ``DeviceOOM`` and keeps
+        what it had when the device cannot provide one."""
+        while self.num_segments <= block_id // self.segment_blocks:
+            n = self._segment_len(self.num_segments)
+            L, two, bs, h, d = self.block_shape
+            if self.materialize:
+                seg = self.device.alloc("kv", (L, two, n, bs, h, d), self.dtype)
+            else:
+                self.device.charge("kv", n * self.block_bytes)
+                seg = None
+            self.segments.append(seg)
+
+    def release_tail(self, highest_used: int) -> int:
+        """Give back trailing segments above ``highest_used``; returns the bytes released."""
+        keep = highest_used // self.segment_blocks + 1 if highest_used >= 0 else 0
+        released = 0
+        while self.num_segments > keep:
+            nbytes = self._segment_len(self.num_segments - 1) * self.block_bytes
+            self.segments.pop()
+            self.device.release("kv", nbytes)
+            released += nbytes
+        return released
+
+    def release_all(self) -> None:
+        self.release_tail(-1)
+
+    # ---- data --------------------------------------------------------------------------------
+    def _split(self, ids: torch.Tensor):
+        """Yield (segment tensor, mask, offsets in segment) for each segment ``ids`` touch."""
+        seg_idx = torch.div(ids, self.segment_blocks, rounding_mode="floor")
+        offsets = ids - seg_idx * self.segment_blocks
+        if self.num_segments == 1:
+            yield self.segments[0], None, offsets
+            return
+        for s in torch.unique(seg_idx).tolist():
+            mask = seg_idx == s
+            yield self.segments[s], mask, offsets[mask]
+
+    def write(self, layer: int, blocks: torch.Tensor, offsets: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Store K and V of new tokens ([tokens, kv_heads, head_dim]) at (block, offset) slots."""
+        for seg, mask, seg_off in self._split(blocks):
+            tok_off = offsets if mask is None else offsets[mask]
+            seg[layer, 0, seg_off, tok_off] = k if mask is None else k[mask]
+            seg[layer, 1, seg_off, tok_off] = v if mask is None else v[mask]
+
+    def gather(self, layer: int, block_table: torch.Tensor) -> torch.Tensor:
+        """K and V of the blocks in ``block_table`` ([..., n]) as [2, ..., n * block_size, kv_heads, head_dim]."""
+        flat = block_table.reshape(-1)
+        out = None
+        for seg, mask, seg_off in self._split(flat):
+            if mask is None:
+                out = seg[layer][:, seg_off]
+                break
+            if out is None:
+                out = torch.empty((2, flat.numel(), self.block_size, self.num_kv_heads, self.head_dim),
+                                  dtype=self.dtype, device=self.device.torch_device)
+            out[:, mask] = seg[layer][:, seg_off]
+        lead = tuple(block_table.shape[:-1])
+        return out.reshape((2,) + lead + (block_table.shape[-1] * self.block_size, self.num_kv_heads, self.head_dim))
+
+    def read_blocks(self, ids: list[int], out: torch.Tensor | None = None) -> torch.Tensor:
+        """Whole blocks (every layer, K and V) as [n, layers, 2, block_size, kv_heads, head_dim]."""
+        idx = torch.tensor(ids, dtype=torch.long, device=self.device.torch_device)
+        data = None
+        for seg, mask, seg_off in self._split(idx):
+            blocks = seg[:, :, seg_off].permute(2, 0, 1, 3, 4, 5)
+            if mask is None:
+                data = blocks
+                break
+            if data is None:
+                data = torch.empty((len(ids),) + self.block_shape, dtype=self.dtype, device=self.device.torch_device)
+            data[mask] = blocks
+        if out is None:
+            return data.contiguous()
+        out.copy_(data, non_blocking=True)
+        return out
+
+    def write_blocks(self, ids: list[int], data: torch.Tensor) -> None:
+        """Store whole blocks ([n, layers, 2, block_size, kv_heads, head_dim]) at ``ids``."""
+        data = data.to(self.device.torch_device, non_blocking=True)
+        idx = torch.tensor(ids, dtype=torch.long, device=self.device.torch_device)
+        for seg, mask, seg_off in self._split(idx):
+            part = data if mask is None else data[mask]
+            seg[:, :, seg_off] = part.permute(1, 2, 0, 3, 4, 5)
+
+    def copy_blocks(self, moves: list[tuple[int, int]]) -> None:
+        """Copy each source block's data to its destination (compaction)."""
+        if not moves or not self.materialize:
+            return
+        src, dst = zip(*moves)
+        self.write_blocks(list(dst), self.read_blocks(list(src)))

@@ -1,0 +1,96 @@
+"""A sequence: one request's tokens, its KV location and its life in the engine."""
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass
+
+import torch
+
+from env.workloads.request import Request
+
+
+class Status(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    SWAPPED = "swapped"
+    FINISHED = "finished"
+
+
+@dataclass
+class RequestRecord:
+    """What happened to one request; TTFT, TPOT and goodput are computed from these."""
+
+    request_id: str
+    arrival_s: float
+    prompt_len: int
+    max_tokens: int
+    output_len: int = 0
+    first_token_s: float | None = None
+    finish_s: float | None = None
+    preemptions: int = 0
+    restarts: int = 0
+    session_id: str | None = None
+
+    @property
+    def ttft_s(self) -> float | None:
+        return None if self.first_token_s is None else self.first_token_s - self.arrival_s
+
+    @property
+    def tpot_s(self) -> float | None:
+        if self.finish_s is None or self.first_token_s is None or self.output_len < 2:
+            return None
+        return (self.finish_s - self.first_token_s) / (self.output_len - 1)
+
+
+class Sequence:
+    """Owns its token ids and its block table (logical block i -> physical block id).
+
+    ``token_ids`` is the whole context: a session's earlier turns, this turn's prompt, and the
+    tokens generated so far. KV exists for the first ``num_computed`` of them. A sequence whose
+    KV was lost (restart, preemption) keeps its tokens and recomputes them on readmission.
+    """
+
+    def __init__(self, request: Request, token_ids: list[int], context_len: int, block_size: int,
+                 record: RequestRecord) -> None:
+        self.request = request
+        self.token_ids = token_ids
+        self.context_len = context_len  # tokens that came from the session before this turn
+        self.block_size = block_size
+        self.record = record
+        self.num_computed = 0
+        self.num_generated = 0
+        self.block_table: list[int] = []
+        self.host_kv: torch.Tensor | None = None  # KV blocks on the host while swapped
+        self.status = Status.WAITING
+        self.admit_order = -1
+        self.contextualized = request.session_id is None  # a turn gets its session's context once
+
+    @property
+    def id(self) -> str:
+        return self.request.request_id
+
+    def __len__(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def peak_blocks(self) -> int:
+        """Blocks this request may need at most: its context and prompt plus ``max_tokens``."""
+        peak = self.context_len + self.request.prompt_len + self.request.max_tokens
+        return math.ceil(peak / self.block_size)
+
+    @property
+    def num_uncomputed(self) -> int:
+        return len(self.token_ids) - self.num_computed
+
+    @property
+    def in_prefill(self) -> bool:
+        return self.num_uncomputed > 1
+
+    def blocks_for(self, num_tokens: int) -> int:
+        """Blocks needed to hold KV for the first ``num_tokens`` tokens."""
+        return math.ceil(num_tokens / self.block_size)
+
+    @property
+    def done(self) -> bool:
+        return self.num_generated >= min(self.request.output_len, self.request.max_tokens)
