@@ -1,0 +1,41 @@
+"""Workloads: the requests the engine serves, from real traces or synthetic generators."""
+from env.workloads.arrivals import (
+    ArrivalProcess,
+    GammaArrivals,
+    MarkovModulatedArrivals,
+    PoissonArrivals,
+)
+from env.workloads.generators import generate, generate_sessions
+from env.workloads.lengths import (
+    EmpiricalLengths,
+    LengthDistribution,
+    LogNormalLengths,
+    ParetoLengths,
+)
+from env.workloads.replay import ReplaySpec, build_requests
+from env.workloads.request import Request
+from env.workloads.sizing import MaxTokensRule, clip_lengths
+from env.workloads.traces import FORMATS, Trace, TraceError, TraceRecord, read_trace
+
+__all__ = [
+    "FORMATS",
+    "ArrivalProcess",
+    "EmpiricalLengths",
+    "GammaArrivals",
+    "LengthDistribution",
+    "LogNormalLengths",
+    "MarkovModulatedArrivals",
+    "MaxTokensRule",
+    "ParetoLengths",
+    "PoissonArrivals",
+    "ReplaySpec",
+    "Request",
+    "Trace",
+    "TraceError",
+    "TraceRecord",
+    "build_requests",
+    "clip_lengths",
+    "generate",
+    "generate_sessions",
+    "read_trace",
+]
