@@ -34,11 +34,7 @@ class AttentionBatch:
 
 def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     # q: [B, H, Q, D]; k, v: [B, KVH, T, D]; mask: bool [B, 1, Q, T] (True = attend)
-    groups = q.shape[1] // k.shape[1]
-    if groups > 1:
-        k = k.repeat_interleave(groups, dim=1)
-        v = v.repeat_interleave(groups, dim=1)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=q.shape[1] != k.shape[1])
 
 
 def paged_attention(q: torch.Tensor, layer: int, batch: AttentionBatch, pool: KVPool) -> torch.Tensor:

@@ -75,7 +75,8 @@ class Device:
             nbytes *= d
         self.charge(kind, nbytes)
         try:
-            return torch.empty(shape, dtype=dtype, device=self.torch_device)
+            # zeros, not empty: attention masks unwritten slots, but 0 * NaN would still be NaN
+            return torch.zeros(shape, dtype=dtype, device=self.torch_device)
         except torch.OutOfMemoryError as exc:
             self.release(kind, nbytes)
             raise DeviceOOM(kind, nbytes, self.free) from exc

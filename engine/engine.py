@@ -9,6 +9,7 @@ actions are plain methods: ``set_overcommit``, ``compact`` and ``evict``.
 from __future__ import annotations
 
 import heapq
+from collections import deque
 import math
 import zlib
 from dataclasses import dataclass, field
@@ -25,6 +26,7 @@ from engine.model import LlamaModel
 from engine.scheduler import Scheduler, Work
 from engine.sequence import RequestRecord, Sequence, Status
 from engine.session import SessionContext
+from engine.snapshot import LENGTH_WINDOW_S, Snapshot, take_snapshot
 from env.workloads.request import Request
 
 IDLE_TICK_S = 0.01  # how far the clock moves when work waits but nothing can run
@@ -84,7 +86,8 @@ class Engine:
 
     def __post_init__(self) -> None:
         cfg, mcfg = self.config, self.model_config
-        self.max_model_len = min(cfg.max_model_len, mcfg.max_position)
+        # as vLLM, a sequence may not outgrow the KV cache, so every request can run alone
+        self.max_model_len = min(cfg.max_model_len, mcfg.max_position, cfg.num_blocks * cfg.block_size)
         block_bytes = mcfg.kv_bytes_per_token() * cfg.block_size
         if self.model is None and (self.executor is None or self.executor.materialize):
             self.model = LlamaModel.from_seed(mcfg, cfg.seed, self.torch_device)
@@ -105,6 +108,8 @@ class Engine:
         self.sessions: dict[str, SessionContext] = {}
         self.records: dict[str, RequestRecord] = {}
         self.outputs: dict[str, list[int]] = {}
+        self.finished_lengths: deque[tuple[float, int]] = deque()  # (finish time, context length), last 60 s
+        self.last_snapshot: Snapshot | None = None
         self.iterations: list[Iteration] = []
         self.down_until: float | None = None
         self.free_target_blocks = 0  # evicted sequences return only while this many blocks stay free
@@ -152,7 +157,7 @@ class Engine:
         self.validate(req)
         record = RequestRecord(req.request_id, max(req.arrival_s, 0.0), req.prompt_len, req.max_tokens,
                                session_id=req.session_id)
-        seq = Sequence(req, self._prompt_ids(req), 0, self.config.block_size, record)
+        seq = Sequence(req, self._prompt_ids(req), 0, self.config.block_size, record, self.max_model_len)
         self.records[req.request_id] = record
         heapq.heappush(self._pending, (req.arrival_s, self._submitted, seq))
         self._submitted += 1
@@ -174,7 +179,7 @@ class Engine:
         if sid is None:
             return True
         ctx = self.sessions.setdefault(sid, SessionContext(sid))
-        if ctx.busy:
+        if ctx.owner not in (None, seq.id):
             return False
         if not seq.contextualized:
             seq.contextualized = True
@@ -197,7 +202,7 @@ class Engine:
             seq.block_table, seq.num_computed = ctx.block_table, ctx.num_computed
             ctx.block_table = []
             self.counters.contexts_reused += 1
-        ctx.busy = True
+        ctx.owner = seq.id
 
     def _drop_context(self, ctx: SessionContext, forget: bool = False) -> None:
         if ctx.block_table:
@@ -218,7 +223,7 @@ class Engine:
                 self.kv.free(seq.block_table)
                 seq.block_table, seq.num_computed = [], 0
                 return True
-        idle = [c for c in self.sessions.values() if c.block_table and not c.busy]
+        idle = [c for c in self.sessions.values() if c.block_table and c.owner is None]
         if not idle:
             return False
         self._drop_context(min(idle, key=lambda c: c.last_used_s))
@@ -262,8 +267,7 @@ class Engine:
         for seq in reversed(held):
             s.requeue(seq)
             seq.record.restarts += 1
-        for ctx in self.sessions.values():
-            ctx.busy = False
+        for ctx in self.sessions.values():  # a turn that held its session still holds it
             if ctx.block_table or ctx.host_kv is not None:
                 self.counters.contexts_dropped += 1
             ctx.block_table, ctx.host_kv = [], None
@@ -329,6 +333,9 @@ class Engine:
         seq.status = Status.FINISHED
         seq.record.finish_s = self.clock
         seq.record.output_len = seq.num_generated
+        self.finished_lengths.append((self.clock, len(seq)))
+        while self.finished_lengths[0][0] < self.clock - LENGTH_WINDOW_S:
+            self.finished_lengths.popleft()
         if self.keep_outputs:
             self.outputs[seq.id] = seq.token_ids[len(seq) - seq.num_generated:]
         self.scheduler.running.remove(seq)
@@ -338,7 +345,7 @@ class Engine:
         else:
             ctx = self.sessions[sid]
             ctx.token_ids, ctx.num_computed = seq.token_ids, seq.num_computed
-            ctx.block_table, ctx.busy, ctx.last_used_s = seq.block_table, False, self.clock
+            ctx.block_table, ctx.owner, ctx.last_used_s = seq.block_table, None, self.clock
         seq.block_table = []
 
     def run(self, until: float | None = None, max_iterations: int | None = None) -> None:
@@ -348,6 +355,11 @@ class Engine:
             if not self.step():
                 break
             n += 1
+
+    def snapshot(self) -> Snapshot:
+        """What the controller sees now; each call starts the next interval."""
+        self.last_snapshot = take_snapshot(self, self.last_snapshot)
+        return self.last_snapshot
 
     # ---- the controller's actions ------------------------------------------------------------
     def set_overcommit(self, factor: float) -> float:
@@ -393,8 +405,10 @@ class Engine:
         target = math.ceil(target_free_share * self.kv.num_blocks)
         self.free_target_blocks = target
         report = CopyReport()
-        idle = sorted((c for c in self.sessions.values() if c.block_table and not c.busy), key=lambda c: c.last_used_s)
-        victims = idle + sorted(self.scheduler.running, key=lambda q: -q.admit_order)
+        idle = sorted((c for c in self.sessions.values() if c.block_table and c.owner is None),
+                      key=lambda c: c.last_used_s)
+        running = [q for q in self.scheduler.running if q.block_table]
+        victims = idle + sorted(running, key=lambda q: -q.admit_order)
 
         def move() -> int:
             for v in victims:

@@ -105,6 +105,8 @@ class KVPool:
 
     def read_blocks(self, ids: list[int], out: torch.Tensor | None = None) -> torch.Tensor:
         """Whole blocks (every layer, K and V) as [n, layers, 2, block_size, kv_heads, head_dim]."""
+        if not ids:
+            return torch.empty((0,) + self.block_shape, dtype=self.dtype, device=self.device.torch_device)
         idx = torch.tensor(ids, dtype=torch.long, device=self.device.torch_device)
         data = None
         for seg, mask, seg_off in self._split(idx):
@@ -129,8 +131,15 @@ class KVPool:
             seg[:, :, seg_off] = part.permute(1, 2, 0, 3, 4, 5)
 
     def copy_blocks(self, moves: list[tuple[int, int]]) -> None:
-        """Copy each source block's data to its destination (compaction)."""
+        """Copy each source block's data to its destination (compaction): one gather and one
+        scatter per pair of segments, no staging copy. Sources and destinations are disjoint."""
         if not moves or not self.materialize:
             return
-        src, dst = zip(*moves)
-        self.write_blocks(list(dst), self.read_blocks(list(src)))
+        dev = self.device.torch_device
+        src = torch.tensor([m[0] for m in moves], dtype=torch.long, device=dev)
+        dst = torch.tensor([m[1] for m in moves], dtype=torch.long, device=dev)
+        S = self.segment_blocks
+        pairs = torch.stack((src // S, dst // S), dim=1)
+        for ss, ds in torch.unique(pairs, dim=0).tolist():
+            m = (pairs[:, 0] == ss) & (pairs[:, 1] == ds)
+            self.segments[ds][:, :, dst[m] % S] = self.segments[ss][:, :, src[m] % S]

@@ -12,6 +12,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Callable
 
+from engine.block_manager import OutOfBlocks
 from engine.kv_cache import KVCache, NeedBlocks
 from engine.sequence import Sequence, Status
 
@@ -71,6 +72,9 @@ class Scheduler:
         while self.swapped and len(self.running) < self.max_num_seqs:
             seq = self.swapped[0]
             need = seq.host_kv.shape[0] + 1
+            if need > self.kv.blocks.num_free and not self.running:
+                # nothing running will free blocks: the engine must reclaim idle ones
+                raise NeedBlocks(need, OutOfBlocks(f"{need} blocks to swap {seq.id} back in"))
             if need > self.kv.blocks.num_free or (self.running and need + swap_in_reserve > self.kv.blocks.num_free):
                 break
             try:

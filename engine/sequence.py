@@ -52,11 +52,12 @@ class Sequence:
     """
 
     def __init__(self, request: Request, token_ids: list[int], context_len: int, block_size: int,
-                 record: RequestRecord) -> None:
+                 record: RequestRecord, max_model_len: int) -> None:
         self.request = request
         self.token_ids = token_ids
         self.context_len = context_len  # tokens that came from the session before this turn
         self.block_size = block_size
+        self.max_model_len = max_model_len
         self.record = record
         self.num_computed = 0
         self.num_generated = 0
@@ -75,8 +76,9 @@ class Sequence:
 
     @property
     def peak_blocks(self) -> int:
-        """Blocks this request may need at most: its context and prompt plus ``max_tokens``."""
-        peak = self.context_len + self.request.prompt_len + self.request.max_tokens
+        """Blocks this request may need at most: its context and prompt plus ``max_tokens``, up to
+        the model length where generation stops anyway."""
+        peak = min(self.context_len + self.request.prompt_len + self.request.max_tokens, self.max_model_len)
         return math.ceil(peak / self.block_size)
 
     @property

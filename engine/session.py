@@ -9,7 +9,8 @@ import torch
 @dataclass
 class SessionContext:
     """The tokens of a session so far and where their KV is: device blocks, host copy, or nowhere
-    (dropped: the next turn recomputes it). ``busy`` while a turn of the session runs."""
+    (dropped: the next turn recomputes it). ``owner`` is the turn that holds the session from
+    its admission until it finishes; later turns wait for it."""
 
     session_id: str
     token_ids: list[int] = field(default_factory=list)
@@ -17,7 +18,7 @@ class SessionContext:
     block_table: list[int] = field(default_factory=list)
     host_kv: torch.Tensor | None = None
     last_used_s: float = 0.0
-    busy: bool = False
+    owner: str | None = None
 
     @property
     def where(self) -> str:

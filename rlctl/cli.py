@@ -1,2 +1,130 @@
-def main() -> None:
-    print("rlctl")
+"""``rlctl``: one command line for everything (replay, bench, demo; more subcommands to come)."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from env.workloads import ReplaySpec, TraceError
+from rlctl.replay import Deployment, build_engine, bundled_trace, format_table, load_requests, replay
+
+
+def _factor(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"overcommit factor must be > 0 (or inf), got {text}")
+    return value
+
+
+def _add_deployment(p: argparse.ArgumentParser) -> None:
+    d = Deployment()
+    g = p.add_argument_group("deployment")
+    g.add_argument("--blocks", type=int, default=d.num_blocks, help="KV capacity in blocks (default %(default)s)")
+    g.add_argument("--block-size", type=int, default=d.block_size)
+    g.add_argument("--max-num-seqs", type=int, default=d.max_num_seqs)
+    g.add_argument("--max-batched-tokens", type=int, default=d.max_num_batched_tokens)
+    g.add_argument("--max-model-len", type=int, default=d.max_model_len)
+    g.add_argument("--downtime", type=float, default=d.restart_downtime_s, help="restart downtime after an OOM crash (s)")
+    g.add_argument("--ttft-slo", type=float, default=None, help="TTFT target (s) for goodput")
+    g.add_argument("--tpot-slo", type=float, default=None, help="TPOT target (s) for goodput")
+    g.add_argument("--model-dir", default=None, help="local Hugging Face Llama checkpoint (default: tiny seeded model)")
+    g.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
+    g.add_argument("--seed", type=int, default=0)
+
+
+def _add_workload(p: argparse.ArgumentParser, trace_required: bool) -> None:
+    g = p.add_argument_group("workload")
+    g.add_argument("--trace", required=trace_required, default=None, help="trace file (Azure CSV, Mooncake JSONL, length CSV)")
+    g.add_argument("--time-scale", type=float, default=1.0, help="arrival compression factor (default %(default)s)")
+    g.add_argument("--start", type=float, default=0.0, help="window start in trace seconds")
+    g.add_argument("--duration", type=float, default=60.0, help="window length in trace seconds (default %(default)s)")
+    g.add_argument("--max-tokens", default="fixed:2048", help="declared max_tokens rule: fixed:N or scale:X (default %(default)s)")
+    g.add_argument("--rate", type=float, default=None, help="Poisson arrival rate (req/s) for length-only traces")
+    g.add_argument("--limit", type=int, default=None, help="replay at most this many requests")
+
+
+def _deployment(a: argparse.Namespace) -> Deployment:
+    return Deployment(num_blocks=a.blocks, block_size=a.block_size, max_num_seqs=a.max_num_seqs,
+                      max_num_batched_tokens=a.max_batched_tokens, max_model_len=a.max_model_len,
+                      restart_downtime_s=a.downtime, ttft_slo_s=a.ttft_slo, tpot_slo_s=a.tpot_slo,
+                      model_dir=a.model_dir, device=a.device, seed=a.seed)
+
+
+def _spec(a: argparse.Namespace) -> ReplaySpec:
+    return ReplaySpec(max_tokens=a.max_tokens, time_scale=a.time_scale, start_s=a.start, duration_s=a.duration,
+                      max_model_len=a.max_model_len, rate_rps=a.rate, seed=a.seed, limit=a.limit)
+
+
+def _replay_runs(a: argparse.Namespace, trace, factors: list[float]) -> dict[str, dict]:
+    spec, dep = _spec(a), _deployment(a)
+    requests = load_requests(trace, spec)
+    print(f"replay: {trace}: {len(requests)} requests; {spec.describe()}")
+    print(f"engine: {dep.num_blocks} KV blocks x {dep.block_size} tokens, oom={a.oom}, device={dep.device}")
+    runs = {}
+    for f in factors:
+        engine = build_engine(dep, f, a.oom)
+        runs[f"overcommit {f:g}"] = replay(requests, engine)
+    return runs
+
+
+def cmd_replay(a: argparse.Namespace) -> int:
+    runs = _replay_runs(a, a.trace, [a.overcommit])
+    print(format_table(runs))
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(next(iter(runs.values())), f, indent=2)
+    return 0
+
+
+def cmd_demo(a: argparse.Namespace) -> int:
+    a.trace = a.trace or bundled_trace("azure2023_conv.csv")
+    runs = _replay_runs(a, a.trace, [1.0, a.overcommit])
+    print(format_table(runs))
+    return 0
+
+
+def cmd_bench(a: argparse.Namespace) -> int:
+    from rlctl.bench import run_bench
+
+    result = run_bench(a.what)
+    print(json.dumps(result, indent=2) if a.json else "\n".join(f"{k}: {v}" for k, v in result.items()))
+    return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="rlctl", description=__doc__)
+    sub = p.add_subparsers(dest="command", required=True)
+
+    r = sub.add_parser("replay", help="replay a trace through the engine at a fixed overcommit factor")
+    _add_workload(r, trace_required=True)
+    _add_deployment(r)
+    r.add_argument("--overcommit", type=_factor, default=1.0, help="overcommit factor (default %(default)s; inf: no reservation)")
+    r.add_argument("--oom", choices=["crash", "preempt"], default="crash", help="OOM semantics (default %(default)s)")
+    r.add_argument("--json", default=None, help="write the figures to this JSON file")
+    r.set_defaults(fn=cmd_replay)
+
+    d = sub.add_parser("demo", help="the embedded default: a bundled Azure trace window at overcommit 1.0 and 1.6")
+    _add_workload(d, trace_required=False)
+    _add_deployment(d)
+    d.add_argument("--overcommit", type=_factor, default=1.6, help="the factor compared with 1.0 (default %(default)s)")
+    d.add_argument("--oom", choices=["crash", "preempt"], default="crash")
+    d.set_defaults(fn=cmd_demo, time_scale=4.0, duration=30.0)
+
+    b = sub.add_parser("bench", help="benchmarks (ratios against a reference measured in the same run)")
+    b.add_argument("what", choices=["engine"])
+    b.add_argument("--json", action="store_true", help="print JSON")
+    b.set_defaults(fn=cmd_bench)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parser().parse_args(argv)
+    try:
+        return a.fn(a)
+    except (TraceError, ValueError, FileNotFoundError) as exc:
+        print(f"rlctl {a.command}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

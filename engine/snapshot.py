@@ -1,0 +1,80 @@
+"""The snapshot: every quantity DESIGN.md's "What the controller sees" lists, taken at a decision.
+
+Values here are raw (ratios, counts, milliseconds, tokens); turning them into a bounded float32
+observation is the environment's job, so the sidecar and the environment read the same record.
+"""
+from __future__ import annotations
+
+import math
+from itertools import takewhile
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+# Fixed log-spaced bin edges (tokens) for the waiting-prompt and running-context histograms.
+HIST_EDGES = (0, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, math.inf)
+LENGTH_WINDOW_S = 60.0
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    time_s: float
+    alloc_ratio: float        # KV blocks in use / capacity
+    alloc_slope: float        # change of alloc_ratio per second over the last interval
+    frag_entropy: float       # normalised entropy of free-run lengths, in [0, 1]
+    queue_len: int            # requests waiting for admission
+    prefill_frac: float       # share of running sequences in prefill
+    len_mean: float           # context length of requests completed in the last 60 s (tokens)
+    len_std: float
+    swapped: int              # sequences and session contexts whose KV is on the host
+    decode_ms: float          # mean decode iteration time in the last interval
+    overcommit: float         # current factor
+    reserved_ratio: float     # admitted peak demand / capacity
+    device_free: float        # free device memory / capacity
+    queue_hist: tuple[float, ...]    # waiting prompt lengths, share per bin
+    running_hist: tuple[float, ...]  # running context lengths, share per bin
+    running: int = 0
+    kv_blocks_used: int = 0
+    kv_blocks_total: int = 0
+    kv_footprint_bytes: int = 0
+    oom_events: int = 0
+    preemptions: int = 0
+    tokens_generated: int = 0
+    restarting: bool = False
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def histogram(lengths: list[int]) -> tuple[float, ...]:
+    """Share of ``lengths`` in each ``HIST_EDGES`` bin (all zeros when empty)."""
+    if not lengths:
+        return (0.0,) * (len(HIST_EDGES) - 1)
+    counts, _ = np.histogram(lengths, bins=np.array(HIST_EDGES[:-1] + (np.finfo(float).max,)))
+    return tuple((counts / len(lengths)).tolist())
+
+
+def take_snapshot(engine, previous: Snapshot | None) -> Snapshot:
+    """Read the engine now; ``previous`` is the last decision's snapshot (for slope and means)."""
+    s, kv, now = engine.scheduler, engine.kv, engine.clock
+    alloc = kv.blocks.usage()
+    since = previous.time_s if previous else 0.0
+    dt = now - since
+    slope = (alloc - previous.alloc_ratio) / dt if previous and dt > 0 else 0.0
+    interval = takewhile(lambda it: it.end_s > since, reversed(engine.iterations))
+    decodes = [it.duration_s for it in interval if it.decode_tokens]
+    recent = [n for t, n in engine.finished_lengths if t >= now - LENGTH_WINDOW_S]
+    on_host = len(s.swapped) + sum(1 for c in engine.sessions.values() if c.host_kv is not None)
+    dev = engine.device
+    return Snapshot(
+        time_s=now, alloc_ratio=alloc, alloc_slope=slope, frag_entropy=kv.blocks.frag_entropy(),
+        queue_len=len(s.waiting), prefill_frac=(sum(q.in_prefill for q in s.running) / len(s.running)) if s.running else 0.0,
+        len_mean=float(np.mean(recent)) if recent else 0.0, len_std=float(np.std(recent)) if recent else 0.0,
+        swapped=on_host, decode_ms=1000.0 * float(np.mean(decodes)) if decodes else 0.0,
+        overcommit=engine.overcommit, reserved_ratio=s.reserved_blocks() / kv.num_blocks,
+        device_free=max(dev.free, 0) / dev.capacity,
+        queue_hist=histogram([len(q) for q in s.waiting]), running_hist=histogram([len(q) for q in s.running]),
+        running=len(s.running), kv_blocks_used=kv.blocks.num_used, kv_blocks_total=kv.num_blocks,
+        kv_footprint_bytes=engine.pool.footprint_bytes(), oom_events=engine.counters.oom_events,
+        preemptions=engine.counters.preemptions, tokens_generated=engine.counters.tokens_generated,
+        restarting=engine.down_until is not None)
