@@ -50,21 +50,19 @@ def _deployment(a: argparse.Namespace) -> Deployment:
                       model_dir=a.model_dir, device=a.device, seed=a.seed)
 
 
-def _spec(a: argparse.Namespace) -> ReplaySpec:
+def _spec(a: argparse.Namespace, max_model_len: int) -> ReplaySpec:
     return ReplaySpec(max_tokens=a.max_tokens, time_scale=a.time_scale, start_s=a.start, duration_s=a.duration,
-                      max_model_len=a.max_model_len, rate_rps=a.rate, seed=a.seed, limit=a.limit)
+                      max_model_len=max_model_len, rate_rps=a.rate, seed=a.seed, limit=a.limit)
 
 
 def _replay_runs(a: argparse.Namespace, trace, factors: list[float]) -> dict[str, dict]:
-    spec, dep = _spec(a), _deployment(a)
+    dep = _deployment(a)
+    engines = [build_engine(dep, f, a.oom) for f in factors]
+    spec = _spec(a, engines[0].max_model_len)  # clip to what the engine can hold
     requests = load_requests(trace, spec)
     print(f"replay: {trace}: {len(requests)} requests; {spec.describe()}")
     print(f"engine: {dep.num_blocks} KV blocks x {dep.block_size} tokens, oom={a.oom}, device={dep.device}")
-    runs = {}
-    for f in factors:
-        engine = build_engine(dep, f, a.oom)
-        runs[f"overcommit {f:g}"] = replay(requests, engine)
-    return runs
+    return {f"overcommit {f:g}": replay(requests, e) for f, e in zip(factors, engines)}
 
 
 def cmd_replay(a: argparse.Namespace) -> int:

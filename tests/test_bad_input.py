@@ -1,0 +1,112 @@
+"""Bad input gets a clear error that names what is wrong, and harms nothing already accepted."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from engine.checkpoint import CheckpointError, load_checkpoint
+from engine.engine import RequestError
+from env.workloads.request import Request
+from rlctl.cli import main
+
+
+@pytest.fixture
+def busy_engine(make_engine):
+    """An engine part-way through serving two accepted requests."""
+    eng = make_engine(num_blocks=64, max_model_len=256)
+    eng.submit(Request("ok-1", 0.0, 40, 8, 8))
+    eng.submit(Request("ok-2", 0.0, 12, 6, 6))
+    eng.step()
+    return eng
+
+
+@pytest.mark.parametrize("bad, message", [
+    (Request("long", 0.0, 256, 4, 4), "does not fit the context of 256"),
+    (Request("empty", 0.0, 0, 4, 4, prompt_ids=()), "prompt is empty"),
+    (Request("vocab", 0.0, 3, 4, 4, prompt_ids=(1, 512, 2)), "token id 512 is outside the vocabulary"),
+    (Request("neg", 0.0, 3, 4, 4, prompt_ids=(1, -1, 2)), "token id -1 is outside the vocabulary"),
+    (Request("zero", 0.0, 5, 4, 0), "max_tokens must be > 0"),
+    (Request("minus", 0.0, 5, 4, -3), "max_tokens must be > 0"),
+    (Request("ids", 0.0, 5, 4, 4, prompt_ids=(1, 2)), "2 prompt ids but prompt_len 5"),
+    (Request("ok-1", 0.0, 5, 4, 4), "already in use"),
+])
+def test_a_bad_request_is_refused_by_name_and_the_rest_are_served(busy_engine, bad, message):
+    eng = busy_engine
+    before = (len(eng.records), eng.kv.blocks.num_used, list(eng.scheduler.waiting), list(eng.scheduler.running))
+    with pytest.raises(RequestError, match=message) as err:
+        eng.submit(bad)
+    assert repr(bad.request_id) in str(err.value)
+    assert (len(eng.records), eng.kv.blocks.num_used, list(eng.scheduler.waiting), list(eng.scheduler.running)) == before
+    eng.submit(Request("after", eng.clock, 10, 5, 5))  # the engine still takes good requests
+    eng.run()
+    assert [eng.records[r].output_len for r in ("ok-1", "ok-2", "after")] == [8, 6, 5]
+
+
+def test_a_malformed_trace_line_is_named_by_file_and_line(tmp_path, capsys):
+    trace = tmp_path / "azure.csv"
+    trace.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n"
+                     "2023-11-16 18:15:46.6805900,374,44\n"
+                     "2023-11-16 18:15:50.9951690,three,109\n")
+    assert main(["replay", "--trace", str(trace)]) == 2
+    err = capsys.readouterr().err
+    assert f"{trace}:3:" in err and "three" in err
+
+
+def test_a_missing_trace_file_is_a_clear_error(tmp_path, capsys):
+    assert main(["replay", "--trace", str(tmp_path / "nope.csv")]) == 2
+    assert "nope.csv" in capsys.readouterr().err
+
+
+@pytest.fixture
+def checkpoint(tmp_path):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=128)
+    LlamaForCausalLM(cfg).save_pretrained(tmp_path / "ck")
+    return tmp_path / "ck"
+
+
+def test_a_checkpoint_without_config_is_refused(checkpoint):
+    (checkpoint / "config.json").unlink()
+    with pytest.raises(CheckpointError, match="config.json: missing"):
+        load_checkpoint(checkpoint)
+
+
+def test_a_checkpoint_without_weights_is_refused(checkpoint):
+    for f in checkpoint.glob("*.safetensors"):
+        f.unlink()
+    with pytest.raises(CheckpointError, match=r"no \*\.safetensors"):
+        load_checkpoint(checkpoint)
+
+
+def test_a_checkpoint_missing_a_tensor_is_refused_by_tensor_name(checkpoint):
+    from safetensors.torch import load_file, save_file
+
+    weights = checkpoint / "model.safetensors"
+    state = load_file(str(weights))
+    del state["model.layers.0.mlp.up_proj.weight"]
+    save_file(state, str(weights))
+    with pytest.raises(CheckpointError, match="model.layers.0.mlp.up_proj.weight"):
+        load_checkpoint(checkpoint)
+
+
+def test_a_checkpoint_whose_config_disagrees_with_its_tensors_is_refused(checkpoint):
+    cfg = json.loads((checkpoint / "config.json").read_text())
+    cfg["intermediate_size"] = 48
+    (checkpoint / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(CheckpointError, match="has shape"):
+        load_checkpoint(checkpoint)
+
+
+def test_a_missing_checkpoint_directory_is_refused(tmp_path):
+    with pytest.raises(CheckpointError, match="no such checkpoint directory"):
+        load_checkpoint(tmp_path / "absent")
+
+
+def test_a_damaged_weight_file_is_refused_by_file_name(checkpoint):
+    weights = checkpoint / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])
+    with pytest.raises(CheckpointError, match="model.safetensors: cannot be read"):
+        load_checkpoint(checkpoint)
