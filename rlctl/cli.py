@@ -76,7 +76,7 @@ def cmd_replay(a: argparse.Namespace) -> int:
 
 def cmd_demo(a: argparse.Namespace) -> int:
     a.trace = a.trace or bundled_trace("azure2023_conv.csv")
-    runs = _replay_runs(a, a.trace, [1.0, a.overcommit])
+    runs = _replay_runs(a, a.trace, a.factors)
     print(format_table(runs))
     return 0
 
@@ -101,12 +101,13 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--json", default=None, help="write the figures to this JSON file")
     r.set_defaults(fn=cmd_replay)
 
-    d = sub.add_parser("demo", help="the embedded default: a bundled Azure trace window at overcommit 1.0 and 1.6")
+    d = sub.add_parser("demo", help="the embedded default: a minute of the bundled Azure trace at several factors")
     _add_workload(d, trace_required=False)
     _add_deployment(d)
-    d.add_argument("--overcommit", type=_factor, default=1.6, help="the factor compared with 1.0 (default %(default)s)")
+    d.add_argument("--factors", type=_factor, nargs="+", default=[1.0, 1.6, 2.5],
+                   help="overcommit factors to compare (default %(default)s)")
     d.add_argument("--oom", choices=["crash", "preempt"], default="crash")
-    d.set_defaults(fn=cmd_demo, time_scale=4.0, duration=30.0)
+    d.set_defaults(fn=cmd_demo, time_scale=2.0, duration=60.0, ttft_slo=5.0, tpot_slo=0.05)
 
     b = sub.add_parser("bench", help="benchmarks (ratios against a reference measured in the same run)")
     b.add_argument("what", choices=["engine"])
