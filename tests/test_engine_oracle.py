@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import torch
 
-from conftest import hf_greedy, hf_twin
+from conftest import hf_greedy
+from rlctl.bench import hf_twin
 from engine.checkpoint import load_checkpoint
 from engine.config import EngineConfig
 from engine.engine import Engine
