@@ -6,7 +6,8 @@ import json
 import sys
 
 from env.workloads import ReplaySpec, TraceError
-from rlctl.replay import Deployment, build_engine, bundled_trace, format_table, load_requests, replay
+from engine.config import EngineConfig
+from rlctl.replay import DEFAULT_ENGINE, build_engine, bundled_trace, format_table, load_requests, replay
 
 
 def _factor(text: str) -> float:
@@ -17,7 +18,7 @@ def _factor(text: str) -> float:
 
 
 def _add_deployment(p: argparse.ArgumentParser) -> None:
-    d = Deployment()
+    d = DEFAULT_ENGINE
     g = p.add_argument_group("deployment")
     g.add_argument("--blocks", type=int, default=d.num_blocks, help="KV capacity in blocks (default %(default)s)")
     g.add_argument("--block-size", type=int, default=d.block_size)
@@ -29,7 +30,7 @@ def _add_deployment(p: argparse.ArgumentParser) -> None:
     g.add_argument("--tpot-slo", type=float, default=None, help="TPOT target (s) for goodput")
     g.add_argument("--model-dir", default=None, help="local Hugging Face Llama checkpoint (default: tiny seeded model)")
     g.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
-    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--seed", type=int, default=d.seed)
 
 
 def _add_workload(p: argparse.ArgumentParser, trace_required: bool) -> None:
@@ -43,11 +44,10 @@ def _add_workload(p: argparse.ArgumentParser, trace_required: bool) -> None:
     g.add_argument("--limit", type=int, default=None, help="replay at most this many requests")
 
 
-def _deployment(a: argparse.Namespace) -> Deployment:
-    return Deployment(num_blocks=a.blocks, block_size=a.block_size, max_num_seqs=a.max_num_seqs,
-                      max_num_batched_tokens=a.max_batched_tokens, max_model_len=a.max_model_len,
-                      restart_downtime_s=a.downtime, ttft_slo_s=a.ttft_slo, tpot_slo_s=a.tpot_slo,
-                      model_dir=a.model_dir, device=a.device, seed=a.seed)
+def _engine_config(a: argparse.Namespace) -> EngineConfig:
+    return EngineConfig(num_blocks=a.blocks, block_size=a.block_size, max_num_seqs=a.max_num_seqs,
+                        max_num_batched_tokens=a.max_batched_tokens, max_model_len=a.max_model_len,
+                        restart_downtime_s=a.downtime, ttft_slo_s=a.ttft_slo, tpot_slo_s=a.tpot_slo, seed=a.seed)
 
 
 def _spec(a: argparse.Namespace, max_model_len: int) -> ReplaySpec:
@@ -56,12 +56,12 @@ def _spec(a: argparse.Namespace, max_model_len: int) -> ReplaySpec:
 
 
 def _replay_runs(a: argparse.Namespace, trace, factors: list[float]) -> dict[str, dict]:
-    dep = _deployment(a)
-    engines = [build_engine(dep, f, a.oom) for f in factors]
+    cfg = _engine_config(a)
+    engines = [build_engine(cfg, f, a.oom, a.model_dir, a.device) for f in factors]
     spec = _spec(a, engines[0].max_model_len)  # clip to what the engine can hold
     requests = load_requests(trace, spec)
     print(f"replay: {trace}: {len(requests)} requests; {spec.describe()}")
-    print(f"engine: {dep.num_blocks} KV blocks x {dep.block_size} tokens, oom={a.oom}, device={dep.device}")
+    print(f"engine: {cfg.num_blocks} KV blocks x {cfg.block_size} tokens, oom={a.oom}, device={a.device}")
     return {f"overcommit {f:g}": replay(requests, e) for f, e in zip(factors, engines)}
 
 

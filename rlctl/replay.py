@@ -2,11 +2,11 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import replace
 from importlib import resources
 from pathlib import Path
 
-from engine.checkpoint import load_checkpoint, read_config
+from engine.checkpoint import load_checkpoint
 from engine.config import EngineConfig, ModelConfig
 from engine.engine import Engine
 from engine.metrics import summarize
@@ -19,37 +19,19 @@ def bundled_trace(name: str) -> Path:
     return Path(str(resources.files("env.workloads") / "data" / name))
 
 
-@dataclass(frozen=True)
-class Deployment:
-    """The engine a replay runs: model, KV capacity and scheduling limits."""
-
-    num_blocks: int = 640  # ~10k tokens of KV: a 7B fp16 model on a 24 GB GPU, the seed's memory-bound case
-    block_size: int = 16
-    max_num_seqs: int = 128
-    max_num_batched_tokens: int = 2048
-    max_model_len: int = 8192
-    restart_downtime_s: float = 10.0
-    ttft_slo_s: float | None = None
-    tpot_slo_s: float | None = None
-    model_dir: str | None = None
-    device: str = "cpu"
-    seed: int = 0
+# The replay default: ~10k tokens of KV (640 blocks x 16), what a 7B fp16 model has on a 24 GB
+# GPU: memory-bound on Azure-like traffic, the seed deployment's case (see DESIGN.md).
+DEFAULT_ENGINE = EngineConfig(num_blocks=640)
 
 
-def build_engine(dep: Deployment, overcommit: float, oom_mode: str) -> Engine:
-    """An engine for ``dep`` whose overcommit range admits ``overcommit`` (a static policy)."""
-    if dep.model_dir:
-        model = load_checkpoint(dep.model_dir, device=dep.device)
-        mcfg = model.config
-    else:
-        model, mcfg = None, ModelConfig()
-    cfg = EngineConfig(
-        block_size=dep.block_size, num_blocks=dep.num_blocks, max_num_seqs=dep.max_num_seqs,
-        max_num_batched_tokens=dep.max_num_batched_tokens, max_model_len=min(dep.max_model_len, mcfg.max_position),
-        oom_mode=oom_mode, restart_downtime_s=dep.restart_downtime_s, overcommit=overcommit,
-        overcommit_min=min(1.0, overcommit), overcommit_max=max(2.0, overcommit),
-        ttft_slo_s=dep.ttft_slo_s, tpot_slo_s=dep.tpot_slo_s, seed=dep.seed)
-    return Engine(mcfg, cfg, model=model, torch_device=dep.device)
+def build_engine(cfg: EngineConfig, overcommit: float, oom_mode: str, model_dir: str | None = None,
+                 device: str = "cpu") -> Engine:
+    """An engine on ``cfg`` running a static policy: ``overcommit`` fixed (its range widened to
+    admit it), ``oom_mode`` semantics, the tiny seeded model or the checkpoint in ``model_dir``."""
+    model = load_checkpoint(model_dir, device=device) if model_dir else None
+    cfg = replace(cfg, overcommit=overcommit, oom_mode=oom_mode, overcommit_min=min(cfg.overcommit_min, overcommit),
+                  overcommit_max=max(cfg.overcommit_max, overcommit))
+    return Engine(model.config if model else ModelConfig(), cfg, model=model, torch_device=device)
 
 
 def load_requests(trace: str | Path, spec: ReplaySpec) -> list[Request]:

@@ -6,10 +6,11 @@ import pytest
 
 from engine.metrics import summarize
 from env.workloads import ReplaySpec
-from rlctl.replay import Deployment, build_engine, bundled_trace, load_requests
+from engine.config import EngineConfig
+from rlctl.replay import build_engine, bundled_trace, load_requests
 
 # A memory-bound deployment: 128 blocks of 16 tokens, clients declaring max_tokens = 1024.
-DEPLOYMENT = Deployment(num_blocks=128, max_model_len=2048, restart_downtime_s=1.0)
+DEPLOYMENT = EngineConfig(num_blocks=128, max_model_len=2048, restart_downtime_s=1.0)
 
 
 def azure(time_scale: float, duration_s: float) -> list:
