@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import asdict
 import sys
 
 from env.workloads import ReplaySpec, TraceError
@@ -62,7 +63,12 @@ def _replay_runs(a: argparse.Namespace, trace, factors: list[float]) -> dict[str
     requests = load_requests(trace, spec)
     print(f"replay: {trace}: {len(requests)} requests; {spec.describe()}")
     print(f"engine: {cfg.num_blocks} KV blocks x {cfg.block_size} tokens, oom={a.oom}, device={a.device}")
-    return {f"overcommit {f:g}": replay(requests, e) for f, e in zip(factors, engines)}
+    runs = {}
+    for f, e in zip(factors, engines):
+        runs[f"overcommit {f:g}"] = {**replay(requests, e), "overcommit": f, "oom_mode": a.oom,
+                                     "trace": str(trace), "workload": spec.describe(), "engine": asdict(e.config),
+                                     "model": asdict(e.model_config)}
+    return runs
 
 
 def cmd_replay(a: argparse.Namespace) -> int:
