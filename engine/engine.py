@@ -92,14 +92,14 @@ class Engine:
         if self.model is None and (self.executor is None or self.executor.materialize):
             self.model = LlamaModel.from_seed(mcfg, cfg.seed, self.torch_device)
         weights = self.model.weight_bytes() if self.model is not None else mcfg.param_count() * mcfg.dtype_bytes
-        self.workspace_reserve = self.workspace_bytes(cfg.max_num_batched_tokens, cfg.num_blocks * cfg.block_size)
-        capacity = cfg.device_bytes or weights + self.workspace_reserve + cfg.num_blocks * block_bytes
+        workspace = self.workspace_bytes(cfg.max_num_batched_tokens, cfg.num_blocks * cfg.block_size)
+        capacity = cfg.device_bytes or weights + workspace + cfg.num_blocks * block_bytes
         self.device = Device.for_torch(self.torch_device, capacity)
         self.device.charge("weights", weights)
         materialize = self.executor is None or self.executor.materialize
         self.pool = KVPool(mcfg, cfg.block_size, cfg.num_blocks, cfg.segment_blocks, self.device, materialize)
         self.kv = KVCache(self.pool, cfg.host_bytes)
-        self.scheduler = Scheduler(self.kv, cfg.max_num_seqs, cfg.max_num_batched_tokens)
+        self.scheduler = Scheduler(self.kv, cfg.max_num_seqs, cfg.max_num_batched_tokens, self._reclaim)
         if self.executor is None:
             self.executor = TorchExecutor(self.model, self.pool)
         else:
@@ -235,13 +235,12 @@ class Engine:
             try:
                 return self.scheduler.schedule(self.overcommit, self._admissible, self._attach,
                                                self.free_target_blocks)
-            except NeedBlocks:
-                if self._reclaim():
-                    continue
+            except NeedBlocks:  # a running sequence cannot grow, even after reclaiming
                 if self.config.oom_mode == "crash":
                     self._crash()
                     return None
-                self._preempt_newest()
+                if not self._preempt_newest():
+                    return []
 
     def _preempt_newest(self) -> bool:
         running = self.scheduler.running
@@ -295,9 +294,9 @@ class Engine:
         work = self._schedule()
         if work is None:
             return True
-        if not work:
+        if not work:  # the device has no room for anything now (a co-tenant holds it): wait
             nxt = self.next_arrival()
-            self.clock = min(nxt, self.clock + IDLE_TICK_S) if nxt is not None and nxt > self.clock else self.clock + IDLE_TICK_S
+            self.clock += IDLE_TICK_S if nxt is None or nxt <= self.clock else min(IDLE_TICK_S, nxt - self.clock)
             return True
         context_tokens = sum(w.seq.num_computed + w.num_tokens for w in work)
         num_tokens = sum(w.num_tokens for w in work)

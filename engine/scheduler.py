@@ -12,7 +12,6 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Callable
 
-from engine.block_manager import OutOfBlocks
 from engine.kv_cache import KVCache, NeedBlocks
 from engine.sequence import Sequence, Status
 
@@ -30,8 +29,13 @@ class Work:
 
 
 class Scheduler:
-    def __init__(self, kv: KVCache, max_num_seqs: int, max_num_batched_tokens: int) -> None:
+    """``reclaim`` frees blocks that no running sequence needs (idle session contexts, blocks a
+    waiting turn took) and says whether it freed any; it is tried before any allocation fails."""
+
+    def __init__(self, kv: KVCache, max_num_seqs: int, max_num_batched_tokens: int,
+                 reclaim: Callable[[], bool]) -> None:
         self.kv = kv
+        self.reclaim = reclaim
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.waiting: deque[Sequence] = deque()
@@ -39,17 +43,20 @@ class Scheduler:
         self.swapped: deque[Sequence] = deque()
         self._admissions = 0
 
-    def held(self) -> list[Sequence]:
-        return self.running + list(self.swapped)
-
     def reserved_blocks(self) -> int:
         """Admitted peak demand in blocks: the overcommit rule's left-hand side."""
         return sum(s.peak_blocks for s in self.running) + sum(s.peak_blocks for s in self.swapped)
 
     def _grow(self, seq: Sequence, num_tokens: int) -> None:
         need = seq.blocks_for(num_tokens) - len(seq.block_table)
-        if need > 0:
-            seq.block_table += self.kv.allocate(need)
+        while need > 0:
+            try:
+                seq.block_table += self.kv.allocate(need)
+                return
+            except NeedBlocks:
+                if not self.reclaim():
+                    raise
+                need = seq.blocks_for(num_tokens) - len(seq.block_table)  # reclaim may take seq's own
 
     def _admit(self, seq: Sequence) -> None:
         seq.status = Status.RUNNING
@@ -72,10 +79,11 @@ class Scheduler:
         while self.swapped and len(self.running) < self.max_num_seqs:
             seq = self.swapped[0]
             need = seq.host_kv.shape[0] + 1
-            if need > self.kv.blocks.num_free and not self.running:
-                # nothing running will free blocks: the engine must reclaim idle ones
-                raise NeedBlocks(need, OutOfBlocks(f"{need} blocks to swap {seq.id} back in"))
-            if need > self.kv.blocks.num_free or (self.running and need + swap_in_reserve > self.kv.blocks.num_free):
+            if self.running and need + swap_in_reserve > self.kv.blocks.num_free:
+                break
+            if need > self.kv.blocks.num_free:
+                if not self.running and self.reclaim():  # nothing running will free blocks
+                    continue
                 break
             try:
                 seq.block_table = self.kv.swap_in(seq.host_kv)
@@ -109,7 +117,8 @@ class Scheduler:
                 break
             if not admissible(seq):
                 continue
-            if reserved + seq.peak_blocks > limit and not math.isinf(overcommit):
+            # with nothing held the head is admitted whatever the factor, so the engine never stalls
+            if reserved + seq.peak_blocks > limit and (self.running or self.swapped):
                 break
             try:
                 attach(seq)
