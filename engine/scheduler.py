@@ -7,7 +7,6 @@ rule: the peak demand (``prompt + max_tokens``, in blocks) of everything held ma
 """
 from __future__ import annotations
 
-import math
 from collections import deque
 from dataclasses import dataclass
 from typing import Callable
