@@ -19,7 +19,7 @@ import torch
 
 from engine.config import EngineConfig, ModelConfig
 from engine.device import Device, DeviceOOM
-from engine.executor import TorchExecutor
+from engine.executor import ProfiledExecutor, TorchExecutor
 from engine.kv_cache import HostFull, KVCache, NeedBlocks
 from engine.kv_pool import KVPool
 from engine.model import LlamaModel
@@ -79,7 +79,7 @@ class Engine:
     config: EngineConfig
     model: LlamaModel | None = None
     torch_device: str = "cpu"
-    executor: object | None = None
+    executor: TorchExecutor | ProfiledExecutor | None = None  # None: a TorchExecutor
     keep_outputs: bool = False  # keep each finished request's generated token ids in ``outputs``
     clock: float = 0.0
     counters: Counters = field(default_factory=Counters)
@@ -89,21 +89,20 @@ class Engine:
         # as vLLM, a sequence may not outgrow the KV cache, so every request can run alone
         self.max_model_len = min(cfg.max_model_len, mcfg.max_position, cfg.num_blocks * cfg.block_size)
         block_bytes = mcfg.kv_bytes_per_token() * cfg.block_size
-        if self.model is None and (self.executor is None or self.executor.materialize):
+        if self.executor is None:
+            self.executor = TorchExecutor()
+        if self.model is None and self.executor.materialize:
             self.model = LlamaModel.from_seed(mcfg, cfg.seed, self.torch_device)
         weights = self.model.weight_bytes() if self.model is not None else mcfg.param_count() * mcfg.dtype_bytes
         workspace = self.workspace_bytes(cfg.max_num_batched_tokens, cfg.num_blocks * cfg.block_size)
         capacity = cfg.device_bytes or weights + workspace + cfg.num_blocks * block_bytes
         self.device = Device.for_torch(self.torch_device, capacity)
         self.device.charge("weights", weights)
-        materialize = self.executor is None or self.executor.materialize
-        self.pool = KVPool(mcfg, cfg.block_size, cfg.num_blocks, cfg.segment_blocks, self.device, materialize)
+        self.pool = KVPool(mcfg, cfg.block_size, cfg.num_blocks, cfg.segment_blocks, self.device,
+                           self.executor.materialize)
         self.kv = KVCache(self.pool, cfg.host_bytes)
         self.scheduler = Scheduler(self.kv, cfg.max_num_seqs, cfg.max_num_batched_tokens, self._reclaim)
-        if self.executor is None:
-            self.executor = TorchExecutor(self.model, self.pool)
-        else:
-            self.executor.bind(self.pool)
+        self.executor.bind(self.model, self.pool)
         self.overcommit = cfg.overcommit
         self.sessions: dict[str, SessionContext] = {}
         self.records: dict[str, RequestRecord] = {}

@@ -1,6 +1,10 @@
 """Executors run one iteration's work and say how long it took on the engine clock.
 
 ``TorchExecutor`` runs the real model on the real KV tensors and reports the measured time.
+``ProfiledExecutor`` runs the same scheduler, block manager and ledger but takes each duration
+from a ``CostModel``; it runs the model too (real tokens, deterministic clock) or skips the
+tensors altogether (bookkeeping only, for engines far larger than the machine).
+An engine binds its executor to its model and pool when it is built.
 """
 from __future__ import annotations
 
@@ -10,6 +14,7 @@ from typing import Callable
 import torch
 
 from engine.attention import AttentionBatch
+from engine.cost_model import CostModel
 from engine.kv_pool import KVPool
 from engine.model import LlamaModel
 from engine.scheduler import Work
@@ -20,7 +25,7 @@ class TorchExecutor:
 
     materialize = True
 
-    def __init__(self, model: LlamaModel, pool: KVPool) -> None:
+    def bind(self, model: LlamaModel, pool: KVPool) -> None:
         self.model, self.pool = model, pool
         self.device = pool.device.torch_device
 
@@ -67,9 +72,6 @@ class TorchExecutor:
         producers = [w.seq.id for w in order if w.produces_token]
         return dict(zip(producers, next_tokens)), duration
 
-    def bind(self, pool: KVPool) -> None:
-        self.pool = pool
-
     def timed(self, fn: Callable[[], int]) -> float:
         """Run a KV copy (compaction, swap; ``fn`` returns the bytes it moved) and return its
         duration on the engine clock."""
@@ -78,3 +80,31 @@ class TorchExecutor:
         fn()
         self._sync()
         return time.perf_counter() - t0
+
+
+class ProfiledExecutor:
+    """The engine's iterations timed by ``cost``; the model runs only if ``materialize``.
+
+    Without tensors every sequence generates token 0: token ids do not change what memory a
+    request uses, and its length is set by the request (``output_len``), as in a trace replay.
+    """
+
+    def __init__(self, cost: CostModel, materialize: bool = False) -> None:
+        self.cost, self.materialize = cost, materialize
+        self.runner = TorchExecutor() if materialize else None
+
+    def bind(self, model: LlamaModel | None, pool: KVPool) -> None:
+        if self.runner is not None:
+            self.runner.bind(model, pool)
+
+    def execute(self, work: list[Work]) -> tuple[dict[str, int], float]:
+        if self.runner is not None:
+            tokens, _ = self.runner.execute(work)
+        else:
+            tokens = {w.seq.id: 0 for w in work if w.produces_token}
+        num_tokens = sum(w.num_tokens for w in work)
+        context_tokens = sum(w.seq.num_computed + w.num_tokens for w in work)
+        return tokens, self.cost.iteration_s(num_tokens, context_tokens)
+
+    def timed(self, fn: Callable[[], int]) -> float:
+        return self.cost.copy_s(fn())

@@ -39,8 +39,11 @@ class HostPool:
         nbytes = data.numel() * data.element_size()
         if self.used + nbytes > self.capacity:
             raise HostFull(f"host pool: {nbytes} B needed, {self.capacity - self.used} B free")
-        host = torch.empty(data.shape, dtype=data.dtype, pin_memory=self.pin)
-        host.copy_(data)
+        if data.is_meta:  # a pool without tensors: the host keeps the books only
+            host = data
+        else:
+            host = torch.empty(data.shape, dtype=data.dtype, pin_memory=self.pin)
+            host.copy_(data)
         self.used += nbytes
         return host
 

@@ -105,8 +105,8 @@ class KVPool:
 
     def read_blocks(self, ids: list[int], out: torch.Tensor | None = None) -> torch.Tensor:
         """Whole blocks (every layer, K and V) as [n, layers, 2, block_size, kv_heads, head_dim]."""
-        if not ids:
-            return torch.empty((0,) + self.block_shape, dtype=self.dtype, device=self.device.torch_device)
+        if not ids or not self.materialize:  # shape and bytes without data
+            return torch.empty((len(ids),) + self.block_shape, dtype=self.dtype, device="meta")
         idx = torch.tensor(ids, dtype=torch.long, device=self.device.torch_device)
         data = None
         for seg, mask, seg_off in self._split(idx):
@@ -124,6 +124,8 @@ class KVPool:
 
     def write_blocks(self, ids: list[int], data: torch.Tensor) -> None:
         """Store whole blocks ([n, layers, 2, block_size, kv_heads, head_dim]) at ``ids``."""
+        if not self.materialize:
+            return
         data = data.to(self.device.torch_device, non_blocking=True)
         idx = torch.tensor(ids, dtype=torch.long, device=self.device.torch_device)
         for seg, mask, seg_off in self._split(idx):

@@ -9,6 +9,7 @@ from pathlib import Path
 from engine.checkpoint import load_checkpoint
 from engine.config import EngineConfig, ModelConfig
 from engine.engine import Engine
+from engine.executor import ProfiledExecutor
 from engine.metrics import summarize
 from env.workloads import ReplaySpec, build_requests, read_trace
 from env.workloads.request import Request
@@ -25,13 +26,14 @@ DEFAULT_ENGINE = EngineConfig(num_blocks=640)
 
 
 def build_engine(cfg: EngineConfig, overcommit: float, oom_mode: str, model_dir: str | None = None,
-                 device: str = "cpu") -> Engine:
+                 device: str = "cpu", executor: ProfiledExecutor | None = None) -> Engine:
     """An engine on ``cfg`` running a static policy: ``overcommit`` fixed (its range widened to
-    admit it), ``oom_mode`` semantics, the tiny seeded model or the checkpoint in ``model_dir``."""
+    admit it), ``oom_mode`` semantics, the tiny seeded model or the checkpoint in ``model_dir``,
+    timed by ``executor`` (default: the torch executor's measured time)."""
     model = load_checkpoint(model_dir, device=device) if model_dir else None
     cfg = replace(cfg, overcommit=overcommit, oom_mode=oom_mode, overcommit_min=min(cfg.overcommit_min, overcommit),
                   overcommit_max=max(cfg.overcommit_max, overcommit))
-    return Engine(model.config if model else ModelConfig(), cfg, model=model, torch_device=device)
+    return Engine(model.config if model else ModelConfig(), cfg, model=model, torch_device=device, executor=executor)
 
 
 def load_requests(trace: str | Path, spec: ReplaySpec) -> list[Request]:
