@@ -259,7 +259,7 @@ class Engine:
         self.counters.oom_events += 1
         s = self.scheduler
         held = sorted(s.running + list(s.swapped), key=lambda q: q.admit_order)
-        s.running, s.swapped = [], type(s.swapped)()
+        s.running, s.swapped = [], deque()
         for seq in s.waiting:
             seq.block_table, seq.num_computed = [], 0
         for seq in reversed(held):

@@ -103,7 +103,7 @@ class KVPool:
         lead = tuple(block_table.shape[:-1])
         return out.reshape((2,) + lead + (block_table.shape[-1] * self.block_size, self.num_kv_heads, self.head_dim))
 
-    def read_blocks(self, ids: list[int], out: torch.Tensor | None = None) -> torch.Tensor:
+    def read_blocks(self, ids: list[int]) -> torch.Tensor:
         """Whole blocks (every layer, K and V) as [n, layers, 2, block_size, kv_heads, head_dim]."""
         if not ids or not self.materialize:  # shape and bytes without data
             return torch.empty((len(ids),) + self.block_shape, dtype=self.dtype, device="meta")
@@ -117,10 +117,7 @@ class KVPool:
             if data is None:
                 data = torch.empty((len(ids),) + self.block_shape, dtype=self.dtype, device=self.device.torch_device)
             data[mask] = blocks
-        if out is None:
-            return data.contiguous()
-        out.copy_(data, non_blocking=True)
-        return out
+        return data.contiguous()
 
     def write_blocks(self, ids: list[int], data: torch.Tensor) -> None:
         """Store whole blocks ([n, layers, 2, block_size, kv_heads, head_dim]) at ``ids``."""

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 from itertools import takewhile
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -41,9 +41,6 @@ class Snapshot:
     preemptions: int = 0
     tokens_generated: int = 0
     restarting: bool = False
-
-    def as_dict(self) -> dict:
-        return asdict(self)
 
 
 def histogram(lengths: list[int]) -> tuple[float, ...]:
