@@ -23,7 +23,7 @@ from engine.executor import ProfiledExecutor, TorchExecutor
 from engine.kv_cache import HostFull, KVCache, NeedBlocks
 from engine.kv_pool import KVPool
 from engine.model import LlamaModel
-from engine.scheduler import Scheduler, Work
+from engine.scheduler import Scheduler, Work, batch_tokens
 from engine.sequence import RequestRecord, Sequence, Status
 from engine.session import SessionContext
 from engine.snapshot import LENGTH_WINDOW_S, Snapshot, take_snapshot
@@ -297,8 +297,7 @@ class Engine:
             nxt = self.next_arrival()
             self.clock += IDLE_TICK_S if nxt is None or nxt <= self.clock else min(IDLE_TICK_S, nxt - self.clock)
             return True
-        context_tokens = sum(w.seq.num_computed + w.num_tokens for w in work)
-        num_tokens = sum(w.num_tokens for w in work)
+        num_tokens, context_tokens = batch_tokens(work)
         try:
             with self.device.transient("workspace", self.workspace_bytes(num_tokens, context_tokens)):
                 next_tokens, duration = self.executor.execute(work)

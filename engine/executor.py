@@ -17,7 +17,7 @@ from engine.attention import AttentionBatch
 from engine.cost_model import CostModel
 from engine.kv_pool import KVPool
 from engine.model import LlamaModel
-from engine.scheduler import Work
+from engine.scheduler import Work, batch_tokens
 
 
 class TorchExecutor:
@@ -102,9 +102,7 @@ class ProfiledExecutor:
             tokens, _ = self.runner.execute(work)
         else:
             tokens = {w.seq.id: 0 for w in work if w.produces_token}
-        num_tokens = sum(w.num_tokens for w in work)
-        context_tokens = sum(w.seq.num_computed + w.num_tokens for w in work)
-        return tokens, self.cost.iteration_s(num_tokens, context_tokens)
+        return tokens, self.cost.iteration_s(*batch_tokens(work))
 
     def timed(self, fn: Callable[[], int]) -> float:
         return self.cost.copy_s(fn())

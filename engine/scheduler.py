@@ -27,6 +27,11 @@ class Work:
         return self.seq.num_computed + self.num_tokens == len(self.seq)
 
 
+def batch_tokens(work: list[Work]) -> tuple[int, int]:
+    """(tokens the iteration computes, context tokens its attention reads)."""
+    return sum(w.num_tokens for w in work), sum(w.seq.num_computed + w.num_tokens for w in work)
+
+
 class Scheduler:
     """``reclaim`` frees blocks that no running sequence needs (idle session contexts, blocks a
     waiting turn took) and says whether it freed any; it is tried before any allocation fails."""
