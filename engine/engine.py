@@ -241,6 +241,17 @@ class Engine:
                 if not self._preempt_newest():
                     return []
 
+    def _timed_schedule(self) -> list[Work] | None:
+        """Schedule; swap-ins the scheduler makes cost their time over the host link."""
+        swapped_in, box = self.kv.traffic.in_blocks, []
+
+        def schedule() -> int:
+            box.append(self._schedule())
+            return (self.kv.traffic.in_blocks - swapped_in) * self.pool.block_bytes
+
+        self.clock += self.executor.timed(schedule, "host")
+        return box[0]
+
     def _preempt_newest(self) -> bool:
         running = self.scheduler.running
         if not running:
@@ -290,14 +301,14 @@ class Engine:
                 return False
             self.clock = max(self.clock, self._pending[0][0])
             self._arrive()
-        work = self._schedule()
+        work = self._timed_schedule()
         if work is None:
             return True
         if not work:  # the device has no room for anything now (a co-tenant holds it): wait
             nxt = self.next_arrival()
             self.clock += IDLE_TICK_S if nxt is None or nxt <= self.clock else min(IDLE_TICK_S, nxt - self.clock)
             return True
-        num_tokens, context_tokens = batch_tokens(work)
+        num_tokens, context_tokens, _ = batch_tokens(work)
         try:
             with self.device.transient("workspace", self.workspace_bytes(num_tokens, context_tokens)):
                 next_tokens, duration = self.executor.execute(work)
@@ -382,7 +393,7 @@ class Engine:
             box.update(self.kv.compact())
             return len(box) * self.pool.block_bytes
 
-        seconds = self.executor.timed(move)
+        seconds = self.executor.timed(move, "device")
         for holder in self._holders():
             holder.block_table = [box.get(b, b) for b in holder.block_table]
         report = CopyReport(len(box), len(box) * self.pool.block_bytes, seconds, before - self.pool.footprint_bytes())
@@ -428,6 +439,6 @@ class Engine:
                     report.contexts += 1
             return report.bytes
 
-        report.seconds = self.executor.timed(move)
+        report.seconds = self.executor.timed(move, "host")
         self.clock += report.seconds
         return report

@@ -14,7 +14,6 @@ from typing import Callable
 import torch
 
 from engine.attention import AttentionBatch
-from engine.cost_model import CostModel
 from engine.kv_pool import KVPool
 from engine.model import LlamaModel
 from engine.scheduler import Work, batch_tokens
@@ -72,24 +71,26 @@ class TorchExecutor:
         producers = [w.seq.id for w in order if w.produces_token]
         return dict(zip(producers, next_tokens)), duration
 
-    def timed(self, fn: Callable[[], int]) -> float:
-        """Run a KV copy (compaction, swap; ``fn`` returns the bytes it moved) and return its
-        duration on the engine clock."""
+    def timed(self, fn: Callable[[], int], link: str) -> float:
+        """Run a KV copy (``fn`` returns the bytes it moved) within the device (``link`` "device":
+        compaction) or over the host link ("host": swap) and return its duration on the engine
+        clock; 0 when nothing moved."""
         self._sync()
         t0 = time.perf_counter()
-        fn()
+        moved = fn()
         self._sync()
-        return time.perf_counter() - t0
+        return time.perf_counter() - t0 if moved else 0.0
 
 
 class ProfiledExecutor:
-    """The engine's iterations timed by ``cost``; the model runs only if ``materialize``.
+    """The engine's iterations timed by ``cost`` (a ``CostModel`` or ``RooflineCostModel``); the
+    model runs only if ``materialize``.
 
     Without tensors every sequence generates token 0: token ids do not change what memory a
     request uses, and its length is set by the request (``output_len``), as in a trace replay.
     """
 
-    def __init__(self, cost: CostModel, materialize: bool = False) -> None:
+    def __init__(self, cost, materialize: bool = False) -> None:
         self.cost, self.materialize = cost, materialize
         self.runner = TorchExecutor() if materialize else None
 
@@ -102,7 +103,7 @@ class ProfiledExecutor:
             tokens, _ = self.runner.execute(work)
         else:
             tokens = {w.seq.id: 0 for w in work if w.produces_token}
-        return tokens, self.cost.iteration_s(*batch_tokens(work))
+        return tokens, self.cost.iteration_s(batch_tokens(work))
 
-    def timed(self, fn: Callable[[], int]) -> float:
-        return self.cost.copy_s(fn())
+    def timed(self, fn: Callable[[], int], link: str) -> float:
+        return self.cost.copy_s(fn(), link)

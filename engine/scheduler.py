@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, NamedTuple
 
 from engine.kv_cache import KVCache, NeedBlocks
 from engine.sequence import Sequence, Status
@@ -27,9 +27,22 @@ class Work:
         return self.seq.num_computed + self.num_tokens == len(self.seq)
 
 
-def batch_tokens(work: list[Work]) -> tuple[int, int]:
-    """(tokens the iteration computes, context tokens its attention reads)."""
-    return sum(w.num_tokens for w in work), sum(w.seq.num_computed + w.num_tokens for w in work)
+class BatchShape(NamedTuple):
+    """What an iteration computes, as a cost model and the workspace charge see it."""
+
+    num_tokens: int      # tokens computed (prefill chunks + one per decode)
+    context_tokens: int  # KV tokens attention reads (each sequence's context up to its chunk's end)
+    attended: int        # (query, key) pairs attention scores, causal within a chunk
+
+
+def batch_tokens(work: list[Work]) -> BatchShape:
+    num_tokens = context = attended = 0
+    for w in work:
+        n, end = w.num_tokens, w.seq.num_computed + w.num_tokens
+        num_tokens += n
+        context += end
+        attended += n * end - n * (n - 1) // 2
+    return BatchShape(num_tokens, context, attended)
 
 
 class Scheduler:
