@@ -29,7 +29,8 @@ class ModelConfig:
     rope_theta: float = 10000.0
     rms_norm_eps: float = 1e-5
     tie_word_embeddings: bool = False
-    dtype: str = "float32"
+    dtype: str = "float32"  # activations and KV
+    weight_bits: int | None = None  # quantised weights (4, 8); None: ``dtype``. Only the ledger and cost models read it
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
@@ -41,6 +42,8 @@ class ModelConfig:
         if self.num_heads % self.num_kv_heads:
             raise ValueError(f"num_heads {self.num_heads} is not a multiple of num_kv_heads {self.num_kv_heads}")
         torch_dtype(self.dtype)
+        if self.weight_bits is not None and self.weight_bits not in (2, 3, 4, 8, 16, 32):
+            raise ValueError(f"weight_bits must be one of 2, 3, 4, 8, 16, 32, got {self.weight_bits}")
 
     @property
     def head_dim(self) -> int:
@@ -55,6 +58,11 @@ class ModelConfig:
         per_layer = h * h * 2 + h * kv * 2 + h * i * 3 + 2 * h
         embed = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
         return self.num_layers * per_layer + embed + h
+
+    def weight_bytes(self) -> int:
+        """Bytes of the weights on the device (quantised when ``weight_bits`` is set)."""
+        bits = self.weight_bits or 8 * self.dtype_bytes
+        return self.param_count() * bits // 8
 
     def kv_bytes_per_token(self) -> int:
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.dtype_bytes

@@ -93,7 +93,7 @@ class Engine:
             self.executor = TorchExecutor()
         if self.model is None and self.executor.materialize:
             self.model = LlamaModel.from_seed(mcfg, cfg.seed, self.torch_device)
-        weights = self.model.weight_bytes() if self.model is not None else mcfg.param_count() * mcfg.dtype_bytes
+        weights = self.model.weight_bytes() if self.model is not None else mcfg.weight_bytes()
         workspace = self.workspace_bytes(cfg.max_num_batched_tokens, cfg.num_blocks * cfg.block_size)
         capacity = cfg.device_bytes or weights + workspace + cfg.num_blocks * block_bytes
         self.device = Device.for_torch(self.torch_device, capacity)
@@ -106,6 +106,7 @@ class Engine:
         self.overcommit = cfg.overcommit
         self.sessions: dict[str, SessionContext] = {}
         self.records: dict[str, RequestRecord] = {}
+        self.completed: list[RequestRecord] = []  # in completion order
         self.outputs: dict[str, list[int]] = {}
         self.finished_lengths: deque[tuple[float, int]] = deque()  # (finish time, context length), last 60 s
         self.last_snapshot: Snapshot | None = None
@@ -341,6 +342,7 @@ class Engine:
         seq.status = Status.FINISHED
         seq.record.finish_s = self.clock
         seq.record.output_len = seq.num_generated
+        self.completed.append(seq.record)
         self.finished_lengths.append((self.clock, len(seq)))
         while self.finished_lengths[0][0] < self.clock - LENGTH_WINDOW_S:
             self.finished_lengths.popleft()
@@ -357,9 +359,18 @@ class Engine:
         seq.block_table = []
 
     def run(self, until: float | None = None, max_iterations: int | None = None) -> None:
-        """Step until nothing is left, the clock passes ``until``, or ``max_iterations`` ran."""
+        """Step until nothing is left, the clock passes ``until``, or ``max_iterations`` ran.
+        Time the engine spends idle or restarting ends exactly at ``until``."""
         n = 0
+        s = self.scheduler
         while (until is None or self.clock < until) and (max_iterations is None or n < max_iterations):
+            if until is not None:
+                if self.down_until is not None and self.down_until >= until:
+                    self.clock = until
+                    break
+                if not (s.waiting or s.running or s.swapped) and self._pending and self._pending[0][0] >= until:
+                    self.clock = until
+                    break
             if not self.step():
                 break
             n += 1

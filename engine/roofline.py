@@ -1,0 +1,152 @@
+"""Deployments worth replaying, and a roofline cost model built from datasheet figures.
+
+A roofline model is a model, not a measurement: an iteration takes a fixed overhead plus the
+longer of its arithmetic at the device's peak FLOP/s and its memory traffic at the device's
+memory bandwidth, each derated by a stated attainable fraction. Copies within the device read
+and write each byte at the memory bandwidth; swaps cross the host link (PCIe) at its bandwidth.
+
+The deployments are the memory-bound ones of DESIGN.md ("Deployments worth replaying"). Each
+sizes its KV capacity as vLLM does: the engine's share of device memory
+(``gpu_memory_utilization``) minus weights and the activation workspace of a full batch, in
+blocks; the device itself is the whole GPU, so a co-tenant can take the rest and more.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from engine.config import EngineConfig, ModelConfig
+from engine.cost_model import LINKS
+from engine.scheduler import BatchShape
+
+GB = 10**9
+
+
+@dataclass(frozen=True)
+class GPU:
+    """Datasheet figures (dense, no sparsity; host link per direction)."""
+
+    name: str
+    memory_bytes: int
+    memory_bytes_per_s: float
+    peak_flops: float          # 16-bit tensor-core FLOP/s
+    host_bytes_per_s: float    # host link, one direction
+
+
+H100_SXM_80GB = GPU("NVIDIA H100 SXM 80GB", 80 * GB, 3.35e12, 989e12, 64e9)     # HBM3, PCIe Gen5 x16
+H200_SXM_141GB = GPU("NVIDIA H200 SXM 141GB", 141 * GB, 4.8e12, 989e12, 64e9)   # HBM3e, PCIe Gen5 x16
+A10_24GB = GPU("NVIDIA A10 24GB", 24 * GB, 600e9, 125e12, 32e9)                # GDDR6, PCIe Gen4 x16
+
+
+@dataclass(frozen=True)
+class RooflineCostModel:
+    """``iteration_s`` and ``copy_s`` as ``CostModel`` has them, from ``gpu``'s datasheet.
+
+    FLOPs of an iteration: 2 per parameter per batched token (the embedding lookup excluded,
+    the LM head counted for every token) plus 4 x layers x heads x head_dim per attended
+    (query, key) pair. Bytes: the weights once, plus the KV each sequence reads and writes.
+    """
+
+    gpu: GPU
+    model: ModelConfig
+    overhead_s: float = 2e-3        # per iteration: scheduling, launches (stated)
+    flops_efficiency: float = 0.6   # attainable share of peak FLOP/s (stated)
+    memory_efficiency: float = 0.8  # attainable share of memory and link bandwidth (stated)
+    copy_fixed_s: float = 20e-6     # per copy call (stated)
+    source: str = "roofline"
+
+    def __post_init__(self) -> None:
+        for name in ("flops_efficiency", "memory_efficiency"):
+            if not 0 < getattr(self, name) <= 1:
+                raise ValueError(f"{name} must be in (0, 1], got {getattr(self, name)}")
+        if self.overhead_s < 0 or self.copy_fixed_s < 0:
+            raise ValueError("overhead_s and copy_fixed_s must be >= 0")
+
+    def iteration_s(self, shape: BatchShape) -> float:
+        m = self.model
+        matmul_params = m.param_count() - m.vocab_size * m.hidden_size * (0 if m.tie_word_embeddings else 1)
+        flops = 2 * matmul_params * shape.num_tokens + 4 * m.num_layers * m.hidden_size * shape.attended
+        nbytes = m.weight_bytes() + m.kv_bytes_per_token() * (shape.context_tokens + shape.num_tokens)
+        compute = flops / (self.gpu.peak_flops * self.flops_efficiency)
+        memory = nbytes / (self.gpu.memory_bytes_per_s * self.memory_efficiency)
+        return self.overhead_s + max(compute, memory)
+
+    def copy_s(self, nbytes: int, link: str = "device") -> float:
+        if link not in LINKS:
+            raise ValueError(f"link must be one of {LINKS}, got {link!r}")
+        if not nbytes:
+            return 0.0
+        if link == "device":  # read and write every byte
+            return self.copy_fixed_s + 2 * nbytes / (self.gpu.memory_bytes_per_s * self.memory_efficiency)
+        return self.copy_fixed_s + nbytes / (self.gpu.host_bytes_per_s * self.memory_efficiency)
+
+    def describe(self) -> str:
+        return (f"roofline model of {self.gpu.name} (datasheet figures, {self.flops_efficiency:g} of peak FLOP/s, "
+                f"{self.memory_efficiency:g} of bandwidth, {1e3 * self.overhead_s:g} ms per iteration)")
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """A model on a GPU: the engine's configuration and its roofline clock."""
+
+    name: str
+    gpu: GPU
+    model: ModelConfig
+    gpu_memory_utilization: float = 0.9
+    block_size: int = 16
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    max_model_len: int = 8192
+    restart_downtime_s: float = 60.0  # reloading tens of GB of weights and warming up
+
+    def kv_bytes(self) -> int:
+        per_layer_kv = self.model.kv_bytes_per_token() // self.model.num_layers
+        workspace = (self.max_num_batched_tokens * self.model.workspace_bytes_per_token()
+                     + self.max_model_len * per_layer_kv)
+        kv = int(self.gpu.memory_bytes * self.gpu_memory_utilization) - self.model.weight_bytes() - workspace
+        if kv < self.max_model_len * self.model.kv_bytes_per_token():
+            raise ValueError(f"deployment {self.name}: {kv / GB:.1f} GB left for KV cannot hold one "
+                             f"{self.max_model_len}-token sequence (block size {self.block_size})")
+        return kv
+
+    def num_blocks(self) -> int:
+        return self.kv_bytes() // (self.model.kv_bytes_per_token() * self.block_size)
+
+    def engine_config(self, **overrides) -> EngineConfig:
+        base = EngineConfig(block_size=self.block_size, num_blocks=self.num_blocks(),
+                            segment_blocks=max(64, self.num_blocks() // 64), max_num_seqs=self.max_num_seqs,
+                            max_num_batched_tokens=self.max_num_batched_tokens, max_model_len=self.max_model_len,
+                            restart_downtime_s=self.restart_downtime_s, device_bytes=self.gpu.memory_bytes,
+                            host_bytes=256 * GB)
+        return replace(base, **overrides)
+
+    def cost_model(self, **overrides) -> RooflineCostModel:
+        return RooflineCostModel(self.gpu, self.model, **overrides)
+
+    def describe(self) -> str:
+        blocks = self.num_blocks()
+        return (f"{self.name}: {self.model.param_count() / 1e9:.1f}B params at {self.model.weight_bits or 8 * self.model.dtype_bytes} "
+                f"bits on {self.gpu.name}; KV {blocks} blocks x {self.block_size} = {blocks * self.block_size} tokens "
+                f"({self.kv_bytes() / GB:.1f} GB)")
+
+
+LLAMA_70B = ModelConfig(vocab_size=128256, hidden_size=8192, intermediate_size=28672, num_layers=80, num_heads=64,
+                        num_kv_heads=8, max_position=131072, rope_theta=500000.0, dtype="float16", weight_bits=4)
+LLAMA_7B = ModelConfig(vocab_size=32000, hidden_size=4096, intermediate_size=11008, num_layers=32, num_heads=32,
+                       num_kv_heads=32, max_position=4096, dtype="float16")
+LLAMA3_8B = ModelConfig(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_layers=32, num_heads=32,
+                        num_kv_heads=8, max_position=131072, rope_theta=500000.0, dtype="float16")
+
+DEPLOYMENTS = {
+    d.name: d for d in (
+        Deployment("llama70b-4bit-h100", H100_SXM_80GB, LLAMA_70B, max_num_batched_tokens=2048),
+        Deployment("llama7b-fp16-a10", A10_24GB, LLAMA_7B, max_num_seqs=128, max_num_batched_tokens=4096,
+                   max_model_len=4096, restart_downtime_s=30.0),
+        Deployment("llama3-8b-h200", H200_SXM_141GB, LLAMA3_8B, max_num_batched_tokens=16384, max_model_len=32768),
+    )
+}
+
+
+def deployment(name: str) -> Deployment:
+    if name not in DEPLOYMENTS:
+        raise ValueError(f"deployment: unknown {name!r}; known: {', '.join(DEPLOYMENTS)}")
+    return DEPLOYMENTS[name]

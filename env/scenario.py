@@ -1,0 +1,291 @@
+"""Scenarios: what an environment episode replays, on which deployment, and how it is scored.
+
+A scenario is a YAML file (see ``experiments/scenarios/``) read into frozen records. Every key
+is checked at load: an unknown key, a wrong type or a value out of range fails with the file and
+the dotted name of the field, before anything runs.
+
+```yaml
+name: burst
+deployment: llama70b-4bit-h100      # engine/roofline.py DEPLOYMENTS
+engine: {ttft_slo_s: 5.0, tpot_slo_s: 0.2, overcommit_max: 2.0}   # EngineConfig overrides
+workload:                           # a trace window ...
+  trace: azure2023_conv.csv         # bundled name (env/workloads/data) or a path
+  time_scale: 20
+  max_tokens: fixed:2048
+  starts: [0, 2400]                 # window starts drawn from this span of trace time
+# ... or a generator: arrivals / prompt / output (/ sessions)
+cotenant: {levels: [0.0, 0.1], mean_hold_s: 60}
+decision_interval_s: 2.0
+max_steps: 150
+terminate_on_oom: false
+evict_free_share: 0.2
+reward: {alpha: 1.0, beta: 0.5, gamma: 1.0, omega: 10.0}
+```
+"""
+from __future__ import annotations
+
+import math
+import types
+import typing
+from dataclasses import MISSING, dataclass, field, fields, is_dataclass
+from pathlib import Path
+
+import yaml
+
+from engine.config import EngineConfig
+from engine.roofline import DEPLOYMENTS
+
+
+class ScenarioError(ValueError):
+    """A scenario file or mapping that cannot be used; the message names the field."""
+
+
+@dataclass(frozen=True)
+class Distribution:
+    """A length distribution or arrival process by ``kind`` and its parameters.
+
+    Arrivals: ``poisson`` (rate), ``gamma`` (rate, cv), ``mmpp`` (rates, mean_dwell_s).
+    Lengths: ``lognormal`` (mean, sigma, low, high), ``pareto`` (alpha, low, high),
+    ``trace`` (trace, column: prompt|output): resampled from a trace's recorded lengths.
+    """
+
+    kind: str
+    params: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class TraceWorkload:
+    trace: str
+    time_scale: float = 1.0
+    max_tokens: str = "fixed:2048"
+    rate_rps: float | None = None                  # arrivals for a length-only trace
+    starts: tuple[float, float] | None = None      # span of trace time window starts are drawn from
+
+
+@dataclass(frozen=True)
+class GeneratorWorkload:
+    arrivals: Distribution
+    prompt: Distribution
+    output: Distribution
+    max_tokens: str = "fixed:2048"
+    sessions: dict | None = None  # {mean_turns, mean_think_s[, first_prompt]}: multi-turn sessions
+
+
+@dataclass(frozen=True)
+class Cotenant:
+    """Another process on the device: its share of device memory, redrawn from ``levels`` after
+    an exponential hold of mean ``mean_hold_s``."""
+
+    levels: tuple[float, ...] = (0.0,)
+    mean_hold_s: float = 60.0
+
+
+@dataclass(frozen=True)
+class Reward:
+    """r = alpha*throughput + beta*alloc_ratio - gamma*slo_violation - omega*oom (see env/overcommit_env.py)."""
+
+    alpha: float = 1.0
+    beta: float = 0.5
+    gamma: float = 1.0
+    omega: float = 10.0
+    tokens_per_s_scale: float | None = None  # throughput normaliser; None: the deployment's full-batch decode rate
+
+
+@dataclass(frozen=True)
+class Observation:
+    """Scales that bound the unbounded features (see env/observation.py)."""
+
+    queue_scale: int = 1024
+    swapped_scale: int = 256
+    decode_ms_scale: float = 500.0
+    slope_scale: float = 0.05
+    overcommit_scale: float = 4.0
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    workload: TraceWorkload | GeneratorWorkload
+    deployment: str = "llama70b-4bit-h100"
+    engine: dict = field(default_factory=dict)
+    cotenant: Cotenant | None = None
+    decision_interval_s: float = 2.0
+    max_steps: int = 150
+    terminate_on_oom: bool = False
+    evict_free_share: float = 0.2
+    reward: Reward = field(default_factory=Reward)
+    observation: Observation = field(default_factory=Observation)
+    description: str = ""
+
+    @property
+    def episode_s(self) -> float:
+        return self.decision_interval_s * self.max_steps
+
+    def engine_config(self, **overrides) -> EngineConfig:
+        return DEPLOYMENTS[self.deployment].engine_config(**{**self.engine, **overrides})
+
+
+# ---- loading -----------------------------------------------------------------------------------
+_RANGES = {  # field -> (low, high, low inclusive)
+    "time_scale": (0, math.inf, False), "rate_rps": (0, math.inf, False), "mean_hold_s": (0, math.inf, False),
+    "decision_interval_s": (0, math.inf, False), "max_steps": (1, math.inf, True),
+    "evict_free_share": (0, 1, True), "alpha": (0, math.inf, True), "beta": (0, math.inf, True),
+    "gamma": (0, math.inf, True), "omega": (0, math.inf, True), "tokens_per_s_scale": (0, math.inf, False),
+    "queue_scale": (1, math.inf, True), "swapped_scale": (1, math.inf, True), "decode_ms_scale": (0, math.inf, False),
+    "slope_scale": (0, math.inf, False), "overcommit_scale": (0, math.inf, False),
+}
+_ARRIVALS = {"poisson": {"rate"}, "gamma": {"rate", "cv"}, "mmpp": {"rates", "mean_dwell_s"}}
+_LENGTHS = {"lognormal": {"mean", "sigma", "low", "high"}, "pareto": {"alpha", "low", "high"},
+            "trace": {"trace", "column"}}
+_REQUIRED = {"poisson": {"rate"}, "gamma": {"rate", "cv"}, "mmpp": {"rates", "mean_dwell_s"},
+             "lognormal": {"mean", "sigma"}, "pareto": {"alpha", "low", "high"}, "trace": {"trace", "column"}}
+
+
+def _fail(where: str, path: str, problem: str) -> ScenarioError:
+    return ScenarioError(f"{where}: {path}: {problem}")
+
+
+def _number(where: str, path: str, value, integer: bool = False):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (integer and not isinstance(value, int)):
+        raise _fail(where, path, f"must be {'an integer' if integer else 'a number'}, got {value!r}")
+    if not math.isfinite(value):
+        raise _fail(where, path, f"must be finite, got {value!r}")
+    name = path.rsplit(".", 1)[-1]
+    if name in _RANGES:
+        low, high, inclusive = _RANGES[name]
+        if value < low or (value == low and not inclusive) or value > high:
+            bound = f">= {low}" if inclusive else f"> {low}"
+            raise _fail(where, path, f"must be {bound}" + (f" and <= {high}" if high != math.inf else "") + f", got {value!r}")
+    return value
+
+
+def _build(cls, data, where: str, path: str):
+    """``cls`` from a mapping, every key known and every value of the declared type."""
+    if not isinstance(data, dict):
+        raise _fail(where, path, f"must be a mapping, got {type(data).__name__}")
+    hints = typing.get_type_hints(cls)
+    known = {f.name: f for f in fields(cls)}
+    for key in data:
+        if key not in known:
+            raise _fail(where, f"{path}.{key}".lstrip("."), f"unknown key (known: {', '.join(known)})")
+    values = {}
+    for name, f in known.items():
+        sub = f"{path}.{name}".lstrip(".")
+        if name not in data:
+            if f.default is MISSING and f.default_factory is MISSING:
+                raise _fail(where, sub, "is required")
+            continue
+        values[name] = _value(hints[name], data[name], where, sub)
+    return cls(**values)
+
+
+def _value(hint, value, where: str, path: str):
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        options = [a for a in args if a is not type(None)]
+        if len(options) > 1:  # the workload: a trace or a generator
+            cls = TraceWorkload if isinstance(value, dict) and "trace" in value else GeneratorWorkload
+            return _build(cls, value, where, path)
+        return _value(options[0], value, where, path)
+    if is_dataclass(hint):
+        if hint is Distribution:
+            return _distribution(value, where, path)
+        return _build(hint, value, where, path)
+    if hint is bool:
+        if not isinstance(value, bool):
+            raise _fail(where, path, f"must be true or false, got {value!r}")
+        return value
+    if hint is str:
+        if not isinstance(value, str) or not value:
+            raise _fail(where, path, f"must be a non-empty string, got {value!r}")
+        return value
+    if hint in (int, float):
+        return _number(where, path, value, integer=hint is int)
+    if origin is tuple:
+        if not isinstance(value, list) or not value or (args[-1] is not Ellipsis and len(value) != len(args)):
+            raise _fail(where, path, f"must be a list of {len(args) if args[-1] is not Ellipsis else 'one or more'} numbers, got {value!r}")
+        return tuple(_number(where, f"{path}[{i}]", v) for i, v in enumerate(value))
+    if hint is dict:
+        if not isinstance(value, dict):
+            raise _fail(where, path, f"must be a mapping, got {type(value).__name__}")
+        return dict(value)
+    raise _fail(where, path, f"unsupported type {hint}")  # pragma: no cover - a bug in this file
+
+
+def _distribution(value, where: str, path: str) -> Distribution:
+    if not isinstance(value, dict) or "kind" not in value:
+        raise _fail(where, path, f"must be a mapping with a kind, got {value!r}")
+    kind, params = value["kind"], {k: v for k, v in value.items() if k != "kind"}
+    table = _ARRIVALS if path.endswith("arrivals") else _LENGTHS
+    if kind not in table:
+        raise _fail(where, f"{path}.kind", f"unknown kind {kind!r} (known: {', '.join(table)})")
+    for key in params:
+        if key not in table[kind]:
+            raise _fail(where, f"{path}.{key}", f"unknown key for {kind} (known: {', '.join(sorted(table[kind]))})")
+    for key in _REQUIRED[kind] - set(params):
+        raise _fail(where, f"{path}.{key}", f"is required for {kind}")
+    return Distribution(kind, params)
+
+
+def _check(s: Scenario, where: str) -> Scenario:
+    if s.deployment not in DEPLOYMENTS:
+        raise _fail(where, "deployment", f"unknown {s.deployment!r} (known: {', '.join(DEPLOYMENTS)})")
+    try:
+        s.engine_config()
+    except TypeError as exc:
+        raise _fail(where, "engine", f"not an engine setting ({exc})") from None
+    except ValueError as exc:
+        raise _fail(where, "engine", str(exc)) from None
+    w = s.workload
+    try:
+        from env.workloads.sizing import MaxTokensRule
+
+        MaxTokensRule.parse(w.max_tokens, name="workload.max_tokens")
+    except ValueError as exc:
+        raise _fail(where, "workload.max_tokens", str(exc)) from None
+    if isinstance(w, TraceWorkload) and w.starts is not None and not 0 <= w.starts[0] <= w.starts[1]:
+        raise _fail(where, "workload.starts", f"must be [low, high] with 0 <= low <= high, got {list(w.starts)}")
+    if s.cotenant is not None:
+        for i, level in enumerate(s.cotenant.levels):
+            if not 0 <= level < 1:
+                raise _fail(where, f"cotenant.levels[{i}]", f"must be a share of device memory in [0, 1), got {level}")
+    if isinstance(w, GeneratorWorkload) and w.sessions is not None:
+        unknown = set(w.sessions) - {"mean_turns", "mean_think_s", "first_prompt"}
+        if unknown:
+            raise _fail(where, f"workload.sessions.{sorted(unknown)[0]}", "unknown key (known: mean_turns, mean_think_s, first_prompt)")
+    from env.workload_builder import check_workload
+
+    try:
+        check_workload(w)
+    except (ValueError, FileNotFoundError) as exc:
+        raise _fail(where, "workload", str(exc)) from None
+    return s
+
+
+def scenario_from_dict(data: dict, where: str = "scenario") -> Scenario:
+    return _check(_build(Scenario, data, where, ""), where)
+
+
+def load_scenario(path: str | Path) -> Scenario:
+    """Read a scenario YAML file; a bundled name (``burst``) reads ``experiments/scenarios/burst.yaml``."""
+    p = Path(path)
+    if not p.exists() and p.suffix == "" and (SCENARIOS / f"{p}.yaml").exists():
+        p = SCENARIOS / f"{p}.yaml"
+    if not p.exists():
+        raise ScenarioError(f"scenario: {path}: no such file (bundled: {', '.join(bundled_scenarios())})")
+    try:
+        data = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as exc:
+        raise ScenarioError(f"{p}: not valid YAML ({exc})") from None
+    if isinstance(data, dict) and "name" not in data:
+        data = {"name": p.stem, **data}
+    return scenario_from_dict(data, str(p))
+
+
+SCENARIOS = Path(__file__).resolve().parent.parent / "experiments" / "scenarios"
+
+
+def bundled_scenarios() -> list[str]:
+    return sorted(p.stem for p in SCENARIOS.glob("*.yaml"))

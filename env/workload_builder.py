@@ -1,0 +1,108 @@
+"""An episode's requests from a scenario's workload: a trace window or a generator draw.
+
+A trace episode replays ``episode_s`` of engine time, i.e. ``episode_s x time_scale`` of trace
+time, from a window start drawn uniformly from ``starts`` (default: anywhere in the trace). A
+generator episode draws its arrivals and lengths for ``episode_s``. Both draw only from the
+generator they are given, so one seed gives one workload.
+"""
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+
+from env.scenario import Distribution, GeneratorWorkload, TraceWorkload
+from env.workloads import (
+    EmpiricalLengths, GammaArrivals, LogNormalLengths, MarkovModulatedArrivals, ParetoLengths, PoissonArrivals,
+    ReplaySpec, Request, Trace, build_requests, generate, generate_sessions, read_trace)
+
+DATA = Path(__file__).resolve().parent / "workloads" / "data"
+
+
+def trace_path(name: str) -> Path:
+    """A bundled trace by file name, or a path."""
+    p = Path(name)
+    if not p.exists() and (DATA / name).exists():
+        return DATA / name
+    if not p.exists():
+        raise FileNotFoundError(f"trace {name}: no such file (bundled: {', '.join(sorted(x.name for x in DATA.glob('*.*') if x.suffix != '.md'))})")
+    return p
+
+
+@lru_cache(maxsize=16)
+def _trace(path: Path) -> Trace:
+    return read_trace(path)
+
+
+def trace_span(w: TraceWorkload) -> float:
+    """Trace seconds the workload's trace covers (arrival times, or rows / rate for length-only traces)."""
+    t = _trace(trace_path(w.trace))
+    if t.has_arrivals:
+        return max(r.arrival_s for r in t.records)
+    return len(t.records) / w.rate_rps
+
+
+def _arrivals(d: Distribution):
+    p = d.params
+    if d.kind == "poisson":
+        return PoissonArrivals(float(p["rate"]))
+    if d.kind == "gamma":
+        return GammaArrivals(float(p["rate"]), float(p["cv"]))
+    return MarkovModulatedArrivals(tuple(map(float, p["rates"])), tuple(map(float, p["mean_dwell_s"])))
+
+
+def _lengths(d: Distribution):
+    p = d.params
+    if d.kind == "lognormal":
+        return LogNormalLengths(float(p["mean"]), float(p["sigma"]), int(p.get("low", 1)), p.get("high"))
+    if d.kind == "pareto":
+        return ParetoLengths(float(p["alpha"]), int(p["low"]), int(p["high"]))
+    if p["column"] not in ("prompt", "output"):
+        raise ValueError(f"column must be prompt or output, got {p['column']!r}")
+    t = _trace(trace_path(p["trace"]))
+    return EmpiricalLengths([r.prompt_len if p["column"] == "prompt" else r.output_len for r in t.records])
+
+
+def check_workload(w: TraceWorkload | GeneratorWorkload) -> None:
+    """Build everything a workload names once, so that a bad one fails at load."""
+    if isinstance(w, TraceWorkload):
+        t = _trace(trace_path(w.trace))
+        if t.has_arrivals and w.rate_rps is not None:
+            raise ValueError(f"rate_rps is for length-only traces; {w.trace} has arrival times")
+        if not t.has_arrivals and w.rate_rps is None:
+            raise ValueError(f"rate_rps is required: {w.trace} is a length-only trace")
+        return
+    _arrivals(w.arrivals)
+    _lengths(w.prompt)
+    _lengths(w.output)
+    if w.sessions is not None:
+        s = w.sessions
+        if "mean_turns" not in s or "mean_think_s" not in s:
+            raise ValueError("sessions needs mean_turns and mean_think_s")
+        if "first_prompt" in s:
+            _lengths(Distribution(s["first_prompt"]["kind"], {k: v for k, v in s["first_prompt"].items() if k != "kind"}))
+
+
+def episode_requests(w: TraceWorkload | GeneratorWorkload, episode_s: float, max_model_len: int,
+                     rng: np.random.Generator) -> tuple[list[Request], str]:
+    """The requests of one episode and a line saying how they were made."""
+    if isinstance(w, TraceWorkload):
+        window = episode_s * w.time_scale
+        low, high = w.starts if w.starts is not None else (0.0, max(trace_span(w) - window, 0.0))
+        start = float(rng.uniform(low, high)) if high > low else float(low)
+        seed = int(rng.integers(2**31))
+        spec = ReplaySpec(max_tokens=w.max_tokens, time_scale=w.time_scale, start_s=start, duration_s=window,
+                          max_model_len=max_model_len, rate_rps=w.rate_rps, seed=seed)
+        return build_requests(_trace(trace_path(w.trace)), spec), f"{w.trace}: {spec.describe()}"
+    common = dict(prompt_lengths=_lengths(w.prompt), output_lengths=_lengths(w.output), max_tokens_rule=w.max_tokens,
+                  duration_s=episode_s, rng=rng, max_model_len=max_model_len)
+    if w.sessions is None:
+        requests = generate(arrivals=_arrivals(w.arrivals), **common)
+    else:
+        s = w.sessions
+        first = s.get("first_prompt")
+        first = _lengths(Distribution(first["kind"], {k: v for k, v in first.items() if k != "kind"})) if first else None
+        requests = generate_sessions(session_arrivals=_arrivals(w.arrivals), mean_turns=float(s["mean_turns"]),
+                                     mean_think_s=float(s["mean_think_s"]), first_prompt_lengths=first, **common)
+    return requests, f"generated: {w.arrivals.kind} arrivals, max_tokens {w.max_tokens}, {len(requests)} requests"
