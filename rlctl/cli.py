@@ -95,6 +95,66 @@ def cmd_bench(a: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_profile(a: argparse.Namespace) -> int:
+    import os
+    from pathlib import Path
+
+    import torch
+
+    from engine.checkpoint import load_checkpoint
+    from rlctl.profile import QUICK_GRID, Grid, profile, summary
+
+    if a.repeats <= 0:
+        raise ValueError(f"--repeats must be > 0, got {a.repeats}")
+    out = Path(a.out)
+    folder = out.parent.resolve()
+    if not folder.is_dir():
+        raise ValueError(f"--out {a.out}: directory {folder} does not exist")
+    if out.is_dir() or not os.access(folder, os.W_OK) or (out.exists() and not os.access(out, os.W_OK)):
+        raise ValueError(f"--out {a.out}: not a writable file")
+    if torch.device(a.device).type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"--device {a.device}: CUDA is not available")
+    model = load_checkpoint(a.model_dir, device=a.device) if a.model_dir else None
+    cost, report = profile(device=a.device, grid=QUICK_GRID if a.quick else Grid(), repeats=a.repeats,
+                           seed=a.seed, model=model)
+    print(summary(cost, report))
+    try:
+        cost.save(out, report=report)
+    except OSError as exc:
+        raise ValueError(f"--out {a.out}: cannot be written ({exc.strerror})") from None
+    print(f"wrote {out}")
+    return 0
+
+
+def cmd_eval(a: argparse.Namespace) -> int:
+    from agents.baselines import BASELINES
+    from rlctl.evaluate import EVAL_ROWS, eval_scenario, run_eval
+
+    from agents.baselines import make_policy
+
+    specs = list(dict.fromkeys(a.policy + (list(BASELINES) if a.baselines else [])))
+    if not specs:
+        raise ValueError("give --policy SPEC (one or more) or --baselines")
+    for spec in specs:
+        make_policy(spec)
+    sc = eval_scenario(a.scenario, a.trace, a.time_scale, a.max_tokens, a.steps)
+    print(f"eval: scenario {sc.name} ({sc.deployment}), {a.episodes} episode(s) of {sc.max_steps} x "
+          f"{sc.decision_interval_s:g} s, seeds {a.seed}..{a.seed + a.episodes - 1}")
+    results = run_eval(specs, sc, a.episodes, a.seed, a.shield)
+    first = next(iter(results.values()))
+    print(f"workload (episode 1): {first['workload']}\nclock: {first['clock']}")
+    print(format_table(results, extra_rows=EVAL_ROWS))
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"scenario": sc.name, "results": results}, f, indent=2, default=str)
+    if a.plot:
+        from rlctl.plot import draw
+
+        draw(results, a.plot, title=f"{sc.name}: {sc.description}")
+        print(f"wrote {a.plot}")
+    return 0
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="rlctl", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
@@ -115,10 +175,35 @@ def parser() -> argparse.ArgumentParser:
     d.add_argument("--oom", choices=["crash", "preempt"], default="crash")
     d.set_defaults(fn=cmd_demo, time_scale=2.0, duration=60.0, ttft_slo=5.0, tpot_slo=0.05)
 
-    b = sub.add_parser("bench", help="benchmarks (ratios against a reference measured in the same run)")
-    b.add_argument("what", choices=["engine"])
+    e = sub.add_parser("eval", help="run policies on a scenario's episodes and compare them")
+    e.add_argument("--policy", action="append", default=[], help="static:K, watermark, vllm, random (repeatable)")
+    e.add_argument("--baselines", action="store_true", help="add every baseline to the table")
+    e.add_argument("--scenario", default=None, help="scenario YAML or bundled name (default steady)")
+    e.add_argument("--trace", default=None, help="replay this trace on the scenario's deployment instead")
+    e.add_argument("--time-scale", type=float, default=None, help="with --trace: arrival compression")
+    e.add_argument("--max-tokens", default=None, help="with --trace: declared max_tokens rule")
+    e.add_argument("--episodes", type=int, default=1)
+    e.add_argument("--steps", type=int, default=None, help="decisions per episode (default: the scenario's)")
+    e.add_argument("--seed", type=int, default=0, help="episode k uses seed + k, the same for every policy")
+    e.add_argument("--shield", action="store_true", help="filter every action through the safety shield")
+    e.add_argument("--json", default=None, help="write every figure and time series to this JSON file")
+    e.add_argument("--plot", default=None, help="draw utilisation, factor, queue and OOMs over time to this PNG")
+    e.set_defaults(fn=cmd_eval)
+
+    b = sub.add_parser("bench", help="benchmarks: engine (ratios against references run alongside), env (steps/s)")
+    b.add_argument("what", choices=["engine", "env"],
+                   help="engine: decode and compaction against references; env: environment steps/s, 1 and all cores")
     b.add_argument("--json", action="store_true", help="print JSON")
     b.set_defaults(fn=cmd_bench)
+
+    pr = sub.add_parser("profile", help="fit a cost model to the torch executor on this machine")
+    pr.add_argument("--out", required=True, help="write the cost model and its fit report to this JSON file")
+    pr.add_argument("--device", default="cpu", help="cpu or cuda[:N] (default %(default)s)")
+    pr.add_argument("--repeats", type=int, default=7, help="timed runs per point, the median counts (default %(default)s)")
+    pr.add_argument("--quick", action="store_true", help="a smaller grid (seconds, not tens of seconds)")
+    pr.add_argument("--model-dir", default=None, help="local Hugging Face Llama checkpoint (default: tiny seeded model)")
+    pr.add_argument("--seed", type=int, default=0)
+    pr.set_defaults(fn=cmd_profile)
     return p
 
 

@@ -41,3 +41,47 @@ def evaluate(env: OvercommitEnv, policy: Policy, episodes: int = 1, seed: int = 
         else:
             mean[key] = value
     return {**mean, "policy": policy.name, "episodes": summaries, "series": runs[0][1]}
+
+
+EVAL_ROWS = [
+    ("shield overrides", "shield_overrides", "{:.0f}"),
+    ("episode reward", "episode_reward", "{:.1f}"),
+]
+
+
+def eval_scenario(scenario: str | None, trace: str | None, time_scale: float | None, max_tokens: str | None,
+                  steps: int | None):
+    """The scenario ``rlctl eval`` runs: a scenario file (or bundled name), or a trace replayed on
+    a scenario's deployment and settings (default ``steady``)."""
+    import dataclasses
+
+    from env.scenario import TraceWorkload, load_scenario
+
+    sc = load_scenario(scenario or "steady")
+    if trace is not None:
+        from env.workload_builder import check_workload
+
+        base = sc.workload if isinstance(sc.workload, TraceWorkload) else None
+        workload = TraceWorkload(trace=trace, time_scale=time_scale or (base.time_scale if base else 1.0),
+                                 max_tokens=max_tokens or sc.workload.max_tokens)
+        check_workload(workload)
+        sc = dataclasses.replace(sc, workload=workload, name=f"{sc.name} on {trace}")
+    elif time_scale is not None or max_tokens is not None:
+        raise ValueError("--time-scale and --max-tokens apply to --trace")
+    if steps is not None:
+        if steps <= 0:
+            raise ValueError(f"--steps must be > 0, got {steps}")
+        sc = dataclasses.replace(sc, max_steps=steps)
+    return sc
+
+
+def run_eval(specs: list[str], scenario, episodes: int, seed: int, shield: bool) -> dict[str, dict]:
+    """Every policy in ``specs`` on the same ``episodes`` seeds of ``scenario``."""
+    from agents.baselines import make_policy
+    from agents.shield import Shield
+
+    if episodes <= 0:
+        raise ValueError(f"--episodes must be > 0, got {episodes}")
+    policies = [make_policy(s) for s in specs]  # every spec is checked before anything runs
+    env = OvercommitEnv(scenario, shield=Shield() if shield else None)
+    return {p.name: evaluate(env, p, episodes, seed) for p in policies}

@@ -67,20 +67,21 @@ ROWS = [
 
 def _cell(summary: dict, key: str | None, fmt: str | None) -> str:
     if key is None:
-        return f"{summary['swap_out_blocks']}/{summary['swap_in_blocks']}"
+        return f"{summary['swap_out_blocks']:.0f}/{summary['swap_in_blocks']:.0f}"
     value = summary.get(key)
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "-"
     return f"{1000 * value:.2f}" if fmt == "ms" else fmt.format(value)
 
 
-def format_table(columns: dict[str, dict]) -> str:
+def format_table(columns: dict[str, dict], extra_rows: list | None = None) -> str:
     """A plain-text table: one row per figure, one column per run."""
+    rows = ROWS + list(extra_rows or [])
     names = list(columns)
-    width = max(len(r[0]) for r in ROWS)
+    width = max(len(r[0]) for r in rows)
     cols = [max(12, len(n)) for n in names]
     lines = [" " * width + "  " + "  ".join(n.rjust(w) for n, w in zip(names, cols))]
-    for label, key, fmt in ROWS:
+    for label, key, fmt in rows:
         cells = [_cell(columns[n], key, fmt).rjust(w) for n, w in zip(names, cols)]
         lines.append(label.ljust(width) + "  " + "  ".join(cells))
     return "\n".join(lines)

@@ -1,0 +1,47 @@
+"""``rlctl eval``: every policy on the same episodes, one table, the figures from the env's info."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import yaml
+
+from agents.baselines import BASELINES
+from rlctl.cli import main
+
+
+def short_burst(tmp_path: Path, steps: int = 12) -> Path:
+    data = yaml.safe_load(Path("experiments/scenarios/burst.yaml").read_text())
+    path = tmp_path / "short_burst.yaml"
+    path.write_text(yaml.safe_dump({**data, "max_steps": steps}))
+    return path
+
+
+def test_eval_with_baselines_prints_one_table_and_writes_the_figures(tmp_path, capsys):
+    out = tmp_path / "eval.json"
+    assert main(["eval", "--scenario", str(short_burst(tmp_path)), "--baselines", "--episodes", "2",
+                 "--json", str(out)]) == 0
+    table = capsys.readouterr().out
+    for row in ("goodput (tok/s)", "KV util p99", "OOM events", "preemptions", "swap out/in", "TTFT p99",
+                "TPOT p50", "shield overrides"):
+        assert row in table
+    results = json.loads(out.read_text())["results"]
+    assert len(results) == len(BASELINES)
+    for name, r in results.items():
+        assert len(r["episodes"]) == 2 and len(r["series"]["kv_util"]) == 12
+        mean = sum(e["goodput_tokens_per_s"] for e in r["episodes"]) / 2
+        assert abs(r["goodput_tokens_per_s"] - mean) < 1e-9
+    # every policy saw the same workloads
+    assert len({r["requests_submitted"] for r in results.values()}) == 1
+
+
+def test_eval_refuses_a_bad_policy_or_trace_before_running_anything(tmp_path, capsys):
+    out = tmp_path / "eval.json"
+    assert main(["eval", "--scenario", str(short_burst(tmp_path)), "--policy", "static:1.0", "--policy", "oracle",
+                 "--json", str(out)]) == 2
+    err = capsys.readouterr()
+    assert "oracle" in err.err and "eval:" not in err.out and not out.exists()
+    assert main(["eval", "--trace", str(tmp_path / "missing.csv"), "--policy", "vllm"]) == 2
+    assert "missing.csv" in capsys.readouterr().err
+    assert main(["eval", "--scenario", str(short_burst(tmp_path)), "--policy", "vllm", "--episodes", "0"]) == 2
+    assert "--episodes" in capsys.readouterr().err
