@@ -1,7 +1,9 @@
-"""``rlctl bench engine`` runs end to end and reports what it promises; timings are never judged."""
+"""``rlctl bench engine`` and ``rlctl bench env`` run end to end and report what they promise;
+timings are never judged."""
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 
@@ -33,3 +35,54 @@ def test_small_engine_bench_reports_every_figure_and_generates_what_transformers
         assert compaction[key] > 0
     assert compaction["compaction_kept_data"] is True
 
+
+
+def test_small_env_bench_reports_every_figure_finite_and_positive():
+    from pathlib import Path
+
+    import yaml
+
+    from env.scenario import scenario_from_dict
+    from rlctl.bench import EnvBenchSizes
+
+    data = yaml.safe_load(Path("experiments/scenarios/burst.yaml").read_text())
+    scenario = scenario_from_dict({**data, "name": "burst", "max_steps": 3})
+    # seconds=0: one episode per measurement; one parallel process (spawned, so it still crosses a process)
+    report = run_bench("env", EnvBenchSizes(scenario=scenario, seconds=0.0, processes=1, top=3))
+
+    json.dumps(report)  # the CLI prints it as JSON
+    assert report["scenario"] == "burst" and report["deployment"] == "llama70b-4bit-h100"
+    assert report["max_steps"] == 3 and report["policy"] == "random"
+    single = report["single"]
+    assert single["episodes"] == 1 and single["steps"] == 3
+    for key in ("steps_per_s", "engine_s_per_wall_s", "iterations_per_s", "iterations_per_step", "us_per_iteration",
+                "wall_s", "engine_iterations"):
+        assert math.isfinite(single[key]) and single[key] > 0, key
+    parallel = report["parallel"]
+    assert parallel["processes"] == 1 and len(parallel["per_process_steps_per_s"]) == 1
+    assert parallel["steps"] == 3 and parallel["episodes"] == 1
+    for key in ("aggregate_steps_per_s", "mean_per_process_steps_per_s", "aggregate_engine_s_per_wall_s",
+                "ratio_to_single"):
+        assert math.isfinite(parallel[key]) and parallel[key] > 0, key
+    profile = report["profile"]
+    assert profile["episode_steps"] == 3 and 0 < profile["engine_run_share"] <= 1
+    for name in ("top_internal", "top_cumulative", "top_files_internal"):
+        assert len(profile[name]) == 3
+        assert all(0 < e["share"] <= 1 for e in profile[name])
+    assert all(":" in e["function"] for e in profile["top_cumulative"])  # file:function
+    assert isinstance(report["bound_by"], str) and "iterations per step" in report["bound_by"]
+    assert report["target_steps_per_s"] == 200
+    assert math.isfinite(report["ratio_to_target"]) and report["ratio_to_target"] > 0
+    machine = report["machine"]
+    assert machine["cpu_count"] >= 1 and machine["python"] and machine["torch_version"]
+
+
+def test_env_bench_refuses_bad_sizes_and_unknown_benchmarks():
+    from rlctl.bench import EnvBenchSizes
+
+    with pytest.raises(ValueError, match="seconds"):
+        EnvBenchSizes(seconds=-1)
+    with pytest.raises(ValueError, match="processes"):
+        EnvBenchSizes(processes=0)
+    with pytest.raises(ValueError, match="known: engine, env"):
+        run_bench("nope")
