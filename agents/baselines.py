@@ -4,7 +4,8 @@ A policy sees what the DQN will see, the observation vector (env/observation.py)
 an action id (env/overcommit_env.py ``ACTIONS``). ``engine_overrides`` are engine settings the
 policy pins for its episodes: a fixed factor, or vLLM's scheduling.
 
-- ``static:K``: overcommit factor K all the time (``static:1.0`` is the conservative reservation).
+- ``static:K``: overcommit factor K all the time (``static:1.0`` is the conservative reservation;
+  each scenario names its best K, tuned on training seeds with ``rlctl eval --static-sweep``).
 - ``watermark``: threshold rules on KV usage, mapped onto the five actions: at 99 % back off
   (stop admitting), at 95 % evict to host, at 92 % back off (smaller batches), and scale up again
   only once usage is below 75 % (hysteresis).
@@ -106,7 +107,12 @@ class Random(Policy):
         return int(self._rng.integers(len(ACTIONS)))
 
 
-BASELINES = ("static:1.0", "static:1.5", "watermark", "vllm", "random")
+def baselines(best_static: float = 1.0) -> list[str]:
+    """Every baseline's spec; ``best_static`` is the scenario's tuned fixed factor."""
+    return list(dict.fromkeys(["static:1.0", f"static:{best_static:g}", "watermark", "vllm", "random"]))
+
+
+STATIC_SWEEP = [f"static:{k / 10:g}" for k in range(10, 26)]  # 1.0 to 2.5 in steps of 0.1
 
 
 def make_policy(spec: str) -> Policy:

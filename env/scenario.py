@@ -116,6 +116,7 @@ class Scenario:
     reward: Reward = field(default_factory=Reward)
     observation: Observation = field(default_factory=Observation)
     description: str = ""
+    best_static: float = 1.0  # the static:K baseline's K, tuned on training seeds (rlctl eval --static-sweep)
 
     @property
     def episode_s(self) -> float:
@@ -132,7 +133,7 @@ _RANGES = {  # field -> (low, high, low inclusive)
     "evict_free_share": (0, 1, True), "alpha": (0, math.inf, True), "beta": (0, math.inf, True),
     "gamma": (0, math.inf, True), "omega": (0, math.inf, True), "tokens_per_s_scale": (0, math.inf, False),
     "queue_scale": (1, math.inf, True), "swapped_scale": (1, math.inf, True), "decode_ms_scale": (0, math.inf, False),
-    "slope_scale": (0, math.inf, False), "overcommit_scale": (0, math.inf, False),
+    "slope_scale": (0, math.inf, False), "overcommit_scale": (0, math.inf, False), "best_static": (0, math.inf, False),
 }
 _ARRIVALS = {"poisson": {"rate"}, "gamma": {"rate", "cv"}, "mmpp": {"rates", "mean_dwell_s"}}
 _LENGTHS = {"lognormal": {"mean", "sigma", "low", "high"}, "pareto": {"alpha", "low", "high"},

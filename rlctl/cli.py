@@ -127,23 +127,26 @@ def cmd_profile(a: argparse.Namespace) -> int:
 
 
 def cmd_eval(a: argparse.Namespace) -> int:
-    from agents.baselines import BASELINES
+    from agents.baselines import STATIC_SWEEP, baselines, make_policy
     from rlctl.evaluate import EVAL_ROWS, eval_scenario, run_eval
 
-    from agents.baselines import make_policy
-
-    specs = list(dict.fromkeys(a.policy + (list(BASELINES) if a.baselines else [])))
+    sc = eval_scenario(a.scenario, a.trace, a.time_scale, a.max_tokens, a.steps)
+    specs = list(dict.fromkeys(a.policy + (baselines(sc.best_static) if a.baselines else [])
+                               + (STATIC_SWEEP if a.static_sweep else [])))
     if not specs:
-        raise ValueError("give --policy SPEC (one or more) or --baselines")
+        raise ValueError("give --policy SPEC (one or more), --baselines or --static-sweep")
     for spec in specs:
         make_policy(spec)
-    sc = eval_scenario(a.scenario, a.trace, a.time_scale, a.max_tokens, a.steps)
     print(f"eval: scenario {sc.name} ({sc.deployment}), {a.episodes} episode(s) of {sc.max_steps} x "
           f"{sc.decision_interval_s:g} s, seeds {a.seed}..{a.seed + a.episodes - 1}")
     results = run_eval(specs, sc, a.episodes, a.seed, a.shield)
     first = next(iter(results.values()))
     print(f"workload (episode 1): {first['workload']}\nclock: {first['clock']}")
     print(format_table(results, extra_rows=EVAL_ROWS))
+    if a.static_sweep:
+        best = max((results[make_policy(s).name] for s in STATIC_SWEEP), key=lambda r: r["goodput_tokens_per_s"])
+        print(f"best fixed factor: {best['policy']} (goodput {best['goodput_tokens_per_s']:.1f} tok/s, "
+              f"{best['oom_events']:g} OOM events) on seeds {a.seed}..{a.seed + a.episodes - 1}")
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"scenario": sc.name, "results": results}, f, indent=2, default=str)
@@ -178,6 +181,8 @@ def parser() -> argparse.ArgumentParser:
     e = sub.add_parser("eval", help="run policies on a scenario's episodes and compare them")
     e.add_argument("--policy", action="append", default=[], help="static:K, watermark, vllm, random (repeatable)")
     e.add_argument("--baselines", action="store_true", help="add every baseline to the table")
+    e.add_argument("--static-sweep", action="store_true",
+                   help="add static:1.0 .. static:2.5 and name the best (tune a scenario's best_static on training seeds)")
     e.add_argument("--scenario", default=None, help="scenario YAML or bundled name (default steady)")
     e.add_argument("--trace", default=None, help="replay this trace on the scenario's deployment instead")
     e.add_argument("--time-scale", type=float, default=None, help="with --trace: arrival compression")

@@ -6,14 +6,14 @@ from pathlib import Path
 
 import yaml
 
-from agents.baselines import BASELINES
+from agents.baselines import baselines
 from rlctl.cli import main
 
 
 def short_burst(tmp_path: Path, steps: int = 12) -> Path:
     data = yaml.safe_load(Path("experiments/scenarios/burst.yaml").read_text())
     path = tmp_path / "short_burst.yaml"
-    path.write_text(yaml.safe_dump({**data, "max_steps": steps}))
+    path.write_text(yaml.safe_dump({**data, "max_steps": steps, "best_static": 1.5}))
     return path
 
 
@@ -26,7 +26,8 @@ def test_eval_with_baselines_prints_one_table_and_writes_the_figures(tmp_path, c
                 "TPOT p50", "shield overrides"):
         assert row in table
     results = json.loads(out.read_text())["results"]
-    assert len(results) == len(BASELINES)
+    assert list(results) == ["static:1", "static:1.5", "watermark", "vllm", "random"] == [
+        r.replace("static:1.0", "static:1") for r in baselines(1.5)]
     for name, r in results.items():
         assert len(r["episodes"]) == 2 and len(r["series"]["kv_util"]) == 12
         mean = sum(e["goodput_tokens_per_s"] for e in r["episodes"]) / 2
