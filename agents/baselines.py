@@ -116,9 +116,15 @@ STATIC_SWEEP = [f"static:{k / 10:g}" for k in range(10, 26)]  # 1.0 to 2.5 in st
 
 
 def make_policy(spec: str) -> Policy:
-    """A policy from its spec: ``static:K``, ``watermark``, ``vllm`` or ``random``."""
+    """A policy from its spec: ``static:K``, ``watermark``, ``vllm``, ``random``, or the path of a
+    policy file (``*.rlpolicy``, agents/export.py) for a trained one."""
+    from pathlib import Path
+
+    if isinstance(spec, Path):
+        spec = str(spec)
     if not isinstance(spec, str) or not spec:
-        raise ValueError(f"policy: expected a spec such as static:1.0, watermark, vllm, random; got {spec!r}")
+        raise ValueError(f"policy: expected a spec such as static:1.0, watermark, vllm, random or a policy file; "
+                         f"got {spec!r}")
     if spec.startswith("static:"):
         try:
             factor = float(spec.split(":", 1)[1])
@@ -128,4 +134,9 @@ def make_policy(spec: str) -> Policy:
     simple = {"watermark": Watermark, "vllm": VLLM, "random": Random}
     if spec in simple:
         return simple[spec]()
-    raise ValueError(f"policy {spec!r} does not exist: use static:K, watermark, vllm or random")
+    from agents.export import POLICY_SUFFIX, load_policy  # here: agents/export.py imports this module
+
+    if Path(spec).is_file() or spec.endswith(POLICY_SUFFIX):
+        return load_policy(spec)  # a missing file: PolicyFileError naming the path
+    raise ValueError(f"policy {spec!r} does not exist: use static:K, watermark, vllm, random "
+                     f"or a policy file (*{POLICY_SUFFIX})")

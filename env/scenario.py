@@ -160,7 +160,7 @@ def _number(where: str, path: str, value, integer: bool = False):
     return value
 
 
-def _build(cls, data, where: str, path: str):
+def from_mapping(cls, data, where: str, path: str = ""):
     """``cls`` from a mapping, every key known and every value of the declared type."""
     if not isinstance(data, dict):
         raise _fail(where, path, f"must be a mapping, got {type(data).__name__}")
@@ -188,12 +188,12 @@ def _value(hint, value, where: str, path: str):
         options = [a for a in args if a is not type(None)]
         if len(options) > 1:  # the workload: a trace or a generator
             cls = TraceWorkload if isinstance(value, dict) and "trace" in value else GeneratorWorkload
-            return _build(cls, value, where, path)
+            return from_mapping(cls, value, where, path)
         return _value(options[0], value, where, path)
     if is_dataclass(hint):
         if hint is Distribution:
             return _distribution(value, where, path)
-        return _build(hint, value, where, path)
+        return from_mapping(hint, value, where, path)
     if hint is bool:
         if not isinstance(value, bool):
             raise _fail(where, path, f"must be true or false, got {value!r}")
@@ -266,7 +266,7 @@ def _check(s: Scenario, where: str) -> Scenario:
 
 
 def scenario_from_dict(data: dict, where: str = "scenario") -> Scenario:
-    return _check(_build(Scenario, data, where, ""), where)
+    return _check(from_mapping(Scenario, data, where, ""), where)
 
 
 def load_scenario(path: str | Path) -> Scenario:

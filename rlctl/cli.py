@@ -158,6 +158,21 @@ def cmd_eval(a: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_train(a: argparse.Namespace) -> int:
+    from rlctl.evaluate import EVAL_ROWS
+    from rlctl.train import load_train_config, train
+
+    cfg = load_train_config(a.config, timesteps=a.timesteps, seed=a.seed, n_envs=a.n_envs)
+    print(f"train: {a.config}: scenario {cfg.scenario}, {cfg.timesteps} steps, seed {cfg.seed}, "
+          f"double={cfg.double} dueling={cfg.dueling} prioritized={cfg.prioritized} n_steps={cfg.n_steps}")
+    out = train(cfg, a.logdir, a.resume, progress_bar=not a.no_progress)
+    print(f"held-out evaluation ({cfg.eval_episodes} episodes, seeds {cfg.eval_seed}..):")
+    print(format_table(out["results"], extra_rows=EVAL_ROWS))
+    print(f"run: {out['run']} ({out['timesteps']} steps, {out['wall_s']:.0f} s, {out['n_envs']} envs)\n"
+          f"policy: {out['policy']}\nreview: tensorboard --logdir {a.logdir}")
+    return 0
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="rlctl", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
@@ -194,6 +209,16 @@ def parser() -> argparse.ArgumentParser:
     e.add_argument("--json", default=None, help="write every figure and time series to this JSON file")
     e.add_argument("--plot", default=None, help="draw utilisation, factor, queue and OOMs over time to this PNG")
     e.set_defaults(fn=cmd_eval)
+
+    t = sub.add_parser("train", help="train the DQN on a scenario; TensorBoard logs, checkpoints, exported policy")
+    t.add_argument("--config", required=True, help="training YAML (experiments/train/*.yaml)")
+    t.add_argument("--timesteps", type=int, default=None, help="override the config's timesteps")
+    t.add_argument("--seed", type=int, default=None, help="override the config's seed")
+    t.add_argument("--n-envs", type=int, default=None, help="environments in parallel (default: one per core)")
+    t.add_argument("--logdir", default="runs", help="TensorBoard and run directory root (default %(default)s)")
+    t.add_argument("--resume", default=None, help="a checkpoint (.zip) of an earlier run to continue")
+    t.add_argument("--no-progress", action="store_true", help="no progress bar")
+    t.set_defaults(fn=cmd_train)
 
     b = sub.add_parser("bench", help="benchmarks: engine (ratios against references run alongside), env (steps/s)")
     b.add_argument("what", choices=["engine", "env"],

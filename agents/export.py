@@ -1,0 +1,304 @@
+"""A trained policy as one self-describing, pickle-free file, and the loader that refuses a bad one.
+
+A policy file (``*.rlpolicy``) is a safetensors file: the online Q-network's weights (the
+``nn.Sequential`` of ``agents/networks.py:q_network``, float32, on the CPU) and, in the
+safetensors ``__metadata__`` under the key ``"rlctl"``, one JSON header:
+
+```
+format, version       "rlctl-policy", 1
+observation           features (env/observation.py FEATURES), low, high, scales (the scenario's
+                      ``observation:``), max_model_len (the length tokens are divided by)
+actions               env/overcommit_env.py ACTIONS
+network               obs_dim, n_actions, net_arch, dueling: enough to rebuild the network
+training              the training configuration, as given
+scenario              name, deployment
+source_commit         git commit of the code that trained it ("unknown" outside a checkout)
+weights               dtype, sha256 of each tensor's bytes
+```
+
+SB3's ``model.save`` zip holds pickles, and unpickling runs code; this file holds tensors and
+JSON only, so a policy from elsewhere (the sidecar's, a colleague's) is safe to open. The loader
+checks the file against this build (feature names and bounds, action names, the network the
+header describes, the checksums) and names the first thing that differs.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import struct
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load as load_tensors
+from safetensors.torch import save_file
+
+from agents.baselines import Policy
+from agents.networks import q_network
+from env.observation import FEATURES, HIGH, LOW
+from env.overcommit_env import ACTIONS
+
+FORMAT = "rlctl-policy"
+VERSION = 1
+POLICY_SUFFIX = ".rlpolicy"
+HEADER_KEY = "rlctl"  # the key of the JSON header in the safetensors __metadata__
+_REPO = Path(__file__).resolve().parent.parent
+
+
+class PolicyFileError(ValueError):
+    """A policy file that cannot be used; the message names the file and the problem."""
+
+
+# ---- export ------------------------------------------------------------------------------------
+def git_commit(repo: Path = _REPO) -> str:
+    """``git rev-parse HEAD`` of ``repo``, or "unknown" when it is not a checkout (or git is absent)."""
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return out.stdout.strip() if out.returncode == 0 and out.stdout.strip() else "unknown"
+
+
+def max_model_len(scenario) -> int:
+    """The length the observation divides token counts by: the episode engine's, as observe() gets it."""
+    from engine.engine import Engine
+    from engine.executor import ProfiledExecutor
+    from engine.roofline import DEPLOYMENTS
+
+    deployment = DEPLOYMENTS[scenario.deployment]
+    engine = Engine(deployment.model, scenario.engine_config(), executor=ProfiledExecutor(deployment.cost_model()))
+    return int(engine.max_model_len)
+
+
+def _sha256(t: torch.Tensor) -> str:
+    return hashlib.sha256(t.contiguous().numpy().tobytes()).hexdigest()
+
+
+def export_policy(model, path: str | Path, *, scenario, training_config: dict,
+                  source_commit: str | None = None) -> dict:
+    """Write ``model``'s (an ``OvercommitDQN``) online Q-network to ``path`` as a policy file; the header.
+
+    ``scenario`` is the one it trained on (its observation scales are part of the layout).
+    The file is written beside ``path`` and renamed into place, so a reader never sees half of it.
+    """
+    qnet = model.policy.q_net
+    if qnet.features_dim != len(FEATURES) or qnet.action_space.n != len(ACTIONS):
+        raise ValueError(f"export_policy: the model sees {qnet.features_dim} features and {qnet.action_space.n} "
+                         f"actions, this build has {len(FEATURES)} and {len(ACTIONS)}")
+    weights = {k: v.detach().to("cpu", torch.float32).contiguous() for k, v in qnet.q_net.state_dict().items()}
+    header = {
+        "format": FORMAT,
+        "version": VERSION,
+        "observation": {
+            "features": list(FEATURES),
+            "low": [float(x) for x in LOW],
+            "high": [float(x) for x in HIGH],
+            "scales": dataclasses.asdict(scenario.observation),
+            "max_model_len": max_model_len(scenario),
+        },
+        "actions": list(ACTIONS),
+        "network": {"obs_dim": int(qnet.features_dim), "n_actions": int(qnet.action_space.n),
+                    "net_arch": [int(w) for w in qnet.net_arch], "dueling": bool(qnet.dueling)},
+        "training": training_config,
+        "scenario": {"name": scenario.name, "deployment": scenario.deployment},
+        "source_commit": source_commit or git_commit(),
+        "weights": {"dtype": "float32", "sha256": {k: _sha256(v) for k, v in sorted(weights.items())}},
+    }
+    # a non-JSON value in the training config (a Path, say) is recorded as its text, not refused
+    text = json.dumps(header, default=str, sort_keys=True)
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        save_file(weights, tmp, metadata={HEADER_KEY: text})
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return json.loads(text)
+
+
+# ---- load --------------------------------------------------------------------------------------
+class ExportedPolicy(Policy):
+    """A policy file's greedy policy: the action with the highest Q-value."""
+
+    def __init__(self, path: Path, header: dict, network: torch.nn.Sequential, file_sha256: str) -> None:
+        self.path, self.header, self.network, self.file_sha256 = path, header, network, file_sha256
+        self.name = path.stem
+        self.engine_overrides = {}
+        self.obs_dim = header["network"]["obs_dim"]
+
+    def q_values(self, obs: np.ndarray) -> np.ndarray:
+        """Q-values of one observation (obs_dim,) -> (n_actions,), or of a batch (n, obs_dim) -> (n, n_actions)."""
+        x = np.asarray(obs, dtype=np.float32)
+        if x.ndim not in (1, 2) or x.shape[-1] != self.obs_dim:
+            raise ValueError(f"policy {self.name}: observation must have shape ({self.obs_dim},) "
+                             f"or (n, {self.obs_dim}), got {x.shape}")
+        if not np.isfinite(x).all():
+            raise ValueError(f"policy {self.name}: observation has non-finite entries")
+        with torch.no_grad():
+            q = self.network(torch.from_numpy(np.atleast_2d(x))).numpy()
+        return q[0] if x.ndim == 1 else q
+
+    def act(self, obs: np.ndarray) -> int:
+        shape = np.shape(obs)
+        if shape != (self.obs_dim,):
+            raise ValueError(f"policy {self.name}: observation must have shape ({self.obs_dim},), got {shape}")
+        return int(np.argmax(self.q_values(obs)))
+
+    def check_scenario(self, scenario) -> None:
+        """Refuse a scenario whose observation scales (or max_model_len) differ from the ones it trained on:
+        the same features would then mean other numbers."""
+        trained = self.header["observation"]
+        scales = dataclasses.asdict(scenario.observation)
+        for key in sorted(set(trained["scales"]) | set(scales)):
+            if trained["scales"].get(key) != scales.get(key):
+                raise PolicyFileError(f"policy file {self.path}: trained with observation.{key} = "
+                                      f"{trained['scales'].get(key)}, scenario {scenario.name} has {scales.get(key)}")
+        if trained["max_model_len"] != max_model_len(scenario):
+            raise PolicyFileError(f"policy file {self.path}: trained with max_model_len {trained['max_model_len']}, "
+                                  f"scenario {scenario.name} has {max_model_len(scenario)}")
+
+
+def _first_difference(theirs: list, ours: list) -> str | None:
+    for i, (a, b) in enumerate(zip(theirs, ours)):
+        if a != b:
+            return f"entry {i} is {a!r}, this build has {b!r}"
+    if len(theirs) != len(ours):
+        return f"{len(theirs)} entries, this build has {len(ours)}"
+    return None
+
+
+def _raw_header(path: Path, data: bytes) -> dict:
+    """The safetensors JSON header, checked by hand first so that truncation and a foreign file get their own words."""
+    fail = lambda problem: PolicyFileError(f"policy file {path}: {problem}")  # noqa: E731
+    if len(data) < 8 or data[8:9] != b"{":
+        raise fail(f"not an rlctl policy file (not a safetensors file: {len(data)} bytes, no JSON header)")
+    (n,) = struct.unpack("<Q", data[:8])
+    if 8 + n > len(data):
+        raise fail(f"truncated or corrupted: the safetensors header promises {n} bytes of JSON, "
+                   f"the file holds {len(data) - 8} after the length")
+    try:
+        raw = json.loads(data[8:8 + n])
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise fail(f"corrupted: the safetensors header is not valid JSON ({exc})") from None
+    if not isinstance(raw, dict):
+        raise fail("corrupted: the safetensors header is not a JSON object")
+    ends = [e["data_offsets"][1] for k, e in raw.items()
+            if k != "__metadata__" and isinstance(e, dict) and isinstance(e.get("data_offsets"), list)
+            and len(e["data_offsets"]) == 2 and isinstance(e["data_offsets"][1], int)]
+    need = 8 + n + max(ends, default=0)
+    if need > len(data):
+        raise fail(f"truncated: the header promises {need} bytes, the file holds {len(data)}")
+    return raw
+
+
+def _policy_header(path: Path, raw: dict) -> dict:
+    fail = lambda problem: PolicyFileError(f"policy file {path}: {problem}")  # noqa: E731
+    meta = raw.get("__metadata__") or {}
+    if not isinstance(meta, dict) or HEADER_KEY not in meta:
+        raise fail(f"not an rlctl policy file (a safetensors file without an {HEADER_KEY!r} header)")
+    try:
+        header = json.loads(meta[HEADER_KEY])
+    except (TypeError, json.JSONDecodeError) as exc:
+        raise fail(f"corrupted: the {HEADER_KEY!r} header is not valid JSON ({exc})") from None
+    if not isinstance(header, dict) or header.get("format") != FORMAT:
+        got = header.get("format") if isinstance(header, dict) else header
+        raise fail(f"not an rlctl policy file (format {got!r}, expected {FORMAT!r})")
+    if header.get("version") != VERSION:
+        raise fail(f"unsupported format version {header.get('version')!r} (this build reads version {VERSION})")
+    for key, sub in (("observation", ("features", "low", "high", "scales", "max_model_len")), ("actions", ()),
+                     ("network", ("obs_dim", "n_actions", "net_arch", "dueling")), ("weights", ("dtype", "sha256")),
+                     ("training", ()), ("scenario", ()), ("source_commit", ())):
+        if key not in header:
+            raise fail(f"the header has no {key!r}")
+        for s in sub:
+            if not isinstance(header[key], dict) or s not in header[key]:
+                raise fail(f"the header has no '{key}.{s}'")
+    return header
+
+
+def _check_layout(path: Path, header: dict) -> None:
+    fail = lambda problem: PolicyFileError(f"policy file {path}: {problem}")  # noqa: E731
+    obs = header["observation"]
+    features = obs["features"]
+    if not isinstance(features, list):
+        raise fail(f"observation.features must be a list, got {features!r}")
+    for i, (a, b) in enumerate(zip(features, FEATURES)):
+        if a != b:
+            raise fail(f"observation layout differs from this build's: feature {i} is {a!r}, this build has {b!r}")
+    if len(features) != len(FEATURES):
+        extra = features[len(FEATURES):] or FEATURES[len(features):]
+        raise fail(f"observation layout differs from this build's: {len(features)} features, this build has "
+                   f"{len(FEATURES)} (first {'extra' if len(features) > len(FEATURES) else 'missing'}: {extra[0]!r})")
+    for bound, ours in (("low", LOW), ("high", HIGH)):
+        theirs = obs[bound]
+        if not isinstance(theirs, list) or len(theirs) != len(FEATURES):
+            raise fail(f"observation.{bound} must list {len(FEATURES)} bounds, got {theirs!r}")
+        for name, a, b in zip(FEATURES, theirs, ours):
+            if a != float(b):
+                raise fail(f"observation layout differs from this build's: {bound} bound of {name!r} is {a}, "
+                           f"this build has {float(b)}")
+    actions = header["actions"]
+    if not isinstance(actions, list):
+        raise fail(f"actions must be a list, got {actions!r}")
+    if len(actions) != len(ACTIONS):
+        raise fail(f"action list differs from this build's: {len(actions)} actions {actions}, "
+                   f"this build has {len(ACTIONS)} {list(ACTIONS)}")
+    diff = _first_difference(actions, list(ACTIONS))
+    if diff:
+        raise fail(f"action list differs from this build's: {diff}")
+    net = header["network"]
+    if net["obs_dim"] != len(FEATURES) or net["n_actions"] != len(ACTIONS):
+        raise fail(f"network shape obs_dim={net['obs_dim']} n_actions={net['n_actions']} does not match the "
+                   f"{len(FEATURES)} features and {len(ACTIONS)} actions")
+
+
+def load_policy(path: str | Path) -> ExportedPolicy:
+    """Read and check a policy file; never unpickles. Raises ``PolicyFileError`` naming the file and the problem."""
+    path = Path(path)
+    if not path.exists():
+        raise PolicyFileError(f"policy file {path}: no such file")
+    if not path.is_file():
+        raise PolicyFileError(f"policy file {path}: not a file")
+    data = path.read_bytes()
+    fail = lambda problem: PolicyFileError(f"policy file {path}: {problem}")  # noqa: E731
+    header = _policy_header(path, _raw_header(path, data))
+    _check_layout(path, header)
+    net = header["network"]
+    try:
+        network = q_network(int(net["obs_dim"]), int(net["n_actions"]), [int(w) for w in net["net_arch"]],
+                            bool(net["dueling"]))
+    except (TypeError, ValueError) as exc:
+        raise fail(f"the header's network cannot be built ({exc})") from None
+    try:
+        tensors = load_tensors(data)
+    except (SafetensorError, ValueError, RuntimeError) as exc:
+        raise fail(f"corrupted safetensors data ({exc})") from None
+    expected = network.state_dict()
+    for name in expected:
+        if name not in tensors:
+            raise fail(f"weight {name!r} is missing (the {'dueling' if net['dueling'] else 'plain'} network "
+                       f"of net_arch {net['net_arch']} needs it)")
+    for name in tensors:
+        if name not in expected:
+            raise fail(f"weight {name!r} is not part of the network the header describes")
+    for name in expected:  # in the network's order: the first layer that does not fit is named
+        t = tensors[name]
+        if tuple(t.shape) != tuple(expected[name].shape):
+            raise fail(f"weight {name!r} has shape {tuple(t.shape)}, the network the header describes "
+                       f"needs {tuple(expected[name].shape)}")
+        if t.dtype != expected[name].dtype:
+            raise fail(f"weight {name!r} has dtype {t.dtype}, expected {expected[name].dtype}")
+    sums = header["weights"]["sha256"]
+    if not isinstance(sums, dict) or set(sums) != set(tensors):
+        raise fail("the header's checksums do not list the file's weights")
+    for name in sorted(tensors):
+        if _sha256(tensors[name]) != sums[name]:
+            raise fail(f"checksum mismatch for weight {name!r}: the file is corrupted")
+    network.load_state_dict(tensors, strict=True)
+    network.eval()
+    return ExportedPolicy(path, header, network, hashlib.sha256(data).hexdigest())

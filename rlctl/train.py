@@ -1,0 +1,227 @@
+"""``rlctl train``: the DQN trained offline on a scenario, reviewed in TensorBoard, exported.
+
+A training configuration (``experiments/train/*.yaml``) names the training scenario, the held-out
+episodes it is judged on, the agent's switches (double, dueling, prioritized, n_steps) and its
+hyperparameters. A run writes under ``<logdir>/<name>/``: TensorBoard events, checkpoints (with
+the replay buffer, so ``--resume`` continues where it stopped), the evaluation table against the
+baselines, and ``policy.rlpolicy``, the pickle-free exported policy that ``rlctl eval`` and
+``rlctl serve`` load.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import yaml
+from stable_baselines3.common.callbacks import BaseCallback, CallbackList, CheckpointCallback
+from stable_baselines3.common.logger import configure
+from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv
+
+from agents.baselines import Policy, baselines, make_policy
+from agents.dqn import OvercommitDQN
+from agents.shield import Shield
+from env.overcommit_env import OvercommitEnv
+from env.scenario import Scenario, ScenarioError, TraceWorkload, from_mapping, load_scenario
+from rlctl.evaluate import evaluate
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    scenario: str
+    name: str = ""
+    eval_starts: tuple[float, float] | None = None  # held-out trace windows (trace scenarios)
+    eval_episodes: int = 3
+    eval_seed: int = 1000                            # held-out seeds: never used in training
+    eval_every: int = 10_000
+    timesteps: int = 60_000
+    n_envs: int = 0                                  # 0: one per CPU core
+    seed: int = 0
+    double: bool = True
+    dueling: bool = True
+    prioritized: bool = True
+    n_steps: int = 3
+    shield: bool = True
+    net_arch: tuple[int, ...] = (128, 128)
+    learning_rate: float = 5e-4
+    buffer_size: int = 50_000
+    batch_size: int = 64
+    gamma: float = 0.99
+    train_freq: int = 4
+    gradient_steps: int = 1
+    learning_starts: int = 1_000
+    target_update_interval: int = 1_000
+    exploration_fraction: float = 0.3
+    exploration_final_eps: float = 0.05
+    per_alpha: float = 0.6
+    per_beta0: float = 0.4
+    checkpoint_every: int = 10_000
+
+    def __post_init__(self) -> None:
+        positive = ("eval_episodes", "eval_every", "timesteps", "n_steps", "buffer_size", "batch_size", "train_freq",
+                    "gradient_steps", "target_update_interval", "checkpoint_every", "learning_rate")
+        for name in positive:
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+        for name in ("n_envs", "seed", "eval_seed", "learning_starts", "per_alpha"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        for name in ("gamma", "exploration_fraction", "exploration_final_eps", "per_beta0"):
+            if not 0 <= getattr(self, name) <= 1:
+                raise ValueError(f"{name} must be in [0, 1], got {getattr(self, name)}")
+        if any(int(w) != w or w <= 0 for w in self.net_arch):
+            raise ValueError(f"net_arch must be positive layer widths, got {list(self.net_arch)}")
+
+    def agent_kwargs(self) -> dict:
+        keys = ("double", "dueling", "prioritized", "n_steps", "learning_rate", "buffer_size", "batch_size", "gamma",
+                "train_freq", "gradient_steps", "learning_starts", "target_update_interval", "exploration_fraction",
+                "exploration_final_eps", "per_alpha", "per_beta0")
+        return {k: getattr(self, k) for k in keys} | {"net_arch": tuple(int(w) for w in self.net_arch)}
+
+
+def load_train_config(path: str | Path, **overrides) -> TrainConfig:
+    """Read a training YAML; unknown keys and bad values fail naming the field."""
+    p = Path(path)
+    if not p.exists():
+        raise ScenarioError(f"training config {path}: no such file")
+    try:
+        data = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as exc:
+        raise ScenarioError(f"{p}: not valid YAML ({exc})") from None
+    if isinstance(data, dict):
+        data = {"name": p.stem, **data, **{k: v for k, v in overrides.items() if v is not None}}
+    try:
+        cfg = from_mapping(TrainConfig, data, str(p))
+    except ValueError as exc:
+        raise ScenarioError(str(exc) if str(exc).startswith(str(p)) else f"{p}: {exc}") from None
+    load_scenario(cfg.scenario)  # a bad scenario fails now, not after the first checkpoint
+    return cfg
+
+
+def held_out(cfg: TrainConfig) -> Scenario:
+    """The evaluation scenario: the training one with the held-out trace windows."""
+    sc = load_scenario(cfg.scenario)
+    if cfg.eval_starts is not None:
+        if not isinstance(sc.workload, TraceWorkload):
+            raise ScenarioError(f"eval_starts: scenario {cfg.scenario} is not a trace replay")
+        sc = dataclasses.replace(sc, workload=dataclasses.replace(sc.workload, starts=tuple(cfg.eval_starts)))
+    return sc
+
+
+class AgentPolicy(Policy):
+    """A model being trained, as a ``Policy`` (greedy)."""
+
+    def __init__(self, model: OvercommitDQN, name: str = "dqn") -> None:
+        self.model, self.name, self.engine_overrides = model, name, {}
+
+    def act(self, obs: np.ndarray) -> int:
+        return int(self.model.predict(obs, deterministic=True)[0])
+
+
+class HeldOutEval(BaseCallback):
+    """Every ``every`` steps: the greedy agent on the held-out episodes, logged under eval/dqn/."""
+
+    def __init__(self, scenario: Scenario, cfg: TrainConfig) -> None:
+        super().__init__()
+        self.env = OvercommitEnv(scenario, shield=Shield() if cfg.shield else None)
+        self.cfg, self.last = cfg, 0
+        self.history: list[dict] = []
+
+    def _on_step(self) -> bool:
+        if self.num_timesteps - self.last >= self.cfg.eval_every:
+            self.last = self.num_timesteps
+            r = evaluate(self.env, AgentPolicy(self.model), self.cfg.eval_episodes, self.cfg.eval_seed)
+            self.history.append({"timesteps": self.num_timesteps, **{k: r[k] for k in FIGURES}})
+            for k in FIGURES:
+                self.logger.record(f"eval/dqn/{k}", r[k])
+        return True
+
+
+FIGURES = ("goodput_tokens_per_s", "tokens_per_s", "kv_util_mean", "kv_util_p99", "oom_events", "preemptions",
+           "ttft_p50_s", "ttft_p99_s", "episode_reward", "shield_overrides")
+
+
+def source_commit() -> str:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
+                             cwd=Path(__file__).resolve().parent)
+        return out.stdout.strip() or "unknown"
+    except OSError:
+        return "unknown"
+
+
+def _make_env(scenario: Scenario, shield: bool):
+    def make():
+        return OvercommitEnv(scenario, shield=Shield() if shield else None)
+    return make
+
+
+def _run_dir(logdir: Path, name: str, resume: str | None) -> Path:
+    if resume:
+        return Path(resume).resolve().parent.parent
+    run = logdir / name
+    k = 1
+    while run.exists():
+        k += 1
+        run = logdir / f"{name}_{k}"
+    return run
+
+
+def train(cfg: TrainConfig, logdir: str | Path = "runs", resume: str | None = None, progress_bar: bool = True,
+          baseline_specs: list[str] | None = None) -> dict:
+    """Train (or resume) per ``cfg``; returns the run's summary (paths, evaluation table)."""
+    from agents.export import export_policy
+    from rlctl.tensorboard import ReviewCallback, log_evaluation, log_hparams
+
+    scenario = load_scenario(cfg.scenario)
+    evaluation = held_out(cfg)
+    n_envs = cfg.n_envs or os.cpu_count() or 1
+    run = _run_dir(Path(logdir), cfg.name, resume)
+    run.mkdir(parents=True, exist_ok=True)
+    makers = [_make_env(scenario, cfg.shield) for _ in range(n_envs)]
+    venv = SubprocVecEnv(makers, start_method="forkserver") if n_envs > 1 else DummyVecEnv(makers)
+    venv.seed(cfg.seed)
+    t0 = time.time()
+    try:
+        if resume:
+            model = OvercommitDQN.load(resume, env=venv)
+            buffer = Path(re.sub(r"_(\d+)_steps\.zip$", r"_replay_buffer_\1_steps.pkl", str(resume)))
+            if buffer.exists():
+                model.load_replay_buffer(buffer)
+        else:
+            model = OvercommitDQN(env=venv, seed=cfg.seed, verbose=0, **cfg.agent_kwargs())
+        model.set_logger(configure(str(run), ["tensorboard", "csv"]))
+        (run / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=2) + "\n")
+        held = HeldOutEval(evaluation, cfg)
+        callbacks = CallbackList([
+            ReviewCallback(), held,
+            CheckpointCallback(max(cfg.checkpoint_every // n_envs, 1), str(run / "checkpoints"),
+                               save_replay_buffer=True)])
+        remaining = cfg.timesteps - model.num_timesteps
+        if remaining > 0:
+            model.learn(remaining, callback=callbacks, reset_num_timesteps=not resume, progress_bar=progress_bar)
+        header = export_policy(model, run / "policy.rlpolicy", scenario=scenario,
+                               training_config=dataclasses.asdict(cfg), source_commit=source_commit())
+        specs = baseline_specs if baseline_specs is not None else baselines(scenario.best_static)
+        eval_env = OvercommitEnv(evaluation, shield=Shield() if cfg.shield else None)
+        results = {"dqn": evaluate(eval_env, make_policy(str(run / "policy.rlpolicy")), cfg.eval_episodes, cfg.eval_seed)}
+        results["dqn"]["policy"] = "dqn"
+        for spec in specs:
+            policy = make_policy(spec)
+            results[policy.name] = evaluate(eval_env, policy, cfg.eval_episodes, cfg.eval_seed)
+        log_evaluation(run, results, model.num_timesteps)
+        final = {k: results["dqn"][k] for k in FIGURES}
+        log_hparams(run, {**cfg.agent_kwargs(), "scenario": cfg.scenario, "seed": cfg.seed, "n_envs": n_envs}, final)
+    finally:
+        venv.close()
+    summary = {"run": str(run), "policy": str(run / "policy.rlpolicy"), "timesteps": model.num_timesteps,
+               "wall_s": time.time() - t0, "n_envs": n_envs, "held_out": held.history, "results": results,
+               "header": header}
+    (run / "evaluation.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
+    return summary

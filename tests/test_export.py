@@ -1,0 +1,267 @@
+"""Policy files (agents/export.py): a trained DQN exported and reloaded acts exactly as it did,
+the file holds no pickle and states everything needed to use it, and a file that is cut, corrupted,
+foreign or made for another observation layout, action set or network is refused by name."""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import pickle
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import yaml
+from safetensors.torch import load as load_tensors
+from safetensors.torch import save_file
+
+from agents.baselines import make_policy
+from agents.dqn import OvercommitDQN
+from agents.export import (FORMAT, HEADER_KEY, POLICY_SUFFIX, VERSION, ExportedPolicy, PolicyFileError,
+                           export_policy, load_policy)
+from env.observation import FEATURES, HIGH, LOW
+from env.overcommit_env import ACTIONS, OvercommitEnv
+from env.scenario import scenario_from_dict
+
+NET_ARCH = (32, 16)
+
+
+def short_burst(**changes):
+    data = yaml.safe_load(Path("experiments/scenarios/burst.yaml").read_text())
+    return scenario_from_dict({**data, "name": "burst", "max_steps": 5, **changes})
+
+
+@pytest.fixture(scope="module", params=[True, False], ids=["dueling", "plain"])
+def trained(request, tmp_path_factory):
+    """(model, scenario, policy file, header, training config): a short DQN run, exported."""
+    scenario = short_burst()
+    config = {"total_timesteps": 300, "learning_starts": 50, "net_arch": list(NET_ARCH), "dueling": request.param,
+              "run_dir": tmp_path_factory.getbasetemp()}  # a Path: recorded as its text
+    model = OvercommitDQN(env=OvercommitEnv(scenario), dueling=request.param, net_arch=NET_ARCH, learning_starts=50,
+                          buffer_size=1000, batch_size=32, train_freq=4, target_update_interval=50, seed=0,
+                          device="cpu")
+    model.learn(300)
+    path = tmp_path_factory.mktemp("export") / f"burst-{request.param}{POLICY_SUFFIX}"
+    header = export_policy(model, path, scenario=scenario, training_config=config)
+    return model, scenario, path, header, config
+
+
+def observations(n: int = 200, seed: int = 0) -> np.ndarray:
+    space = OvercommitEnv(short_burst()).observation_space
+    space.seed(seed)
+    return np.stack([space.sample() for _ in range(n)])
+
+
+# ---- round trip --------------------------------------------------------------------------------
+def test_the_reloaded_policy_acts_and_values_exactly_as_the_trained_network(trained):
+    model, _, path, _, _ = trained
+    policy = load_policy(path)
+    obs = observations()
+    with torch.no_grad():
+        expected = model.policy.q_net(torch.from_numpy(obs)).numpy()
+    assert np.allclose(policy.q_values(obs), expected, atol=1e-6)
+    assert [policy.act(o) for o in obs] == list(expected.argmax(axis=1))
+    assert [policy.act(o) for o in obs] == [int(model.predict(o, deterministic=True)[0]) for o in obs]
+    assert np.allclose(policy.q_values(obs[0]), expected[0], atol=1e-6)
+    assert len(set(expected.argmax(axis=1))) > 1 or np.ptp(expected) > 0  # the check is not vacuous
+
+
+def test_the_file_holds_no_pickle_and_loads_with_unpickling_disabled(trained, monkeypatch):
+    _, _, path, _, _ = trained
+    data = path.read_bytes()
+    assert not data.startswith(b"PK\x03\x04") and not data.startswith(b"\x80")  # neither torch's zip nor a pickle
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the loader unpickled")
+
+    for name in ("load", "loads", "Unpickler"):
+        monkeypatch.setattr(pickle, name, refuse)
+    monkeypatch.setattr(torch, "load", refuse)
+    assert isinstance(load_policy(path), ExportedPolicy)
+
+
+def test_the_header_states_layout_actions_network_training_scenario_commit_and_checksums(trained):
+    model, scenario, path, header, config = trained
+    assert header["format"] == FORMAT == "rlctl-policy" and header["version"] == VERSION == 1
+    obs = header["observation"]
+    assert obs["features"] == list(FEATURES)
+    assert obs["low"] == [float(x) for x in LOW] and obs["high"] == [float(x) for x in HIGH]
+    assert obs["scales"] == dataclasses.asdict(scenario.observation)
+    env = OvercommitEnv(scenario)
+    env.reset(seed=0)
+    assert obs["max_model_len"] == env.engine.max_model_len  # what observe() divides lengths by
+    assert header["actions"] == list(ACTIONS)
+    assert header["network"] == {"obs_dim": len(FEATURES), "n_actions": len(ACTIONS), "net_arch": list(NET_ARCH),
+                                 "dueling": config["dueling"]}
+    assert header["training"] == {**config, "run_dir": str(config["run_dir"])}
+    assert header["scenario"] == {"name": "burst", "deployment": scenario.deployment}
+    git = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True)
+    assert header["source_commit"] == (git.stdout.strip() if git.returncode == 0 else "unknown")
+    state = model.policy.q_net.q_net.state_dict()
+    assert header["weights"]["dtype"] == "float32"
+    assert header["weights"]["sha256"] == {k: hashlib.sha256(v.numpy().tobytes()).hexdigest() for k, v in state.items()}
+
+    policy = load_policy(path)
+    assert policy.header == header
+    assert policy.name == path.stem and policy.engine_overrides == {}
+    assert policy.file_sha256 == hashlib.sha256(path.read_bytes()).hexdigest()
+    policy.check_scenario(scenario)
+
+
+def test_a_given_source_commit_is_recorded(trained, tmp_path):
+    model, scenario, _, _, _ = trained
+    header = export_policy(model, tmp_path / "p.rlpolicy", scenario=scenario, training_config={}, source_commit="abc123")
+    assert header["source_commit"] == "abc123" == load_policy(tmp_path / "p.rlpolicy").header["source_commit"]
+
+
+def test_act_refuses_an_observation_of_the_wrong_shape(trained):
+    policy = load_policy(trained[2])
+    for bad in (np.zeros(len(FEATURES) - 1, np.float32), np.zeros((1, len(FEATURES)), np.float32), np.zeros(0)):
+        with pytest.raises(ValueError, match=rf"shape \({len(FEATURES)},\)"):
+            policy.act(bad)
+    with pytest.raises(ValueError, match="non-finite"):
+        policy.act(np.full(len(FEATURES), np.nan, np.float32))
+
+
+def test_a_scenario_with_other_observation_scales_is_refused_naming_the_scale(trained):
+    policy = load_policy(trained[2])
+    with pytest.raises(PolicyFileError, match="observation.queue_scale"):
+        policy.check_scenario(short_burst(observation={"queue_scale": 64}))
+
+
+def test_make_policy_loads_a_policy_file_and_names_a_missing_one(trained, tmp_path):
+    _, _, path, _, _ = trained
+    for spec in (str(path), path):
+        policy = make_policy(spec)
+        assert isinstance(policy, ExportedPolicy) and policy.file_sha256 == load_policy(path).file_sha256
+    with pytest.raises(PolicyFileError, match=r"nope\.rlpolicy: no such file"):
+        make_policy("nope.rlpolicy")
+    with pytest.raises(ValueError, match="or a policy file"):
+        make_policy("greedy")
+    other = tmp_path / "weights.bin"  # an existing file under another name is read as a policy file too
+    other.write_bytes(path.read_bytes())
+    assert make_policy(str(other)).act(observations(1)[0]) == load_policy(path).act(observations(1)[0])
+
+
+# ---- refusals ----------------------------------------------------------------------------------
+def refused(path: Path, match: str) -> str:
+    with pytest.raises(PolicyFileError, match=match) as err:
+        load_policy(path)
+    assert str(path) in str(err.value)
+    return str(err.value)
+
+
+def rewritten(src: Path, dst: Path, header_edit=None, tensor_edit=None) -> Path:
+    """A copy of policy file ``src`` with its header and/or tensors changed (checksums left as they were)."""
+    data = src.read_bytes()
+    n = int.from_bytes(data[:8], "little")
+    header = json.loads(json.loads(data[8:8 + n])["__metadata__"][HEADER_KEY])
+    tensors = load_tensors(data)
+    if header_edit:
+        header_edit(header)
+    if tensor_edit:
+        tensor_edit(tensors)
+    save_file(tensors, dst, metadata={HEADER_KEY: json.dumps(header)})
+    return dst
+
+
+def test_a_missing_path_or_a_directory_is_refused(tmp_path):
+    refused(tmp_path / "gone.rlpolicy", "no such file")
+    refused(tmp_path, "not a file")
+
+
+def test_a_truncated_file_is_refused(trained, tmp_path):
+    data = trained[2].read_bytes()
+    for cut in (len(data) // 2, len(data) - 1):
+        (tmp_path / "cut.rlpolicy").write_bytes(data[:cut])
+        refused(tmp_path / "cut.rlpolicy", "truncated")
+    (tmp_path / "cut.rlpolicy").write_bytes(data[:40])  # inside the JSON header
+    refused(tmp_path / "cut.rlpolicy", "truncated")
+
+
+def test_corrupted_weight_bytes_fail_the_checksum_naming_the_weight(trained, tmp_path):
+    data = bytearray(trained[2].read_bytes())
+    n = int.from_bytes(data[:8], "little")
+    layout = {k: v["data_offsets"] for k, v in json.loads(data[8:8 + n]).items() if k != "__metadata__"}
+    name, (start, end) = max(layout.items(), key=lambda kv: kv[1][1] - kv[1][0])  # the largest weight
+    data[8 + n + (start + end) // 2] ^= 0xFF
+    (tmp_path / "bad.rlpolicy").write_bytes(bytes(data))
+    refused(tmp_path / "bad.rlpolicy", rf"checksum mismatch for weight '{name}'")
+
+
+def test_a_file_that_is_not_a_policy_is_refused(tmp_path):
+    text = tmp_path / "notes.rlpolicy"
+    text.write_text("these are not the weights you are looking for\n" * 20)
+    refused(text, "not an rlctl policy file")
+    (tmp_path / "empty.rlpolicy").write_bytes(b"")
+    refused(tmp_path / "empty.rlpolicy", "not an rlctl policy file")
+    plain = tmp_path / "plain.safetensors"
+    save_file({"weight": torch.zeros(3, 3)}, plain)
+    refused(plain, "not an rlctl policy file .*without an 'rlctl' header")
+    save_file({"weight": torch.zeros(3, 3)}, plain, metadata={HEADER_KEY: json.dumps({"format": "other"})})
+    refused(plain, "not an rlctl policy file .*format 'other'")
+
+
+def test_an_unsupported_format_version_is_refused(trained, tmp_path):
+    path = rewritten(trained[2], tmp_path / "v2.rlpolicy", header_edit=lambda h: h.update(version=2))
+    refused(path, "unsupported format version 2 .*reads version 1")
+
+
+def test_another_observation_layout_is_refused_naming_the_first_difference(trained, tmp_path):
+    def rename(h):
+        h["observation"]["features"][3] = "queue_length"
+
+    def drop(h):
+        h["observation"]["features"].pop()
+
+    def bound(h):
+        h["observation"]["high"][8] = 2.0
+
+    refused(rewritten(trained[2], tmp_path / "a.rlpolicy", rename),
+            "observation layout differs.*feature 3 is 'queue_length', this build has 'queue_len'")
+    refused(rewritten(trained[2], tmp_path / "b.rlpolicy", drop),
+            rf"{len(FEATURES) - 1} features, this build has {len(FEATURES)} .*{FEATURES[-1]}")
+    refused(rewritten(trained[2], tmp_path / "c.rlpolicy", bound), "high bound of 'decode_ms' is 2.0")
+
+
+def test_another_action_set_is_refused_with_the_counts(trained, tmp_path):
+    def fewer(h):
+        h["actions"].pop()
+        h["network"]["n_actions"] -= 1
+
+    def renamed(h):
+        h["actions"][3] = "compact"
+
+    refused(rewritten(trained[2], tmp_path / "a.rlpolicy", fewer),
+            f"{len(ACTIONS) - 1} actions .*this build has {len(ACTIONS)}")
+    refused(rewritten(trained[2], tmp_path / "b.rlpolicy", renamed), "entry 3 is 'compact', this build has 'defrag'")
+
+
+def test_weights_that_do_not_fit_the_described_network_are_refused_naming_the_tensor(trained, tmp_path):
+    def wider(t):
+        t["0.0.weight"] = torch.zeros(NET_ARCH[0] + 1, len(FEATURES))
+
+    def missing(t):
+        del t["0.0.bias"]
+
+    def extra(t):
+        t["2.weight"] = torch.zeros(1)
+
+    refused(rewritten(trained[2], tmp_path / "a.rlpolicy", tensor_edit=wider),
+            rf"weight '0\.0\.weight' has shape \({NET_ARCH[0] + 1}, {len(FEATURES)}\).* needs \({NET_ARCH[0]}, {len(FEATURES)}\)")
+    refused(rewritten(trained[2], tmp_path / "b.rlpolicy", tensor_edit=missing), r"weight '0\.0\.bias' is missing")
+    refused(rewritten(trained[2], tmp_path / "c.rlpolicy", tensor_edit=extra), r"weight '2\.weight' is not part")
+    arch = rewritten(trained[2], tmp_path / "d.rlpolicy", header_edit=lambda h: h["network"].update(net_arch=[64, 16]))
+    refused(arch, r"weight '0\.0\.weight' has shape")
+
+
+def test_a_damaged_safetensors_header_is_refused_as_corrupted(trained, tmp_path):
+    data = trained[2].read_bytes()
+    n = int.from_bytes(data[:8], "little")
+    i = data.index(b'"F32"')
+    (tmp_path / "dtype.rlpolicy").write_bytes(data[:i] + b'"F16"' + data[i + 5:])  # sizes no longer add up
+    refused(tmp_path / "dtype.rlpolicy", "corrupted safetensors data")
+    (tmp_path / "json.rlpolicy").write_bytes(data[:8 + n // 2] + b"\x00" + data[8 + n // 2 + 1:])
+    refused(tmp_path / "json.rlpolicy", "corrupted: the safetensors header is not valid JSON")

@@ -1,0 +1,64 @@
+"""``rlctl train``: a short real run writes TensorBoard events, checkpoints and a policy that
+``rlctl eval`` loads; ``--resume`` continues where it stopped; bad configurations are refused."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from agents.baselines import make_policy
+from env.scenario import ScenarioError
+from rlctl.cli import main
+from rlctl.train import load_train_config, train
+
+
+def configs(tmp_path: Path, **extra) -> Path:
+    data = yaml.safe_load(Path("experiments/scenarios/steady.yaml").read_text())
+    scenario = tmp_path / "tiny.yaml"
+    scenario.write_text(yaml.safe_dump({**data, "max_steps": 20}))
+    cfg = tmp_path / "tiny_train.yaml"
+    cfg.write_text(yaml.safe_dump({"scenario": str(scenario), "eval_starts": [2450, 3450], "eval_episodes": 1,
+                                   "eval_every": 100, "timesteps": 240, "n_envs": 2, "learning_starts": 40,
+                                   "buffer_size": 1000, "checkpoint_every": 120, "target_update_interval": 50,
+                                   "net_arch": [32, 32], **extra}))
+    return cfg
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("train")
+    cfg = load_train_config(configs(tmp))
+    return tmp, cfg, train(cfg, tmp / "runs", progress_bar=False, baseline_specs=["static:1.0", "vllm"])
+
+
+def test_a_run_writes_events_checkpoints_and_a_policy_that_eval_loads(run, capsys):
+    tmp, cfg, out = run
+    rundir = Path(out["run"])
+    assert out["timesteps"] >= 240 and list(rundir.glob("events.out.tfevents.*"))
+    assert sorted(p.name for p in (rundir / "checkpoints").glob("*.zip"))
+    assert set(out["results"]) == {"dqn", "static:1", "vllm"}
+    assert out["held_out"] and out["held_out"][0]["timesteps"] >= 100
+    policy = make_policy(out["policy"])
+    assert policy.header["training"]["scenario"] == cfg.scenario
+    saved = json.loads((rundir / "evaluation.json").read_text())
+    assert saved["results"]["dqn"]["requests_submitted"] == saved["results"]["vllm"]["requests_submitted"]
+    assert main(["eval", "--scenario", cfg.scenario, "--policy", out["policy"], "--steps", "5"]) == 0
+    assert "policy" in capsys.readouterr().out
+
+
+def test_resume_continues_from_a_checkpoint(run):
+    tmp, cfg, out = run
+    checkpoint = sorted(Path(out["run"], "checkpoints").glob("rl_model_*_steps.zip"))[0]
+    more = train(load_train_config(configs(tmp), timesteps=360), tmp / "runs", resume=str(checkpoint),
+                 progress_bar=False, baseline_specs=[])
+    assert more["run"] == out["run"] and more["timesteps"] >= 360
+
+
+@pytest.mark.parametrize("extra, field", [({"gama": 0.9}, "gama"), ({"timesteps": 0}, "timesteps"),
+                                          ({"gamma": 1.5}, "gamma"), ({"scenario": "nowhere"}, "nowhere"),
+                                          ({"net_arch": [0]}, "net_arch")])
+def test_bad_training_configuration_is_refused_naming_the_field(tmp_path, extra, field):
+    with pytest.raises(ScenarioError, match=field):
+        load_train_config(configs(tmp_path, **extra))
