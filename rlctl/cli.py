@@ -8,7 +8,7 @@ import sys
 
 from env.workloads import ReplaySpec, TraceError
 from engine.config import EngineConfig
-from rlctl.replay import DEFAULT_ENGINE, build_engine, bundled_trace, format_table, load_requests, replay
+from rlctl.replay import DEFAULT_ENGINE, build_engine, format_table, load_requests, replay
 
 
 def _factor(text: str) -> float:
@@ -72,18 +72,36 @@ def _replay_runs(a: argparse.Namespace, trace, factors: list[float]) -> dict[str
 
 
 def cmd_replay(a: argparse.Namespace) -> int:
-    runs = _replay_runs(a, a.trace, [a.overcommit])
+    runs = _replay_runs(a, a.trace, a.overcommit)
     print(format_table(runs))
     if a.json:
         with open(a.json, "w") as f:
-            json.dump(next(iter(runs.values())), f, indent=2)
+            json.dump(next(iter(runs.values())) if len(runs) == 1 else runs, f, indent=2)
     return 0
 
 
+DEMO_CONFIG = "experiments/train/steady.yaml"
+
+
 def cmd_demo(a: argparse.Namespace) -> int:
-    a.trace = a.trace or bundled_trace("azure2023_conv.csv")
-    runs = _replay_runs(a, a.trace, a.factors)
-    print(format_table(runs))
+    """The main job: train the default configuration briefly, then compare it with every baseline
+    on held-out trace windows; the table, a plot and the TensorBoard logs."""
+    from pathlib import Path
+
+    from rlctl.evaluate import EVAL_ROWS
+    from rlctl.plot import draw
+    from rlctl.train import load_train_config, train
+
+    config = Path(__file__).resolve().parent.parent / DEMO_CONFIG
+    cfg = load_train_config(config, timesteps=a.timesteps, seed=a.seed)
+    print(f"demo: training the DQN on scenario {cfg.scenario} for {cfg.timesteps} steps ({config.name}), then "
+          f"evaluating it and every baseline on {cfg.eval_episodes} held-out trace windows (starts {list(cfg.eval_starts)} s)")
+    out = train(cfg, a.logdir, progress_bar=not a.no_progress)
+    print(format_table(out["results"], extra_rows=EVAL_ROWS))
+    plot = Path(out["run"]) / "evaluation.png"
+    draw(out["results"], str(plot), title=f"{cfg.scenario}: held-out episode 1 (seed {cfg.eval_seed})")
+    print(f"run: {out['run']} ({out['timesteps']} steps, {out['wall_s']:.0f} s)\npolicy: {out['policy']}\n"
+          f"plot: {plot}\nreview: tensorboard --logdir {a.logdir}")
     return 0
 
 
@@ -160,16 +178,27 @@ def cmd_eval(a: argparse.Namespace) -> int:
 
 def cmd_train(a: argparse.Namespace) -> int:
     from rlctl.evaluate import EVAL_ROWS
-    from rlctl.train import load_train_config, train
+    from rlctl.train import compare, load_train_config, train
 
-    cfg = load_train_config(a.config, timesteps=a.timesteps, seed=a.seed, n_envs=a.n_envs)
-    print(f"train: {a.config}: scenario {cfg.scenario}, {cfg.timesteps} steps, seed {cfg.seed}, "
-          f"double={cfg.double} dueling={cfg.dueling} prioritized={cfg.prioritized} n_steps={cfg.n_steps}")
-    out = train(cfg, a.logdir, a.resume, progress_bar=not a.no_progress)
-    print(f"held-out evaluation ({cfg.eval_episodes} episodes, seeds {cfg.eval_seed}..):")
-    print(format_table(out["results"], extra_rows=EVAL_ROWS))
-    print(f"run: {out['run']} ({out['timesteps']} steps, {out['wall_s']:.0f} s, {out['n_envs']} envs)\n"
-          f"policy: {out['policy']}\nreview: tensorboard --logdir {a.logdir}")
+    seeds = a.seeds or [a.seed]
+    configs = [(path, load_train_config(path, timesteps=a.timesteps, seed=s, n_envs=a.n_envs))
+               for path in a.config for s in seeds]  # every config is checked before anything runs
+    runs = []
+    for path, cfg in configs:
+        print(f"train: {path}: scenario {cfg.scenario}, {cfg.timesteps} steps, seed {cfg.seed}, "
+              f"double={cfg.double} dueling={cfg.dueling} prioritized={cfg.prioritized} n_steps={cfg.n_steps}")
+        out = train(cfg, a.logdir, a.resume, progress_bar=not a.no_progress,
+                    baseline_specs=None if not runs else [])
+        runs.append((path, cfg, out))
+        print(f"held-out evaluation ({cfg.eval_episodes} episodes, seeds {cfg.eval_seed}..):")
+        print(format_table(out["results"], extra_rows=EVAL_ROWS))
+        print(f"run: {out['run']} ({out['timesteps']} steps, {out['wall_s']:.0f} s, {out['n_envs']} envs)\n"
+              f"policy: {out['policy']}\nreview: tensorboard --logdir {a.logdir}")
+    if len(runs) > 1:
+        table, data = compare(runs)
+        print(table)
+        with open(f"{a.logdir}/comparison.json", "w") as f:
+            json.dump(data, f, indent=2, default=str)
     return 0
 
 
@@ -180,18 +209,18 @@ def parser() -> argparse.ArgumentParser:
     r = sub.add_parser("replay", help="replay a trace through the engine at a fixed overcommit factor")
     _add_workload(r, trace_required=True)
     _add_deployment(r)
-    r.add_argument("--overcommit", type=_factor, default=1.0, help="overcommit factor (default %(default)s; inf: no reservation)")
+    r.add_argument("--overcommit", type=_factor, nargs="+", default=[1.0],
+                   help="overcommit factor(s), one column each (default %(default)s; inf: no reservation)")
     r.add_argument("--oom", choices=["crash", "preempt"], default="crash", help="OOM semantics (default %(default)s)")
     r.add_argument("--json", default=None, help="write the figures to this JSON file")
     r.set_defaults(fn=cmd_replay)
 
-    d = sub.add_parser("demo", help="the embedded default: a minute of the bundled Azure trace at several factors")
-    _add_workload(d, trace_required=False)
-    _add_deployment(d)
-    d.add_argument("--factors", type=_factor, nargs="+", default=[1.0, 1.6, 2.5],
-                   help="overcommit factors to compare (default %(default)s)")
-    d.add_argument("--oom", choices=["crash", "preempt"], default="crash")
-    d.set_defaults(fn=cmd_demo, time_scale=2.0, duration=60.0, ttft_slo=5.0, tpot_slo=0.05)
+    d = sub.add_parser("demo", help="train the default configuration briefly and compare it with every baseline")
+    d.add_argument("--timesteps", type=int, default=None, help=f"training steps (default: {DEMO_CONFIG}'s)")
+    d.add_argument("--seed", type=int, default=None)
+    d.add_argument("--logdir", default="runs", help="TensorBoard and run directory root (default %(default)s)")
+    d.add_argument("--no-progress", action="store_true", help="no progress bar")
+    d.set_defaults(fn=cmd_demo)
 
     e = sub.add_parser("eval", help="run policies on a scenario's episodes and compare them")
     e.add_argument("--policy", action="append", default=[], help="static:K, watermark, vllm, random (repeatable)")
@@ -211,9 +240,11 @@ def parser() -> argparse.ArgumentParser:
     e.set_defaults(fn=cmd_eval)
 
     t = sub.add_parser("train", help="train the DQN on a scenario; TensorBoard logs, checkpoints, exported policy")
-    t.add_argument("--config", required=True, help="training YAML (experiments/train/*.yaml)")
+    t.add_argument("--config", required=True, nargs="+", help="training YAML(s) (experiments/train/*.yaml)")
     t.add_argument("--timesteps", type=int, default=None, help="override the config's timesteps")
     t.add_argument("--seed", type=int, default=None, help="override the config's seed")
+    t.add_argument("--seeds", type=int, nargs="+", default=None,
+                   help="train every config once per seed and print the spread over seeds")
     t.add_argument("--n-envs", type=int, default=None, help="environments in parallel (default: one per core)")
     t.add_argument("--logdir", default="runs", help="TensorBoard and run directory root (default %(default)s)")
     t.add_argument("--resume", default=None, help="a checkpoint (.zip) of an earlier run to continue")
