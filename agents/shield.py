@@ -6,12 +6,14 @@ Rules (each overridden action becomes ``hold`` and is counted by whoever applies
 - no scale-up while the engine restarts after an OOM (everything it held comes back at once);
 - no scale-up past ``max_reserved`` of KV capacity in admitted peak demand.
 
-The same ``filter`` runs in the environment (training, evaluation) and in the sidecar (serving).
+The same ``filter`` runs in the environment (training, evaluation) and in the sidecar (serving),
+on the snapshot the decision is taken on.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from engine.snapshot import Snapshot
 from env.overcommit_env import HOLD, SCALE_UP
 
 
@@ -20,13 +22,13 @@ class Shield:
     min_device_free: float = 0.05
     max_reserved: float = 3.0
 
-    def allowed(self, action: int, engine) -> bool:
+    def allowed(self, action: int, snapshot: Snapshot) -> bool:
+        """Whether ``action`` keeps the hard rules, judged on the decision's snapshot."""
         if action != SCALE_UP:
             return True
-        dev = engine.device
-        if dev.free / dev.capacity < self.min_device_free or engine.down_until is not None:
+        if snapshot.device_free < self.min_device_free or snapshot.restarting:
             return False
-        return engine.scheduler.reserved_blocks() / engine.kv.num_blocks < self.max_reserved
+        return snapshot.reserved_ratio < self.max_reserved
 
-    def filter(self, action: int, engine) -> int:
-        return action if self.allowed(action, engine) else HOLD
+    def filter(self, action: int, snapshot: Snapshot) -> int:
+        return action if self.allowed(action, snapshot) else HOLD

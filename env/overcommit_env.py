@@ -145,7 +145,7 @@ class OvercommitEnv(gym.Env):
             raise ValueError(f"action must be one of 0..{len(ACTIONS) - 1} ({', '.join(ACTIONS)}), got {action!r}")
         sc, e = self.scenario, self.engine
         requested = int(action)
-        applied = requested if self.shield is None else self.shield.filter(requested, e)
+        applied = requested if self.shield is None else self.shield.filter(requested, e.last_snapshot)
         self.shield_overrides += applied != requested
         self.actions_taken[applied] += 1
         start = e.clock
