@@ -1,4 +1,4 @@
-"""``rlctl bench engine`` and ``rlctl bench env``.
+"""``rlctl bench engine``, ``rlctl bench env`` and ``rlctl bench sidecar``.
 
 ``rlctl bench engine``: the engine measured against references run in the same process.
 
@@ -14,6 +14,11 @@ ratio means something where the absolute figure does not:
 H100, the roofline clock): steps/s and simulated engine-seconds per wall-second on one core and
 with one environment per core, what bounds it (one episode under cProfile), and the ratio to
 the target of 200 steps/s on one core.
+
+``rlctl bench sidecar``: what asking the sidecar costs the live loop. Decide latency (p50, p99)
+and decisions/s, one decision in flight, over a unix socket and over loopback TCP to an
+``rlctl serve`` process, and the Live stream over the unix socket; each against a plain
+in-process call of the same policy (observe + act + shield) on the same engine snapshots.
 
 Benchmarks, not tests: they measure and report, and never judge a timing.
 """
@@ -512,6 +517,163 @@ def bench_env(sizes: EnvBenchSizes | None = None) -> dict:
     }
 
 
+# ---- rlctl bench sidecar -----------------------------------------------------------------------
+@dataclass(frozen=True)
+class SidecarBenchSizes:
+    """What ``rlctl bench sidecar`` runs; the defaults take well under a minute on two CPU cores."""
+
+    policy: str | None = None  # a policy spec or file; None: an untrained network of the training shape, exported
+    snapshots: int = 200       # distinct snapshots, taken every 0.1 s of a replay of the bundled Azure trace
+    decisions: int = 2000      # timed decisions per transport, cycling through the snapshots
+    warmup: int = 200
+
+    def __post_init__(self) -> None:
+        for name in ("snapshots", "decisions"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+        if self.warmup < 0:
+            raise ValueError(f"warmup must be >= 0, got {self.warmup}")
+
+
+def _bench_snapshots(n: int) -> tuple[list, int]:
+    """``n`` snapshots of a busy engine (tensor-free, on a stated cost model) and its max_model_len."""
+    from engine.cost_model import CostModel
+    from engine.executor import ProfiledExecutor
+    from env.workloads import ReplaySpec
+    from rlctl.replay import build_engine, bundled_trace, load_requests
+
+    cost = CostModel(fixed_s=1.5e-3, per_token_s=2e-5, per_context_token_s=2e-7, copy_fixed_s=1e-5, copy_bytes_per_s=2e9)
+    engine = build_engine(EngineConfig(num_blocks=128, max_model_len=2048), 1.5, "crash",
+                          executor=ProfiledExecutor(cost, materialize=False))
+    spec = ReplaySpec(max_tokens="fixed:1024", time_scale=10.0, duration_s=600.0, max_model_len=2048)
+    for r in load_requests(bundled_trace("azure2023_conv.csv"), spec):
+        engine.submit(r)
+    snaps = [engine.snapshot()]
+    while len(snaps) < n and engine.has_work():
+        engine.run(until=engine.clock + 0.1)
+        snaps.append(engine.snapshot())
+    return snaps, engine.max_model_len
+
+
+def _bench_policy_file(folder: Path) -> str:
+    """An untrained Q-network of the training configuration's shape, exported: a decision's cost
+    does not depend on the weights."""
+    from agents.dqn import OvercommitDQN
+    from agents.export import export_policy
+    from env.overcommit_env import OvercommitEnv
+    from env.scenario import load_scenario
+
+    scenario = load_scenario("steady")
+    model = OvercommitDQN(env=OvercommitEnv(scenario), buffer_size=1000, device="cpu")  # the default network
+    path = folder / "untrained.rlpolicy"
+    export_policy(model, path, scenario=scenario, training_config={"untrained": True})
+    return str(path)
+
+
+def _latencies(call: Callable[[int], object], n: int, warmup: int) -> dict:
+    for i in range(warmup):
+        call(i)
+    times = []
+    t_all = time.perf_counter()
+    for i in range(n):
+        t0 = time.perf_counter()
+        call(i)
+        times.append(time.perf_counter() - t0)
+    wall = time.perf_counter() - t_all
+    times.sort()
+    pick = lambda q: times[min(len(times) - 1, int(q * len(times)))]  # noqa: E731
+    return {"p50_us": _sig(1e6 * pick(0.5)), "p99_us": _sig(1e6 * pick(0.99)), "mean_us": _sig(1e6 * wall / n),
+            "decisions_per_s": _sig(n / wall)}
+
+
+def _over_the_wire(address: str, policy: str, msgs: list, sizes: SidecarBenchSizes, stream: bool) -> dict:
+    """Start ``rlctl serve`` on ``address`` and time closed-loop Decide calls (and, with ``stream``,
+    the Live stream, one snapshot in flight) from this process."""
+    import queue
+    import subprocess
+    import sys
+
+    from rlctl.live import open_channel, wait_serving
+    from rlctl.proto import controller_pb2_grpc as pb_grpc
+
+    proc = subprocess.Popen([sys.executable, "-m", "rlctl.cli", "serve", "--policy", policy, "--listen", address],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_serving(address, 120.0, alive=lambda: proc.poll() is None)
+        with open_channel(address) as ch:
+            stub = pb_grpc.ControllerStub(ch)
+            out = {"decide": _latencies(lambda i: stub.Decide(msgs[i % len(msgs)](), timeout=5), sizes.decisions,
+                                        sizes.warmup)}
+            if stream:
+                q: queue.Queue = queue.Queue()
+                answers = stub.Live(iter(q.get, None))
+
+                def one(i: int):
+                    q.put(msgs[i % len(msgs)]())
+                    return next(answers)
+
+                out["live_stream"] = _latencies(one, sizes.decisions, sizes.warmup)
+                q.put(None)
+        return out
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def bench_sidecar(sizes: SidecarBenchSizes | None = None) -> dict:
+    """Decide latency (p50/p99) and decisions/s over a unix socket and over loopback against a
+    plain in-process call of the same policy (observe + act + shield) on the same snapshots."""
+    import socket
+    import tempfile
+
+    from rlctl.messages import snapshot_message
+    from rlctl.sidecar import TORCH_THREADS, load_served_policy
+
+    sizes = sizes or SidecarBenchSizes()
+    t0 = time.perf_counter()
+    load = os.getloadavg() if hasattr(os, "getloadavg") else None
+    snaps, max_model_len = _bench_snapshots(sizes.snapshots)
+    with tempfile.TemporaryDirectory(prefix="rlctl-bench-") as folder:
+        policy = sizes.policy or _bench_policy_file(Path(folder))
+        served = load_served_policy(policy)
+        threads = torch.get_num_threads()
+        torch.set_num_threads(TORCH_THREADS)  # as rlctl serve runs it
+        try:
+            in_process = _latencies(lambda i: served.decide(snaps[i % len(snaps)], max_model_len), sizes.decisions,
+                                    sizes.warmup)
+        finally:
+            torch.set_num_threads(threads)
+        # the wire path builds each message as the live loop does, so that cost is counted
+        msgs = [lambda s=s, k=k: snapshot_message(s, max_model_len, "bench", k) for k, s in enumerate(snaps)]
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        transports = {"unix": _over_the_wire(f"unix://{folder}/sidecar.sock", policy, msgs, sizes, stream=True),
+                      "loopback": _over_the_wire(f"127.0.0.1:{port}", policy, msgs, sizes, stream=False)}
+    for t in transports.values():
+        for call in t.values():
+            call["p50_ratio_to_in_process"] = _sig(call["p50_us"] / in_process["p50_us"], 3)
+            call["p99_ratio_to_in_process"] = _sig(call["p99_us"] / in_process["p99_us"], 3)
+            call["throughput_ratio_to_in_process"] = _sig(call["decisions_per_s"] / in_process["decisions_per_s"], 3)
+    import grpc
+
+    return {
+        "policy": sizes.policy or f"untrained network {list(served.policy.header['network']['net_arch'])}, dueling "
+                                  f"{served.policy.header['network']['dueling']} (exported)",
+        "policy_kind": served.kind, "snapshots": len(snaps), "decisions": sizes.decisions,
+        "warmup": sizes.warmup, "mode": "closed loop: one decision in flight, the client in this process, "
+                                        "rlctl serve in another",
+        "in_process": in_process, **transports,
+        "machine": {"cpu_count": os.cpu_count(), "load_average_1m_at_start": round(load[0], 2) if load else None,
+                    "grpc_version": grpc.__version__, "torch_threads": TORCH_THREADS},
+        "bench_s": round(time.perf_counter() - t0, 1),
+    }
+
+
 # ---- entry point -------------------------------------------------------------------------------
 def bench_engine(sizes: BenchSizes | None = None, device: str | None = None) -> dict:
     sizes = sizes or BenchSizes()
@@ -533,13 +695,14 @@ def bench_engine(sizes: BenchSizes | None = None, device: str | None = None) -> 
     }
 
 
-BENCHMARKS = ("engine", "env")
+BENCHMARKS = ("engine", "env", "sidecar")
 
 
-def run_bench(what: str, sizes: BenchSizes | EnvBenchSizes | None = None, device: str | None = None) -> dict:
+def run_bench(what: str, sizes: BenchSizes | EnvBenchSizes | SidecarBenchSizes | None = None,
+              device: str | None = None) -> dict:
     """Run the benchmark named ``what`` and return its report (JSON-ready). ``sizes`` is a
-    ``BenchSizes`` for ``engine``, an ``EnvBenchSizes`` for ``env`` (``device`` is the engine
-    bench's; the env bench is CPU only, its executor tensor-free)."""
+    ``BenchSizes`` for ``engine``, an ``EnvBenchSizes`` for ``env``, a ``SidecarBenchSizes`` for
+    ``sidecar`` (``device`` is the engine bench's; the env and sidecar benches are CPU only)."""
     if what == "engine":
         if sizes is not None and not isinstance(sizes, BenchSizes):
             raise ValueError(f"bench engine: sizes must be BenchSizes, got {type(sizes).__name__}")
@@ -548,4 +711,8 @@ def run_bench(what: str, sizes: BenchSizes | EnvBenchSizes | None = None, device
         if sizes is not None and not isinstance(sizes, EnvBenchSizes):
             raise ValueError(f"bench env: sizes must be EnvBenchSizes, got {type(sizes).__name__}")
         return bench_env(sizes)
+    if what == "sidecar":
+        if sizes is not None and not isinstance(sizes, SidecarBenchSizes):
+            raise ValueError(f"bench sidecar: sizes must be SidecarBenchSizes, got {type(sizes).__name__}")
+        return bench_sidecar(sizes)
     raise ValueError(f"unknown benchmark {what!r} (known: {', '.join(BENCHMARKS)})")

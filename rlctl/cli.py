@@ -1,4 +1,4 @@
-"""``rlctl``: one command line for everything (replay, bench, demo; more subcommands to come)."""
+"""``rlctl``: one command line for everything (replay, serve, train, eval, bench, profile, demo)."""
 from __future__ import annotations
 
 import argparse
@@ -71,9 +71,43 @@ def _replay_runs(a: argparse.Namespace, trace, factors: list[float]) -> dict[str
     return runs
 
 
+def _live_run(a: argparse.Namespace) -> dict[str, dict]:
+    """One replay steered by the sidecar at ``--controller``; ``--overcommit`` is the safe static
+    factor the engine starts at and falls back to."""
+    import math
+
+    from rlctl.live import ClientTLS, LiveController, replay_live
+
+    if len(a.overcommit) != 1 or not math.isfinite(a.overcommit[0]):
+        raise ValueError("--controller: give one finite --overcommit, the safe factor the engine starts at "
+                         "and falls back to when the sidecar fails")
+    if (a.controller_cert is None) != (a.controller_key is None) or (a.controller_cert and not a.controller_ca):
+        raise ValueError("--controller-cert and --controller-key go together, with --controller-ca")
+    factor = a.overcommit[0]
+    cfg = _engine_config(a)
+    engine = build_engine(cfg, factor, a.oom, a.model_dir, a.device)
+    spec = _spec(a, engine.max_model_len)
+    requests = load_requests(a.trace, spec)
+    print(f"replay: {a.trace}: {len(requests)} requests; {spec.describe()}")
+    print(f"engine: {cfg.num_blocks} KV blocks x {cfg.block_size} tokens, oom={a.oom}, device={a.device}; "
+          f"controller {a.controller} every {a.decision_interval:g} s (deadline {a.deadline_ms:g} ms, "
+          f"safe factor {factor:g})")
+    tls = ClientTLS(a.controller_ca, a.controller_cert, a.controller_key) if a.controller_ca else None
+    controller = LiveController(a.controller, a.deadline_ms / 1000, factor, tls=tls)
+    try:
+        figures = replay_live(requests, engine, controller, a.decision_interval)
+    finally:
+        controller.close()
+    return {"controller": {**figures, "overcommit": factor, "oom_mode": a.oom, "trace": str(a.trace),
+                           "workload": spec.describe(), "engine": asdict(engine.config),
+                           "model": asdict(engine.model_config)}}
+
+
 def cmd_replay(a: argparse.Namespace) -> int:
-    runs = _replay_runs(a, a.trace, a.overcommit)
-    print(format_table(runs))
+    from rlctl.live import LIVE_ROWS
+
+    runs = _live_run(a) if a.controller else _replay_runs(a, a.trace, a.overcommit)
+    print(format_table(runs, extra_rows=LIVE_ROWS if a.controller else None))
     if a.json:
         with open(a.json, "w") as f:
             json.dump(next(iter(runs.values())) if len(runs) == 1 else runs, f, indent=2)
@@ -102,6 +136,17 @@ def cmd_demo(a: argparse.Namespace) -> int:
     draw(out["results"], str(plot), title=f"{cfg.scenario}: held-out episode 1 (seed {cfg.eval_seed})")
     print(f"run: {out['run']} ({out['timesteps']} steps, {out['wall_s']:.0f} s)\npolicy: {out['policy']}\n"
           f"plot: {plot}\nreview: tensorboard --logdir {a.logdir}")
+    return 0
+
+
+def cmd_serve(a: argparse.Namespace) -> int:
+    from rlctl.sidecar import Fault, TLSFiles, serve
+
+    if (a.tls_cert is None) != (a.tls_key is None) or (a.tls_client_ca and not a.tls_cert):
+        raise ValueError("--tls-cert and --tls-key go together (and --tls-client-ca needs them)")
+    tls = TLSFiles(a.tls_cert, a.tls_key, a.tls_client_ca) if a.tls_cert else None
+    fault = Fault(a.fault_delay_ms / 1000, a.fault_action) if a.fault_delay_ms or a.fault_action is not None else None
+    serve(a.policy, a.listen, a.metrics_port, tls, fault, say=lambda line: print(line, flush=True))
     return 0
 
 
@@ -213,7 +258,28 @@ def parser() -> argparse.ArgumentParser:
                    help="overcommit factor(s), one column each (default %(default)s; inf: no reservation)")
     r.add_argument("--oom", choices=["crash", "preempt"], default="crash", help="OOM semantics (default %(default)s)")
     r.add_argument("--json", default=None, help="write the figures to this JSON file")
+    c = r.add_argument_group("controller (a sidecar steering the engine: rlctl serve)")
+    c.add_argument("--controller", default=None, metavar="ADDR",
+                   help="the sidecar's address, unix:///path or HOST:PORT; --overcommit is then the safe factor")
+    c.add_argument("--decision-interval", type=float, default=2.0, help="engine seconds between decisions (default %(default)s)")
+    c.add_argument("--deadline-ms", type=float, default=200.0,
+                   help="wall-clock deadline of a decision; later, the safe factor holds (default %(default)s)")
+    c.add_argument("--controller-ca", default=None, help="TLS: the CA (PEM) that signed the sidecar's certificate")
+    c.add_argument("--controller-cert", default=None, help="mutual TLS: this client's certificate (PEM)")
+    c.add_argument("--controller-key", default=None, help="mutual TLS: this client's key (PEM)")
     r.set_defaults(fn=cmd_replay)
+
+    sv = sub.add_parser("serve", help="host a policy for a live engine: the gRPC sidecar, health, reflection, metrics")
+    sv.add_argument("--policy", required=True, help="a policy file (*.rlpolicy) or a baseline spec (static:K, watermark, random)")
+    sv.add_argument("--listen", required=True, help="unix:///path or 127.0.0.1:PORT (other hosts only with TLS)")
+    sv.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus metrics on 127.0.0.1:PORT")
+    sv.add_argument("--tls-cert", default=None, help="the server's certificate chain (PEM)")
+    sv.add_argument("--tls-key", default=None, help="the server's private key (PEM)")
+    sv.add_argument("--tls-client-ca", default=None, help="require client certificates signed by this CA (mutual TLS)")
+    # fault injection, for the live loop's tests only: hidden from --help
+    sv.add_argument("--fault-delay-ms", type=float, default=0.0, help=argparse.SUPPRESS)
+    sv.add_argument("--fault-action", type=int, default=None, help=argparse.SUPPRESS)
+    sv.set_defaults(fn=cmd_serve)
 
     d = sub.add_parser("demo", help="train the default configuration briefly and compare it with every baseline")
     d.add_argument("--timesteps", type=int, default=None, help=f"training steps (default: {DEMO_CONFIG}'s)")
@@ -251,9 +317,10 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("--no-progress", action="store_true", help="no progress bar")
     t.set_defaults(fn=cmd_train)
 
-    b = sub.add_parser("bench", help="benchmarks: engine (ratios against references run alongside), env (steps/s)")
-    b.add_argument("what", choices=["engine", "env"],
-                   help="engine: decode and compaction against references; env: environment steps/s, 1 and all cores")
+    b = sub.add_parser("bench", help="benchmarks: engine (ratios against references run alongside), env (steps/s), sidecar (latency)")
+    b.add_argument("what", choices=["engine", "env", "sidecar"],
+                   help="engine: decode and compaction against references; env: environment steps/s, 1 and all cores; "
+                        "sidecar: Decide latency and decisions/s over a unix socket and loopback against an in-process call")
     b.add_argument("--json", action="store_true", help="print JSON")
     b.set_defaults(fn=cmd_bench)
 

@@ -86,3 +86,20 @@ def test_env_bench_refuses_bad_sizes_and_unknown_benchmarks():
         EnvBenchSizes(processes=0)
     with pytest.raises(ValueError, match="known: engine, env"):
         run_bench("nope")
+
+
+def test_small_sidecar_bench_reports_latency_and_ratios_for_every_transport():
+    from rlctl.bench import SidecarBenchSizes
+
+    report = run_bench("sidecar", SidecarBenchSizes(policy="watermark", snapshots=10, decisions=20, warmup=2))
+    json.dumps(report)
+    assert report["snapshots"] == 10 and report["decisions"] == 20 and report["policy_kind"] == "baseline"
+    calls = [report["in_process"], report["unix"]["decide"], report["unix"]["live_stream"], report["loopback"]["decide"]]
+    for call in calls:
+        for key in ("p50_us", "p99_us", "mean_us", "decisions_per_s"):
+            assert math.isfinite(call[key]) and call[key] > 0, key
+    for call in calls[1:]:
+        for key in ("p50_ratio_to_in_process", "p99_ratio_to_in_process", "throughput_ratio_to_in_process"):
+            assert math.isfinite(call[key]) and call[key] > 0, key
+    with pytest.raises(ValueError, match="decisions"):
+        SidecarBenchSizes(decisions=0)

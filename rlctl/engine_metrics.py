@@ -1,0 +1,159 @@
+"""Prometheus metrics of an engine, with vLLM's names where vLLM has one.
+
+``EngineMetrics(registry).update(engine)``, called each decision interval, reads the engine's state
+and cumulative counters into a ``CollectorRegistry`` of its own:
+
+* vLLM's names (labels ``model_name`` and ``engine``, as vLLM v1): ``vllm:num_requests_running``,
+  ``vllm:num_requests_waiting``, ``vllm:num_requests_swapped``, ``vllm:kv_cache_usage_perc`` (0 to 1),
+  ``vllm:num_preemptions_total``, ``vllm:prompt_tokens_total`` (prefill tokens processed,
+  recomputation included), ``vllm:generation_tokens_total``, ``vllm:request_success_total``
+  (``finished_reason``: "length" when a request reached ``max_tokens`` or the model length, else
+  "stop") and the histograms ``vllm:time_to_first_token_seconds``,
+  ``vllm:inter_token_latency_seconds`` and ``vllm:e2e_request_latency_seconds`` with vLLM's
+  buckets. Each finished request is observed once when it completes; the engine keeps no
+  per-token times, so the inter-token histogram gets each request's mean inter-token latency
+  (TPOT; requests of one output token have none), where vLLM observes every interval.
+* ``rlctl_`` names, sizes in bytes, for what vLLM does not report: OOM events, the KV pool's
+  footprint, blocks, the overcommit factor and reserved demand, free device memory, swap and
+  compaction traffic, fragmentation, and the live loop's fallbacks (``fallback(reason)``).
+
+Counters only go up: each update adds the difference to the engine's cumulative values. A new
+engine (the live loop restarted it) starts its differences from zero, so the counters keep counting.
+Times are engine-clock seconds, the clock every figure of the engine is in.
+"""
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, start_http_server
+
+# vLLM v1's buckets (vllm/v1/metrics/loggers.py)
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+                20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
+ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
+               40.0, 80.0)
+E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
+               480.0, 960.0, 1920.0, 7680.0)
+LABELS = ("model_name", "engine")
+FINISHED_REASONS = ("stop", "length")
+FALLBACK_REASONS = ("deadline", "connection", "error", "invalid")  # the live loop's (rlctl/live.py)
+
+
+def _counters(engine) -> dict[str, int]:
+    """The engine's cumulative values, by the counter that reports each."""
+    c, traffic, block = engine.counters, engine.kv.traffic, engine.pool.block_bytes
+    return {
+        "preemptions": c.preemptions, "prompt_tokens": c.prefill_tokens, "generation_tokens": c.tokens_generated,
+        "oom_events": c.oom_events, "swap_out_bytes": traffic.out_blocks * block,
+        "swap_in_bytes": traffic.in_blocks * block, "compactions": c.compactions,
+        "compaction_bytes": c.compaction_bytes,
+    }
+
+
+class EngineMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None, model_name: str = "rlctl", engine: str = "0",
+                 fallback_reasons: tuple[str, ...] = FALLBACK_REASONS) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        self.labels = (model_name, engine)
+        r = self.registry
+
+        def gauge(name: str, doc: str):
+            return Gauge(name, doc, LABELS, registry=r).labels(*self.labels)
+
+        def counter(name: str, doc: str):
+            return Counter(name, doc, LABELS, registry=r).labels(*self.labels)
+
+        def histogram(name: str, doc: str, buckets):
+            return Histogram(name, doc, LABELS, buckets=buckets, registry=r).labels(*self.labels)
+
+        self.running = gauge("vllm:num_requests_running", "Number of requests in model execution batches.")
+        self.waiting = gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.")
+        self.swapped = gauge("vllm:num_requests_swapped", "Number of requests swapped to host memory.")
+        self.kv_usage = gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.")
+        self.counters = {
+            "preemptions": counter("vllm:num_preemptions_total", "Cumulative number of preemptions from the engine."),
+            "prompt_tokens": counter("vllm:prompt_tokens_total", "Number of prefill tokens processed."),
+            "generation_tokens": counter("vllm:generation_tokens_total", "Number of generation tokens processed."),
+            "oom_events": counter("rlctl_oom_events_total", "Out-of-memory crashes (the engine restarted, KV lost)."),
+            "swap_out_bytes": counter("rlctl_swap_out_bytes_total", "KV bytes moved from the device to host memory."),
+            "swap_in_bytes": counter("rlctl_swap_in_bytes_total",
+                                     "KV bytes moved from host memory back to the device."),
+            "compactions": counter("rlctl_compactions_total", "KV pool compactions."),
+            "compaction_bytes": counter("rlctl_compaction_bytes_total", "KV bytes moved by compactions."),
+        }
+        self.success = Counter("vllm:request_success_total", "Count of successfully processed requests.",
+                               LABELS + ("finished_reason",), registry=r)
+        self.ttft = histogram("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
+                              TTFT_BUCKETS)
+        self.itl = histogram("vllm:inter_token_latency_seconds",
+                             "Histogram of inter-token latency in seconds (each request's mean).", ITL_BUCKETS)
+        self.e2e = histogram("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.",
+                             E2E_BUCKETS)
+        self.footprint = gauge("rlctl_kv_pool_footprint_bytes", "Device bytes the KV pool holds (its segments).")
+        self.host_bytes = gauge("rlctl_kv_host_bytes", "Host bytes holding evicted KV blocks.")
+        self.blocks_total = gauge("rlctl_kv_blocks_total", "KV blocks the engine may hold.")
+        self.blocks_used = gauge("rlctl_kv_blocks_used", "KV blocks in use.")
+        self.overcommit = gauge("rlctl_overcommit_factor", "Overcommit factor in force.")
+        self.reserved = gauge("rlctl_reserved_ratio", "Admitted peak demand over KV capacity.")
+        self.device_free = gauge("rlctl_device_free_bytes", "Free bytes of the engine's device, by its ledger.")
+        self.device_capacity = gauge("rlctl_device_capacity_bytes", "Capacity of the engine's device, by its ledger.")
+        self.frag = gauge("rlctl_frag_entropy", "Normalised entropy of the free-run lengths of the block map (0 to 1).")
+        self.restarting = gauge("rlctl_restarting", "1 while the engine restarts after an OOM crash.")
+        self.fallbacks = Counter("rlctl_controller_fallbacks_total",
+                                 "Decisions the live loop took from its safe static policy instead of the controller.",
+                                 LABELS + ("reason",), registry=r)
+        for reason in FINISHED_REASONS:  # every series there from the first scrape, at 0
+            self.success.labels(*self.labels, reason)
+        for reason in fallback_reasons:
+            self.fallbacks.labels(*self.labels, reason)
+        self._engine = None
+        self._last: dict[str, int] = {}
+        self._completed = 0  # cursor into engine.completed
+
+    def update(self, engine) -> None:
+        """Read ``engine`` now: gauges set, counters advanced, newly finished requests observed."""
+        if engine is not self._engine:  # a new engine: its cumulative values start at zero
+            self._engine, self._last, self._completed = engine, {}, 0
+        s, kv, dev = engine.scheduler, engine.kv, engine.device
+        self.running.set(len(s.running))
+        self.waiting.set(len(s.waiting))
+        self.swapped.set(len(s.swapped))
+        self.kv_usage.set(kv.blocks.usage())
+        self.footprint.set(engine.pool.footprint_bytes())
+        self.host_bytes.set(kv.host.used)
+        self.blocks_total.set(kv.num_blocks)
+        self.blocks_used.set(kv.blocks.num_used)
+        self.overcommit.set(engine.overcommit)
+        self.reserved.set(s.reserved_blocks() / kv.num_blocks)
+        self.device_free.set(max(dev.free, 0))
+        self.device_capacity.set(dev.capacity)
+        self.frag.set(kv.blocks.frag_entropy())
+        self.restarting.set(1 if engine.down_until is not None else 0)
+        for key, value in _counters(engine).items():
+            delta = value - self._last.get(key, 0)
+            if delta > 0:
+                self.counters[key].inc(delta)
+            self._last[key] = value
+        for record in engine.completed[self._completed:]:
+            self._observe(record, engine.max_model_len)
+        self._completed = len(engine.completed)
+
+    def _observe(self, record, max_model_len: int) -> None:
+        self.ttft.observe(record.ttft_s)
+        if record.tpot_s is not None:
+            self.itl.observe(record.tpot_s)
+        self.e2e.observe(record.finish_s - record.arrival_s)
+        length = record.output_len >= record.max_tokens or record.prompt_len + record.output_len >= max_model_len
+        self.success.labels(*self.labels, "length" if length else "stop").inc()
+
+    def fallback(self, reason: str) -> None:
+        """Count one decision the live loop took from its safe static policy (``reason``: "deadline",
+        "connection", "invalid", ...)."""
+        self.fallbacks.labels(*self.labels, reason).inc()
+
+    def exposition(self) -> bytes:
+        """The registry in Prometheus' text format."""
+        return generate_latest(self.registry)
+
+    def start_http(self, port: int, addr: str = "127.0.0.1"):
+        """Serve the registry at http://addr:port/metrics in a daemon thread; returns (server, thread)
+        so that the caller can ``server.shutdown()``. Port 0 picks a free port (``server.server_port``)."""
+        return start_http_server(port, addr=addr, registry=self.registry)

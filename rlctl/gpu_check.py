@@ -1,0 +1,495 @@
+"""The GPU check (``scripts/gpu_check``): what only a real GPU can show, as one JSON report.
+
+Checks, each in a process of its own with its own time budget (a check past its budget is
+stopped and reported failed), all within 8 minutes:
+
+* ``cuda``: is CUDA there; the device, its memory, torch's CUDA version.
+* ``torch_executor``: the torch executor on the GPU: a small replay with the tiny model and with a
+  bigger one (bf16), every request served.
+* ``oom_crash``: a real ``torch.OutOfMemoryError`` through the engine's crash path: an engine on
+  the GPU, a co-tenant tensor allocated here that leaves less free memory than the pool's next
+  segment; the OOM event is counted, the co-tenant freed, and the replay completes with no
+  request lost.
+* ``copy_bandwidth``: ``compact`` and swap out / in, in bytes/s, against the device's own copy
+  bandwidth (a plain ``copy_``) and host <-> device copies of pinned memory.
+* ``nvml``: NVML's telemetry ("no GPU: ..." where there is none).
+* ``mps``: the MPS pinned-memory commands when an MPS control daemon runs (the default limit set,
+  read back and restored; each server's limit read), else skipped, saying why.
+
+Every check reports ``ok``, ``skipped`` (with the reason) or ``failed`` (with the error). Without
+CUDA the GPU checks are skipped with "CUDA is not available", and the exit status is 0; it is 1
+only if a check failed. ``--cpu-dry-run`` runs the GPU checks' code on the CPU at small sizes
+(timings meaningless; the OOM comes from the device ledger, not from torch), to keep that code
+working on machines without a GPU.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+TOTAL_BUDGET_S = 470.0  # under the 8 minutes the whole check may take
+BUDGETS_S = {"cuda": 60, "torch_executor": 120, "oom_crash": 120, "copy_bandwidth": 90, "nvml": 30, "mps": 30}
+GPU_CHECKS = ("torch_executor", "oom_crash", "copy_bandwidth")
+CHECKS = ("cuda",) + GPU_CHECKS + ("nvml", "mps")
+NO_CUDA = "CUDA is not available"
+
+
+def _model(**kw):
+    from engine.config import ModelConfig
+
+    return ModelConfig(**kw)
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """How big each check runs; ``gpu()`` for a GPU, ``cpu()`` for the dry run."""
+
+    device: str
+    big_model: dict  # ModelConfig fields
+    requests: int = 8          # torch_executor: requests per model
+    prompt_len: int = 256
+    output_len: int = 128
+    oom_requests: int = 8      # oom_crash: prompts fill most of the pool's first segment
+    oom_prompt_len: int = 400
+    oom_output_len: int = 800
+    oom_segment_blocks: int = 512
+    oom_num_blocks: int = 2048
+    kv_model: dict = field(default_factory=dict)  # copy_bandwidth
+    kv_blocks: int = 1024
+    kv_segment_blocks: int = 256
+    seq_blocks: int = 4
+    repeats: int = 3
+
+    @classmethod
+    def gpu(cls) -> "Sizes":
+        # ~0.5 B parameters; KV 32 KiB per token, 512 KiB per block, 256 MiB per OOM-check segment
+        big = dict(vocab_size=32000, hidden_size=2048, intermediate_size=5632, num_layers=8, num_heads=16,
+                   num_kv_heads=8, dtype="bfloat16")
+        # 128 KiB of KV per token (a Llama-3-8B shape), 2 MiB per block: a 2 GiB pool
+        kv = dict(vocab_size=1000, hidden_size=4096, intermediate_size=1024, num_layers=32, num_heads=32,
+                  num_kv_heads=8, dtype="bfloat16")
+        return cls("cuda", big, kv_model=kv)
+
+    @classmethod
+    def cpu(cls) -> "Sizes":
+        # 4 layers: an iteration's gathered KV (one layer's) stays well under half a segment
+        small = dict(vocab_size=512, hidden_size=128, intermediate_size=256, num_layers=4, num_heads=4, num_kv_heads=2)
+        return cls("cpu", small, requests=4, prompt_len=64, output_len=16, oom_requests=4, oom_prompt_len=60,
+                   oom_output_len=100, oom_segment_blocks=32, oom_num_blocks=128, kv_model=small, kv_blocks=128,
+                   kv_segment_blocks=32, repeats=1)
+
+
+class Deadline:
+    def __init__(self, seconds: float) -> None:
+        self.end = time.monotonic() + seconds
+
+    def left(self) -> float:
+        return self.end - time.monotonic()
+
+    def check(self, what: str) -> None:
+        if self.left() <= 0:
+            raise TimeoutError(f"out of time budget during {what}")
+
+
+def skipped(reason: str, **extra) -> dict:
+    return {"status": "skipped", "reason": reason, **extra}
+
+
+def _sync(device) -> None:
+    import torch
+
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _timed(fn, device) -> tuple[float, object]:
+    _sync(device)
+    t0 = time.perf_counter()
+    out = fn()
+    _sync(device)
+    return time.perf_counter() - t0, out
+
+
+def _rate(nbytes: int, seconds: float) -> float | None:
+    return round(nbytes / seconds / 1e9, 3) if seconds > 0 else None  # GB/s
+
+
+# ---- checks -------------------------------------------------------------------------------------
+def check_cuda(sizes: Sizes, deadline: Deadline) -> dict:
+    import torch
+
+    info = {"torch_version": torch.__version__, "torch_cuda_version": torch.version.cuda}
+    if sizes.device == "cpu":
+        return {"status": "ok", "device": "cpu (dry run)", **info}
+    if not torch.cuda.is_available():
+        return skipped(NO_CUDA, **info)
+    dev = torch.device("cuda", 0)
+    props = torch.cuda.get_device_properties(dev)
+    free, total = torch.cuda.mem_get_info(dev)
+    x = torch.ones(1 << 20, device=dev)
+    assert int(x.sum().item()) == 1 << 20, "a sum on the device came back wrong"
+    return {"status": "ok", "device": props.name, "device_count": torch.cuda.device_count(),
+            "capability": f"{props.major}.{props.minor}", "total_bytes": total, "free_bytes": free, **info}
+
+
+def _requests(n: int, prompt_len: int, output_len: int, prefix: str):
+    from env.workloads.request import Request
+
+    return [Request(f"{prefix}{i}", 0.0, prompt_len + 7 * i, output_len, output_len) for i in range(n)]
+
+
+def _serve(engine, deadline: Deadline, what: str) -> None:
+    while engine.step():
+        deadline.check(what)
+
+
+def check_torch_executor(sizes: Sizes, deadline: Deadline) -> dict:
+    import torch
+
+    from engine.config import EngineConfig, ModelConfig
+    from engine.engine import Engine
+
+    out = {}
+    for name, mc in (("tiny", ModelConfig()), ("bigger", _model(**sizes.big_model))):
+        cfg = EngineConfig(num_blocks=512, max_model_len=2048)
+        t0 = time.perf_counter()
+        eng = Engine(mc, cfg, torch_device=sizes.device, keep_outputs=True)
+        build_s = time.perf_counter() - t0
+        reqs = _requests(sizes.requests, sizes.prompt_len, sizes.output_len, name)
+        for r in reqs:
+            eng.submit(r)
+        t0 = time.perf_counter()
+        _serve(eng, deadline, f"the {name} replay")
+        wall = time.perf_counter() - t0
+        served = all(len(eng.outputs.get(r.request_id, ())) == r.output_len for r in reqs)
+        in_vocab = all(0 <= t < mc.vocab_size for toks in eng.outputs.values() for t in toks)
+        decode = [it for it in eng.iterations if it.prefill_tokens == 0]
+        out[name] = {
+            "model": {k: getattr(mc, k) for k in ("hidden_size", "num_layers", "num_heads", "num_kv_heads",
+                                                   "vocab_size", "dtype")},
+            "weight_bytes": eng.model.weight_bytes(), "build_s": round(build_s, 2),
+            "requests": len(reqs), "all_served": served, "tokens_in_vocabulary": in_vocab,
+            "tokens_generated": eng.counters.tokens_generated, "iterations": eng.counters.iterations,
+            "wall_s": round(wall, 3), "tokens_per_s": round(eng.counters.tokens_generated / wall, 1),
+            "decode_iteration_ms_mean": round(1e3 * sum(i.duration_s for i in decode) / len(decode), 3)
+            if decode else None,
+        }
+        if name == "tiny" and sizes.device != "cpu":  # the same requests on the CPU: same tokens? (told, not judged)
+            ref = Engine(mc, cfg, torch_device="cpu", keep_outputs=True)
+            for r in reqs:
+                ref.submit(r)
+            _serve(ref, deadline, "the tiny replay on the CPU")
+            out[name]["tokens_equal_cpu_run"] = ref.outputs == eng.outputs
+        del eng
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    ok = all(v["all_served"] and v["tokens_in_vocabulary"] for v in out.values())
+    return {"status": "ok" if ok else "failed", **out,
+            **({} if ok else {"error": "a replay on the GPU did not serve every request with in-vocabulary tokens"})}
+
+
+def check_oom_crash(sizes: Sizes, deadline: Deadline) -> dict:
+    import torch
+
+    from engine.config import EngineConfig
+    from engine.device import DeviceOOM
+    from engine.engine import Engine
+
+    mc = _model(**sizes.big_model)
+    cfg = EngineConfig(num_blocks=sizes.oom_num_blocks, segment_blocks=sizes.oom_segment_blocks,
+                       max_num_seqs=sizes.oom_requests, max_model_len=4096, restart_downtime_s=1.0)
+    eng = Engine(mc, cfg, torch_device=sizes.device, keep_outputs=True)
+    segment_bytes = cfg.segment_blocks * eng.pool.block_bytes
+    # where the OOM came from: the pool's growth (Device.alloc) or an iteration's activations
+    sources: list[str] = []
+    real_alloc, real_execute = eng.device.alloc, eng.executor.execute
+
+    def alloc(*args, **kw):
+        try:
+            return real_alloc(*args, **kw)
+        except DeviceOOM as exc:
+            sources.append("kv pool growth: " + (type(exc.__cause__).__name__ if exc.__cause__ else "device ledger"))
+            raise
+
+    def execute(*args, **kw):
+        try:
+            return real_execute(*args, **kw)
+        except torch.OutOfMemoryError:
+            sources.append("iteration activations: OutOfMemoryError")
+            raise
+
+    eng.device.alloc, eng.executor.execute = alloc, execute
+    reqs = _requests(sizes.oom_requests, sizes.oom_prompt_len, sizes.oom_output_len, "oom")
+    for r in reqs:
+        eng.submit(r)
+    # every prompt admitted and prefilled, within the pool's first segment
+    while eng.next_arrival() is not None or eng.scheduler.waiting or any(s.in_prefill for s in eng.scheduler.running):
+        eng.step()
+        deadline.check("the prefills")
+    held = eng.pool.footprint_bytes()
+    if sizes.device == "cuda":
+        torch.cuda.empty_cache()  # what the allocator caches would serve the next segment
+        free, total = torch.cuda.mem_get_info()
+        margin = segment_bytes // 2  # room for decode activations, not for another segment
+        cotenant = torch.empty(max(free - margin, 0), dtype=torch.uint8, device="cuda")
+        cotenant_bytes = cotenant.numel()
+    else:  # the dry run: a co-tenant in the device ledger
+        cotenant, margin = None, segment_bytes // 2
+        cotenant_bytes = max(eng.device.free - margin, 0)
+        eng.device.set_tenants(cotenant_bytes)
+    before = eng.counters.oom_events
+    while eng.counters.oom_events == before and eng.step():
+        deadline.check("waiting for the OOM")
+    oom_events = eng.counters.oom_events - before
+    if oom_events and not sources:  # neither the pool nor the model: the ledger refused the workspace
+        sources.append("iteration workspace: device ledger")
+    footprint_after_crash = eng.pool.footprint_bytes()
+    del cotenant  # the co-tenant goes away; the engine restarts and serves everything
+    if sizes.device == "cuda":
+        torch.cuda.empty_cache()
+    else:
+        eng.device.set_tenants(0)
+    _serve(eng, deadline, "the replay after the OOM")
+    records = [eng.records[r.request_id] for r in reqs]
+    lost = [r.request_id for r in reqs if len(eng.outputs.get(r.request_id, ())) != r.output_len]
+    torch_oom = any("OutOfMemoryError" in s for s in sources)
+    report = {
+        "segment_bytes": segment_bytes, "pool_bytes_before_cotenant": held, "cotenant_bytes": cotenant_bytes,
+        "margin_bytes": margin, "oom_events": oom_events, "oom_sources": sources,
+        "pool_bytes_after_crash": footprint_after_crash, "restarts": sum(r.restarts for r in records),
+        "requests": len(reqs), "requests_lost": lost, "total_oom_events": eng.counters.oom_events,
+    }
+    problems = []
+    if oom_events != 1:
+        problems.append(f"expected one OOM event while the co-tenant held the memory, counted {oom_events}")
+    if sizes.device == "cuda" and not torch_oom:
+        problems.append(f"the OOM did not come from torch.OutOfMemoryError (sources: {sources})")
+    if footprint_after_crash != 0:
+        problems.append(f"the crash left {footprint_after_crash} B in the pool")
+    if lost:
+        problems.append(f"requests not served after the OOM: {lost}")
+    return {"status": "failed", "error": "; ".join(problems), **report} if problems else {"status": "ok", **report}
+
+
+def _fragmented(sizes: Sizes, host_bytes: int):
+    """A pool filled by sequences of ``seq_blocks`` blocks, every other one then freed; each block
+    stamped with its id (two values under 256, exact in any dtype), every other value 1."""
+    import torch
+
+    from engine.device import Device
+    from engine.kv_cache import KVCache
+    from engine.kv_pool import KVPool
+
+    mc = _model(**sizes.kv_model)
+    block_bytes = mc.kv_bytes_per_token() * 16
+    pool = KVPool(mc, 16, sizes.kv_blocks, sizes.kv_segment_blocks,
+                  Device.for_torch(sizes.device, sizes.kv_blocks * block_bytes))
+    kv = KVCache(pool, host_bytes)
+    seqs = [kv.allocate(sizes.seq_blocks) for _ in range(sizes.kv_blocks // sizes.seq_blocks)]
+    for s, seg in enumerate(pool.segments):
+        ids = torch.arange(s * pool.segment_blocks, s * pool.segment_blocks + seg.shape[2], device=seg.device)
+        seg.fill_(1.0)  # touch every page, as a prefill would
+        seg[0, 0, :, 0, 0, 0] = (ids % 256).to(seg.dtype)
+        seg[0, 0, :, 0, 0, 1] = (ids // 256).to(seg.dtype)
+    for ids in seqs[::2]:
+        kv.free(ids)
+    return kv, [b for ids in seqs[1::2] for b in ids]
+
+
+def _block_value(kv, b: int) -> int:
+    """The id stamped into block ``b`` by ``_fragmented``."""
+    S = kv.pool.segment_blocks
+    lo, hi = kv.pool.segments[b // S][0, 0, b % S, 0, 0, :2].tolist()
+    return int(lo) + 256 * int(hi)
+
+
+def check_copy_bandwidth(sizes: Sizes, deadline: Deadline) -> dict:
+    import torch
+
+    dev, pin = torch.device(sizes.device), sizes.device == "cuda"
+    # compaction: best of ``repeats``, each on a freshly fragmented pool
+    best, intact, moves = float("inf"), True, {}
+    for _ in range(sizes.repeats + 1):  # the first is a warm-up
+        deadline.check("compaction")
+        kv, live = _fragmented(sizes, host_bytes=0)
+        values = {b: _block_value(kv, b) for b in live}
+        t, moves = _timed(kv.compact, dev)
+        best = min(best, t)
+        intact = intact and all(_block_value(kv, moves.get(b, b)) == v for b, v in values.items())
+        del kv
+    moved = len(moves) * kv_block_bytes(sizes)
+    compaction = {"blocks_moved": len(moves), "bytes_moved": moved,
+                  "seconds": round(best, 6), "gb_per_s": _rate(moved, best), "kept_data": intact}
+    # the device's own copy bandwidth: a plain copy_ of as many bytes
+    src = torch.ones(moved, dtype=torch.uint8, device=dev)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    copy_s = min(_timed(lambda: dst.copy_(src), dev)[0] for _ in range(10))
+    del src, dst
+    # swap: out to the host pool (pinned on CUDA) and back, the engine's path
+    kv, live = _fragmented(sizes, host_bytes=sizes.kv_blocks * kv_block_bytes(sizes))
+    ids = live[: len(live) // 2]  # a quarter of the pool, in runs of seq_blocks, as sequences hold it
+    nbytes = len(ids) * kv.pool.block_bytes
+    out_s = in_s = float("inf")
+    kept = True
+    for _ in range(sizes.repeats):
+        deadline.check("swap")
+        values = [_block_value(kv, b) for b in ids]
+        t_out, host = _timed(lambda: kv.swap_out(ids), dev)
+        t_in, ids = _timed(lambda: kv.swap_in(host), dev)
+        out_s, in_s = min(out_s, t_out), min(in_s, t_in)
+        kept = kept and [_block_value(kv, b) for b in ids] == values
+    del kv
+    # plain pinned host <-> device copies of as many bytes
+    dev_t = torch.ones(nbytes, dtype=torch.uint8, device=dev)
+    host_t = torch.empty(nbytes, dtype=torch.uint8, pin_memory=pin)
+    d2h = min(_timed(lambda: host_t.copy_(dev_t, non_blocking=pin), dev)[0] for _ in range(5))
+    h2d = min(_timed(lambda: dev_t.copy_(host_t, non_blocking=pin), dev)[0] for _ in range(5))
+    del dev_t, host_t
+    report = {
+        "kv_model": {k: v for k, v in sizes.kv_model.items() if k in ("hidden_size", "num_layers", "num_kv_heads",
+                                                                      "dtype")},
+        "block_bytes": kv_block_bytes(sizes), "pinned_host": pin,
+        "compaction": compaction,
+        "device_copy": {"bytes": moved, "seconds": round(copy_s, 6), "gb_per_s": _rate(moved, copy_s)},
+        "compaction_over_device_copy": round(copy_s / best, 3) if best > 0 else None,
+        "swap_out": {"bytes": nbytes, "seconds": round(out_s, 6), "gb_per_s": _rate(nbytes, out_s)},
+        "swap_in": {"bytes": nbytes, "seconds": round(in_s, 6), "gb_per_s": _rate(nbytes, in_s)},
+        "swap_kept_data": kept,
+        "swap_note": ("swap out = the engine's path: gathering the blocks, allocating a host buffer "
+                      "(HostPool.store pins a new one per swap on CUDA) and the copy; swap in = allocating "
+                      "blocks, the copy and the scatter into the pool"),
+        "pinned_d2h": {"bytes": nbytes, "seconds": round(d2h, 6), "gb_per_s": _rate(nbytes, d2h)},
+        "pinned_h2d": {"bytes": nbytes, "seconds": round(h2d, 6), "gb_per_s": _rate(nbytes, h2d)},
+        "swap_out_over_pinned_d2h": round(d2h / out_s, 3) if out_s > 0 else None,
+        "swap_in_over_pinned_h2d": round(h2d / in_s, 3) if in_s > 0 else None,
+    }
+    if not (intact and kept):
+        return {"status": "failed", "error": "a compaction or a swap round trip changed the KV data", **report}
+    return {"status": "ok", **report}
+
+
+def kv_block_bytes(sizes: Sizes) -> int:
+    return _model(**sizes.kv_model).kv_bytes_per_token() * 16
+
+
+def check_nvml(sizes: Sizes, deadline: Deadline) -> dict:
+    from rlctl.nvml import NVMLTelemetry
+
+    report = NVMLTelemetry().read()
+    if not report.applied:
+        return skipped(report.detail, report=report.to_dict())
+    return {"status": "ok", "report": report.to_dict()}
+
+
+def check_mps(sizes: Sizes, deadline: Deadline) -> dict:
+    """Set the default pinned-memory limit of device 0, read it back, and restore it; read each
+    running server's limit. Nothing is set on a running server."""
+    from rlctl.mps import GiB, MPSLimit
+    from rlctl.nvml import NVMLTelemetry
+
+    mps = MPSLimit(timeout_s=min(5.0, max(deadline.left() / 6, 1.0)))
+    reason = mps.available()
+    if reason:
+        return skipped(reason)
+    before = mps.get_default(0)
+    target = 4 * GiB if before.value != 4 * GiB else 8 * GiB
+    applied = mps.set_default(target, 0)
+    # restore: the earlier limit, or with none (0), the whole device (memory limiting cannot be switched off)
+    restore_to = before.value if before.applied and before.value else None
+    if restore_to is None:
+        nv = NVMLTelemetry().read()
+        restore_to = nv.value["devices"][0]["memory_total_bytes"] if nv.applied else None
+    restored = mps.set_default(-(-restore_to // GiB) * GiB, 0) if restore_to else None
+    servers = {pid: mps.get_server(pid, 0).to_dict() for pid in mps.server_pids()}
+    report = {"before": before.to_dict(), "set": applied.to_dict(),
+              "restored": restored.to_dict() if restored else "nothing to restore to", "servers": servers}
+    ok = before.applied and applied.applied
+    return {"status": "ok" if ok else "failed", **report,
+            **({} if ok else {"error": applied.detail if not applied.applied else before.detail})}
+
+
+RUNNERS = {"cuda": check_cuda, "torch_executor": check_torch_executor, "oom_crash": check_oom_crash,
+           "copy_bandwidth": check_copy_bandwidth, "nvml": check_nvml, "mps": check_mps}
+
+
+def run_one(name: str, budget_s: float, dry_run: bool) -> dict:
+    """One check in this process, its exceptions reported as a failure."""
+    sizes = Sizes.cpu() if dry_run else Sizes.gpu()
+    t0 = time.monotonic()
+    try:
+        result = RUNNERS[name](sizes, Deadline(budget_s * 0.9))
+    except Exception as exc:  # a check reports its failure, it does not end the report
+        result = {"status": "failed", "error": f"{type(exc).__name__}: {exc}",
+                  "traceback": traceback.format_exc(limit=6).splitlines()[-8:]}
+    result["elapsed_s"] = round(time.monotonic() - t0, 2)
+    return result
+
+
+def _child(name: str, budget_s: float, dry_run: bool) -> dict:
+    """Run one check in a child process, stopped at its budget."""
+    cmd = [sys.executable, "-m", "rlctl.gpu_check", "--check", name, "--budget", str(budget_s)]
+    if dry_run:
+        cmd.append("--cpu-dry-run")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    t0 = time.monotonic()
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=budget_s, cwd=ROOT, env=env)
+    except subprocess.TimeoutExpired:
+        return {"status": "failed", "error": f"exceeded its time budget of {budget_s:g} s and was stopped",
+                "elapsed_s": round(time.monotonic() - t0, 2)}
+    lines = [ln for ln in done.stdout.splitlines() if ln.startswith("{")]
+    if lines:
+        try:
+            return json.loads(lines[-1])
+        except json.JSONDecodeError:
+            pass
+    tail = (done.stderr or done.stdout).strip().splitlines()[-5:]
+    return {"status": "failed", "error": f"the check's process exited with status {done.returncode} without a report",
+            "output_tail": tail, "elapsed_s": round(time.monotonic() - t0, 2)}
+
+
+def run_all(total_budget_s: float = TOTAL_BUDGET_S, dry_run: bool = False) -> dict:
+    t0 = time.monotonic()
+    checks: dict[str, dict] = {}
+    for name in CHECKS:
+        left = total_budget_s - (time.monotonic() - t0)
+        if name in GPU_CHECKS and checks["cuda"]["status"] != "ok":
+            reason = checks["cuda"].get("reason") or f"the cuda check failed: {checks['cuda'].get('error')}"
+            checks[name] = skipped(reason)
+            continue
+        budget = min(BUDGETS_S[name], left)
+        if budget < 5:
+            checks[name] = skipped(f"the report's time budget of {total_budget_s:g} s is spent")
+            continue
+        checks[name] = _child(name, budget, dry_run)
+        checks[name]["budget_s"] = round(budget, 1)
+    failed = [n for n, c in checks.items() if c["status"] == "failed"]
+    return {"gpu_check": "rlctl", "dry_run_on_cpu": dry_run, "ok": not failed, "failed": failed,
+            "elapsed_s": round(time.monotonic() - t0, 1), "budget_s": total_budget_s, "checks": checks}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="gpu_check", description=__doc__.split("\n\n")[0])
+    p.add_argument("--budget", type=float, default=None, help=f"seconds in all (default {TOTAL_BUDGET_S:g})")
+    p.add_argument("--cpu-dry-run", action="store_true", help="run the GPU checks' code on the CPU, small")
+    p.add_argument("--check", choices=CHECKS, help=argparse.SUPPRESS)  # one check, in this process
+    args = p.parse_args(argv)
+    if args.check:
+        print(json.dumps(run_one(args.check, args.budget or BUDGETS_S[args.check], args.cpu_dry_run)), flush=True)
+        return 0
+    report = run_all(args.budget or TOTAL_BUDGET_S, args.cpu_dry_run)
+    print(json.dumps(report, indent=2), flush=True)
+    return 0 if report["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,204 @@
+"""The live loop: an engine steered by the sidecar, that keeps serving whatever the sidecar does.
+
+Every ``decision_interval_s`` of engine time the engine's snapshot goes to the sidecar (``Decide``
+with a deadline), and the decision that comes back is checked (the snapshot's sequence number,
+a known action id and name, a finite factor > 0) and applied with the environment's own
+``apply_action``: the same action, the same effect, online and offline.
+
+A deadline miss, a lost connection, an RPC error or a decision that fails the check is a fault:
+the engine runs that interval under the safe static policy (factor ``safe_factor``, hold), the
+fallback is counted by reason, the channel is dropped, and a fresh one is tried after a backoff
+that doubles up to ``backoff_max_s`` (decisions in between run under the safe policy too, counted
+under the fault that started the backoff). The engine waits at most ``deadline_s`` on the
+sidecar per interval, and never while backing off.
+
+Why unary ``Decide`` and not the ``Live`` stream: each decision gets its own deadline, enforced
+and cancelled by gRPC on both sides, with no reader thread and no matching of late replies; a
+slow decision cannot hold up the next one behind it on a stream; and a fault is confined to the
+call that met it. The price, a new HTTP/2 stream per call, is tens of microseconds once per
+decision interval (``rlctl bench sidecar`` measures both).
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import grpc
+
+from engine.engine import Engine
+from engine.metrics import summarize
+from env.overcommit_env import ACTIONS, apply_action
+from env.workloads.request import Request
+from rlctl.messages import snapshot_message
+from rlctl.proto import controller_pb2 as pb, controller_pb2_grpc as pb_grpc
+
+FALLBACK_REASONS = ("deadline", "connection", "error", "invalid")
+_REASON = {grpc.StatusCode.DEADLINE_EXCEEDED: "deadline", grpc.StatusCode.UNAVAILABLE: "connection",
+           grpc.StatusCode.CANCELLED: "connection"}
+
+# rows rlctl replay adds to its table (rlctl/replay.py format_table)
+LIVE_ROWS = [("controller decisions", "controller_decisions", "{:.0f}")] + [
+    (f"fallbacks: {r}", f"fallbacks_{r}", "{:.0f}") for r in FALLBACK_REASONS] + [
+    ("reconnects", "reconnects", "{:.0f}"),
+    ("shield overrides", "shield_overrides", "{:.0f}")]
+
+
+@dataclass(frozen=True)
+class ClientTLS:
+    """PEM files: the CA that signed the sidecar's certificate; a client certificate and key for
+    mutual TLS; ``server_name`` when the certificate does not name the address (a unix socket)."""
+
+    ca: str
+    cert: str | None = None
+    key: str | None = None
+    server_name: str | None = None
+
+
+def open_channel(address: str, tls: ClientTLS | None = None) -> grpc.Channel:
+    """A channel to the sidecar at ``unix:///path`` or ``HOST:PORT``."""
+    if tls is None:
+        return grpc.insecure_channel(address)
+    read = lambda p: Path(p).read_bytes() if p else None  # noqa: E731
+    creds = grpc.ssl_channel_credentials(read(tls.ca), read(tls.key), read(tls.cert))
+    options = [("grpc.ssl_target_name_override", tls.server_name)] if tls.server_name else []
+    return grpc.secure_channel(address, creds, options=options)
+
+
+def wait_serving(address: str, timeout_s: float = 60.0, tls: ClientTLS | None = None,
+                 alive: Callable[[], bool] = lambda: True) -> None:
+    """Wait until the sidecar at ``address`` reports SERVING on the health service; ``TimeoutError``
+    after ``timeout_s``, ``RuntimeError`` as soon as ``alive()`` says the sidecar is gone."""
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    deadline = time.monotonic() + timeout_s
+    with open_channel(address, tls) as ch:
+        stub = health_pb2_grpc.HealthStub(ch)
+        while time.monotonic() < deadline:
+            if not alive():
+                raise RuntimeError(f"the sidecar at {address} exited before serving")
+            try:
+                if stub.Check(health_pb2.HealthCheckRequest(), timeout=1).status == health_pb2.HealthCheckResponse.SERVING:
+                    return
+            except grpc.RpcError:
+                pass
+            time.sleep(0.05)
+    raise TimeoutError(f"the sidecar at {address} is not SERVING after {timeout_s:g} s")
+
+
+def check_decision(d: pb.Decision, seq: int) -> str | None:
+    """What is wrong with decision ``d`` for the snapshot numbered ``seq``, or None."""
+    if d.seq != seq:
+        return f"decision for snapshot {d.seq}, expected {seq}"
+    if not 0 <= d.action < len(ACTIONS):
+        return f"unknown action id {d.action} (known: 0..{len(ACTIONS) - 1}, {', '.join(ACTIONS)})"
+    if d.action_name != ACTIONS[d.action]:
+        return f"action {d.action} is {ACTIONS[d.action]!r}, the decision names it {d.action_name!r}"
+    if not (math.isfinite(d.overcommit) and d.overcommit > 0):
+        return f"overcommit factor {d.overcommit} is not a finite factor > 0"
+    return None
+
+
+class LiveController:
+    """Asks the sidecar at ``address`` for each decision and applies it to an engine; see the module docstring."""
+
+    def __init__(self, address: str, deadline_s: float = 0.2, safe_factor: float = 1.0, backoff_s: float = 0.05,
+                 backoff_max_s: float = 2.0, evict_free_share: float = 0.2, engine_id: str = "rlctl-replay",
+                 tls: ClientTLS | None = None) -> None:
+        if not deadline_s > 0:
+            raise ValueError(f"deadline must be > 0 s, got {deadline_s}")
+        if not (math.isfinite(safe_factor) and safe_factor > 0):
+            raise ValueError(f"the safe factor must be a finite factor > 0, got {safe_factor}")
+        if not 0 < backoff_s <= backoff_max_s:
+            raise ValueError(f"backoff must satisfy 0 < backoff_s <= backoff_max_s, got {backoff_s}, {backoff_max_s}")
+        self.address, self.deadline_s, self.safe_factor = address, deadline_s, safe_factor
+        self.backoff_s, self.backoff_max_s, self.evict_free_share = backoff_s, backoff_max_s, evict_free_share
+        self.engine_id, self.tls = engine_id, tls
+        self.decisions, self.reconnects, self.shield_overrides = 0, 0, 0
+        self.fallbacks = dict.fromkeys(FALLBACK_REASONS, 0)
+        self.actions = dict.fromkeys(ACTIONS, 0)
+        self.policies: list[str] = []  # policy hashes seen, in order
+        self.last_fault: str | None = None
+        self._seq = 0
+        self._fault: str | None = None  # the reason of the fault being backed off from
+        self._retry_at = 0.0
+        self._backoff = backoff_s
+        self._channel: grpc.Channel | None = None
+        self._connect()
+
+    def _connect(self) -> None:
+        if self._channel is not None:
+            self._channel.close()
+        self._channel = open_channel(self.address, self.tls)
+        self._stub = pb_grpc.ControllerStub(self._channel)
+
+    def close(self) -> None:
+        if self._channel is not None:
+            self._channel.close()
+            self._channel = None
+
+    def step(self, engine: Engine) -> pb.Decision | None:
+        """One decision: the sidecar's, applied, or the safe policy's (None) after a fault."""
+        snap = engine.snapshot()
+        self._seq += 1
+        if self._fault is not None:
+            if time.monotonic() < self._retry_at:
+                return self._fall_back(engine, self._fault)
+            self._connect()
+            self.reconnects += 1
+        try:
+            d = self._stub.Decide(snapshot_message(snap, engine.max_model_len, self.engine_id, self._seq),
+                                  timeout=self.deadline_s)
+        except grpc.RpcError as exc:
+            code = exc.code()
+            return self._faulted(engine, _REASON.get(code, "error"), f"{code.name}: {exc.details()}")
+        problem = check_decision(d, self._seq)
+        if problem:
+            return self._faulted(engine, "invalid", problem)
+        self._fault, self._backoff = None, self.backoff_s
+        engine.set_overcommit(d.overcommit)
+        apply_action(engine, d.action, self.evict_free_share)
+        self.decisions += 1
+        self.actions[d.action_name] += 1
+        self.shield_overrides += d.shield_override
+        if not self.policies or self.policies[-1] != d.policy_hash:
+            self.policies.append(d.policy_hash)
+        return d
+
+    def _faulted(self, engine: Engine, reason: str, detail: str) -> None:
+        self.last_fault = f"{reason}: {detail}"
+        self._fault = reason
+        self._retry_at = time.monotonic() + self._backoff
+        self._backoff = min(2 * self._backoff, self.backoff_max_s)
+        return self._fall_back(engine, reason)
+
+    def _fall_back(self, engine: Engine, reason: str) -> None:
+        self.fallbacks[reason] += 1
+        engine.set_overcommit(self.safe_factor)  # the safe static policy: this factor, hold
+        return None
+
+    def report(self) -> dict:
+        return {"controller": self.address, "controller_decisions": self.decisions,
+                "fallbacks": sum(self.fallbacks.values()), "fallbacks_by_reason": dict(self.fallbacks),
+                **{f"fallbacks_{r}": n for r, n in self.fallbacks.items()},
+                "reconnects": self.reconnects, "shield_overrides": self.shield_overrides,
+                "actions": dict(self.actions), "policy_hashes": list(self.policies), "last_fault": self.last_fault,
+                "deadline_ms": 1000 * self.deadline_s, "safe_factor": self.safe_factor}
+
+
+def replay_live(requests: list[Request], engine: Engine, controller: LiveController,
+                decision_interval_s: float = 2.0) -> dict:
+    """Run every request to completion with ``controller`` deciding every ``decision_interval_s``
+    of engine time (first at time 0, as the environment does); the replay's figures and the controller's."""
+    if not decision_interval_s > 0:
+        raise ValueError(f"decision interval must be > 0 s, got {decision_interval_s}")
+    for r in requests:
+        engine.submit(r)
+    k = 0
+    while engine.has_work():
+        controller.step(engine)
+        k += 1
+        engine.run(until=k * decision_interval_s)
+    return {**summarize(engine), **controller.report(), "decision_interval_s": decision_interval_s}

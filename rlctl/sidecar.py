@@ -1,0 +1,355 @@
+"""``rlctl serve``: a policy behind the controller's gRPC service, next to a live engine (DESIGN.md, "Online").
+
+Each decision: check the snapshot (rlctl/messages.py; a bad one is INVALID_ARGUMENT naming the
+field), build the observation the policy was trained on (a policy file's own scales and
+``max_model_len``; for a baseline the default scales and the snapshot's ``max_model_len``), act,
+run the safety shield on the snapshot (agents/shield.py, overrides counted), answer a
+``Decision``. Also served: the standard health service (SERVING once the policy is loaded,
+NOT_SERVING while shutting down) and server reflection. Listens on a unix socket or a loopback
+address; any other address only with TLS (mutual TLS when a client CA is given). Prometheus
+metrics, on their own registry, on ``--metrics-port`` (loopback).
+
+The server is ``grpc.aio`` and the policy runs in a small thread pool: the event loop never waits
+on a decision, so health checks, reflection, ``GetPolicy`` and ``ReloadPolicy`` answer while a
+slow one computes, and a long-lived ``Live`` stream holds no thread. (A sync server would hold
+one pool thread per open stream, so a few engines' streams could starve ``Decide``.)
+
+``ReloadPolicy`` loads and checks the new policy completely (the file loader's checks, then one
+trial decision) off the event loop, then swaps one reference under a lock: a decision uses the
+old policy or the new one, never half of each, and a failed reload leaves the old one serving.
+
+``Fault`` injects faults for tests of the live loop (a delay before each decision, a fixed
+action id on the wire); ``rlctl serve`` exposes it only through hidden ``--fault-*`` options.
+"""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import hashlib
+import ipaddress
+import math
+import numbers
+import signal
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+from prometheus_client import CollectorRegistry, Counter, Histogram, Info, start_http_server
+
+from agents.baselines import Policy, make_policy
+from agents.export import ExportedPolicy, PolicyFileError
+from agents.shield import Shield
+from engine.snapshot import HIST_EDGES, Snapshot
+from env.observation import FEATURES, observe
+from env.overcommit_env import ACTIONS
+from env.scenario import Observation
+from rlctl.messages import SnapshotError, snapshot_from_message
+from rlctl.proto import SERVICE_NAME, controller_pb2 as pb, controller_pb2_grpc as pb_grpc
+
+DECIDE_THREADS = 4
+# torch intra-op threads in the sidecar: a decision is one small matrix-vector product, and a
+# parallel pool only adds wake-ups and competes with the engine for the cores (on this project's
+# 2-core machine under load, 2 threads made a decision ~40x slower at the median than 1)
+TORCH_THREADS = 1
+LATENCY_BUCKETS = (5e-5, 1e-4, 2e-4, 5e-4, 1e-3, 2e-3, 5e-3, 1e-2, 2e-2, 5e-2, 0.1, 0.2, 0.5, 1.0, 2.0)
+
+
+class PolicyError(RuntimeError):
+    """The policy failed on a valid snapshot (it raised, or returned an action id outside ACTIONS)."""
+
+
+class _Late(Exception):
+    """The caller's deadline passed while the decision waited for a thread: nobody is listening."""
+
+
+@dataclass(frozen=True)
+class Fault:
+    """Fault injection, for tests only: sleep ``delay_s`` before each decision (in the decision
+    thread, as a slow policy would), and put ``action`` on the wire instead of the decided one."""
+
+    delay_s: float = 0.0
+    action: int | None = None
+
+
+@dataclass(frozen=True)
+class TLSFiles:
+    """PEM files: the server's certificate chain and key; with ``client_ca``, clients must present
+    a certificate it signed (mutual TLS)."""
+
+    cert: str
+    key: str
+    client_ca: str | None = None
+
+
+# ---- the policy being served -------------------------------------------------------------------
+@dataclass(frozen=True)
+class ServedPolicy:
+    """A loaded policy with what a decision needs to use it as it was trained."""
+
+    spec: str
+    policy: Policy
+    scales: Observation
+    max_model_len: int | None    # a policy file's; None: each snapshot's
+    file_sha256: str             # "" for a baseline
+    pinned_overcommit: float | None
+    shield: Shield = Shield()
+
+    @property
+    def kind(self) -> str:
+        return "file" if self.file_sha256 else "baseline"
+
+    @property
+    def policy_hash(self) -> str:
+        return self.file_sha256 or hashlib.sha256(f"baseline:{self.spec}".encode()).hexdigest()
+
+    def decide(self, snapshot: Snapshot, max_model_len: int) -> tuple[int, int]:
+        """(the policy's action, the action after the shield) on a checked snapshot."""
+        obs = observe(snapshot, self.scales, self.max_model_len or max_model_len)
+        try:
+            chosen = self.policy.act(obs)
+        except Exception as exc:  # a policy bug must not take the server down with it
+            raise PolicyError(f"policy {self.policy.name} failed: {type(exc).__name__}: {exc}") from exc
+        if not isinstance(chosen, numbers.Integral) or not 0 <= chosen < len(ACTIONS):
+            raise PolicyError(f"policy {self.policy.name} returned action {chosen!r}, not one of 0..{len(ACTIONS) - 1}")
+        return int(chosen), self.shield.filter(int(chosen), snapshot)
+
+    def expected_overcommit(self, snapshot: Snapshot) -> float:
+        return self.pinned_overcommit if self.pinned_overcommit is not None else snapshot.overcommit
+
+    def info(self) -> pb.PolicyInfo:
+        header = getattr(self.policy, "header", {})
+        return pb.PolicyInfo(spec=self.spec, name=self.policy.name, kind=self.kind, file_sha256=self.file_sha256,
+                             policy_hash=self.policy_hash, features=list(FEATURES), actions=list(ACTIONS),
+                             scales={k: float(v) for k, v in dataclasses.asdict(self.scales).items()},
+                             max_model_len=self.max_model_len or 0, pinned_overcommit=self.pinned_overcommit or 0.0,
+                             source_commit=str(header.get("source_commit", "")))
+
+
+def _trial_snapshot() -> Snapshot:
+    bins = (0.0,) * (len(HIST_EDGES) - 1)
+    return Snapshot(time_s=0.0, alloc_ratio=0.0, alloc_slope=0.0, frag_entropy=0.0, queue_len=0, prefill_frac=0.0,
+                    len_mean=0.0, len_std=0.0, swapped=0, decode_ms=0.0, overcommit=1.0, reserved_ratio=0.0,
+                    device_free=1.0, queue_hist=bins, running_hist=bins)
+
+
+def load_served_policy(spec: str) -> ServedPolicy:
+    """Load ``spec`` (a baseline spec or a policy file) and check it can serve: a ``ValueError``
+    (``PolicyFileError`` for a file) says why not."""
+    spec = str(spec)
+    policy = make_policy(spec)
+    overrides = dict(policy.engine_overrides)
+    pinned = overrides.pop("overcommit", None)
+    if overrides or (pinned is not None and not math.isfinite(pinned)):
+        raise ValueError(f"policy {spec}: it pins engine settings a running engine cannot take from a sidecar "
+                         f"({policy.engine_overrides}); serve a policy that pins at most a finite overcommit factor")
+    if isinstance(policy, ExportedPolicy):
+        trained = policy.header["observation"]
+        try:
+            scales = Observation(**trained["scales"])
+        except TypeError as exc:
+            raise PolicyFileError(f"policy file {spec}: observation.scales {trained['scales']} do not fit this "
+                                  f"build's scales ({exc})") from None
+        served = ServedPolicy(spec, policy, scales, int(trained["max_model_len"]), policy.file_sha256, pinned)
+    else:
+        served = ServedPolicy(spec, policy, Observation(), None, "", pinned)
+    try:
+        served.decide(_trial_snapshot(), 1024)
+    except PolicyError as exc:
+        raise ValueError(f"policy {spec}: a trial decision failed: {exc}") from None
+    return served
+
+
+# ---- metrics -----------------------------------------------------------------------------------
+class SidecarMetrics:
+    """The sidecar's Prometheus metrics, on a registry of their own."""
+
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        self.decisions = Counter("rlctl_sidecar_decisions", "Decisions answered, by action (after the shield)",
+                                 ["action"], registry=r)
+        self.latency = Histogram("rlctl_sidecar_decision_latency_seconds",
+                                 "Time from a snapshot's arrival to its decision (check, observe, act, shield)",
+                                 buckets=LATENCY_BUCKETS, registry=r)
+        self.shield_overrides = Counter("rlctl_sidecar_shield_overrides", "Actions the safety shield replaced with hold",
+                                        registry=r)
+        self.invalid = Counter("rlctl_sidecar_invalid_requests", "Snapshots refused (INVALID_ARGUMENT), by field",
+                               ["field"], registry=r)
+        self.errors = Counter("rlctl_sidecar_decision_errors", "Decisions the policy failed to make (INTERNAL)",
+                              registry=r)
+        self.reloads = Counter("rlctl_sidecar_reloads", "ReloadPolicy requests, by result", ["result"], registry=r)
+        self.policy = Info("rlctl_sidecar_policy", "The policy being served", registry=r)
+        for a in ACTIONS:
+            self.decisions.labels(action=a)
+        for result in ("ok", "failed"):
+            self.reloads.labels(result=result)
+
+    def serving(self, served: ServedPolicy) -> None:
+        self.policy.info({"spec": served.spec, "name": served.policy.name, "kind": served.kind,
+                          "policy_hash": served.policy_hash})
+
+
+# ---- the service -------------------------------------------------------------------------------
+class ControllerService(pb_grpc.ControllerServicer):
+    def __init__(self, served: ServedPolicy, metrics: SidecarMetrics, pool: ThreadPoolExecutor,
+                 fault: Fault | None = None) -> None:
+        self._served, self.metrics, self.pool, self.fault = served, metrics, pool, fault or Fault()
+        self._lock = threading.Lock()
+        metrics.serving(served)
+
+    def current(self) -> ServedPolicy:
+        with self._lock:
+            return self._served
+
+    def _compute(self, served: ServedPolicy, snapshot: Snapshot, max_model_len: int,
+                 expires: float | None) -> tuple[int, int]:
+        if expires is not None and time.monotonic() > expires:  # so a backlog of late work cannot snowball
+            raise _Late()
+        if self.fault.delay_s:
+            time.sleep(self.fault.delay_s)
+        return served.decide(snapshot, max_model_len)
+
+    async def _decide(self, msg: pb.Snapshot, context) -> pb.Decision:
+        t0 = time.perf_counter()
+        try:
+            snapshot, max_model_len = snapshot_from_message(msg)
+        except SnapshotError as exc:
+            self.metrics.invalid.labels(field=exc.field).inc()
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        served = self.current()
+        remaining = context.time_remaining()
+        expires = time.monotonic() + remaining if remaining is not None else None
+        try:
+            chosen, action = await asyncio.get_running_loop().run_in_executor(
+                self.pool, self._compute, served, snapshot, max_model_len, expires)
+        except PolicyError as exc:
+            self.metrics.errors.inc()
+            await context.abort(grpc.StatusCode.INTERNAL, str(exc))
+        except _Late:
+            await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, "the deadline passed before a thread was free")
+        if self.fault.action is not None:
+            action = self.fault.action
+        name = ACTIONS[action] if 0 <= action < len(ACTIONS) else f"unknown:{action}"
+        overridden = action != chosen and self.fault.action is None
+        self.metrics.decisions.labels(action=name).inc()
+        if overridden:
+            self.metrics.shield_overrides.inc()
+        self.metrics.latency.observe(time.perf_counter() - t0)
+        return pb.Decision(seq=msg.seq, action=action, action_name=name,
+                           overcommit=served.expected_overcommit(snapshot), shield_override=overridden,
+                           policy_action=chosen, policy_hash=served.policy_hash)
+
+    async def Decide(self, request, context):
+        return await self._decide(request, context)
+
+    async def Live(self, request_iterator, context):
+        async for msg in request_iterator:
+            yield await self._decide(msg, context)
+
+    async def GetPolicy(self, request, context):
+        return self.current().info()
+
+    async def ReloadPolicy(self, request, context):
+        try:
+            new = await asyncio.get_running_loop().run_in_executor(self.pool, load_served_policy, request.policy)
+        except Exception as exc:  # whatever the cause, the old policy keeps serving and the caller learns why
+            self.metrics.reloads.labels(result="failed").inc()
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                f"reload refused, still serving {self.current().spec}: {exc}")
+        with self._lock:
+            old, self._served = self._served, new
+        self.metrics.reloads.labels(result="ok").inc()
+        self.metrics.serving(new)
+        return pb.ReloadPolicyResponse(previous=old.info(), current=new.info())
+
+
+# ---- listening ---------------------------------------------------------------------------------
+def check_listen(listen: str, tls: TLSFiles | None) -> None:
+    """Refuse an address that is neither a unix socket nor loopback TCP, unless TLS is given."""
+    if listen.startswith("unix:"):
+        if not listen[len("unix:"):].lstrip("/"):
+            raise ValueError(f"--listen {listen}: a unix socket needs a path, e.g. unix:///tmp/rlctl.sock")
+        return
+    host, sep, port = listen.rpartition(":")
+    if not sep or not port.isdigit() or int(port) > 65535 or not host:
+        raise ValueError(f"--listen {listen}: expected unix:///path or HOST:PORT, e.g. 127.0.0.1:50051")
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    try:
+        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = False
+    if not loopback and tls is None:
+        raise ValueError(f"--listen {listen}: {host} is not a loopback address; the sidecar steers an engine's "
+                         f"memory, so it listens beyond this host only with --tls-cert and --tls-key")
+
+
+def _credentials(tls: TLSFiles) -> grpc.ServerCredentials:
+    read = lambda p: Path(p).read_bytes()  # noqa: E731
+    return grpc.ssl_server_credentials([(read(tls.key), read(tls.cert))],
+                                       root_certificates=read(tls.client_ca) if tls.client_ca else None,
+                                       require_client_auth=tls.client_ca is not None)
+
+
+async def start_server(served: ServedPolicy, listen: str, tls: TLSFiles | None = None, fault: Fault | None = None,
+                       metrics: SidecarMetrics | None = None):
+    """Start the server; (server, health servicer, controller service, bound address)."""
+    check_listen(listen, tls)
+    metrics = metrics or SidecarMetrics()
+    # no SO_REUSEPORT: a second sidecar on a taken port must fail, not share the port's traffic
+    server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+    service = ControllerService(served, metrics, ThreadPoolExecutor(DECIDE_THREADS, "decide"), fault)
+    pb_grpc.add_ControllerServicer_to_server(service, server)
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    reflection.enable_server_reflection((SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
+    try:
+        port = server.add_secure_port(listen, _credentials(tls)) if tls else server.add_insecure_port(listen)
+    except (RuntimeError, OSError) as exc:
+        raise ValueError(f"--listen {listen}: cannot listen there ({exc})") from None
+    bound = listen if listen.startswith("unix:") else f"{listen.rpartition(':')[0]}:{port}"
+    await server.start()
+    for name in ("", SERVICE_NAME):  # the policy is loaded: ready
+        await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    return server, health_servicer, service, bound
+
+
+def serve(policy_spec: str, listen: str, metrics_port: int | None = None, tls: TLSFiles | None = None,
+          fault: Fault | None = None, say: Callable[[str], None] = print) -> None:
+    """Load the policy, then serve it on ``listen`` until SIGINT or SIGTERM. A policy that cannot
+    serve, or an address that cannot be used, raises ``ValueError`` before anything listens."""
+    import torch
+
+    check_listen(listen, tls)
+    torch.set_num_threads(TORCH_THREADS)
+    served = load_served_policy(policy_spec)
+    asyncio.run(_serve(served, listen, metrics_port, tls, fault, say))
+
+
+async def _serve(served, listen, metrics_port, tls, fault, say) -> None:
+    metrics = SidecarMetrics()
+    http = None
+    if metrics_port is not None:
+        try:
+            http, _ = start_http_server(metrics_port, addr="127.0.0.1", registry=metrics.registry)
+        except OSError as exc:
+            raise ValueError(f"--metrics-port {metrics_port}: cannot listen there ({exc.strerror})") from None
+    server, health_servicer, service, bound = await start_server(served, listen, tls, fault, metrics)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    say(f"serving {served.spec} ({served.kind}, {served.policy_hash[:12]}) on {bound}"
+        f"{' with mutual TLS' if tls and tls.client_ca else ' with TLS' if tls else ''}; health SERVING"
+        + (f"; metrics on http://127.0.0.1:{http.server_port}/metrics" if http else ""))
+    await stop.wait()
+    say("shutting down: health NOT_SERVING")
+    await health_servicer.enter_graceful_shutdown()
+    await server.stop(grace=1.0)
+    service.pool.shutdown(wait=False, cancel_futures=True)
+    if http is not None:
+        http.shutdown()

@@ -1,0 +1,173 @@
+"""The engine's Prometheus metrics carry the engine's own figures under vLLM's names (and rlctl_
+ones for the rest), scraped as Prometheus would; counters never go down."""
+from __future__ import annotations
+
+import urllib.request
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from engine.config import EngineConfig
+from engine.cost_model import CostModel
+from engine.executor import ProfiledExecutor
+from env.workloads import ReplaySpec
+from rlctl.engine_metrics import TTFT_BUCKETS, EngineMetrics
+from rlctl.replay import build_engine, bundled_trace, load_requests
+
+DEPLOYMENT = EngineConfig(num_blocks=128, max_model_len=2048, restart_downtime_s=1.0)
+COST = CostModel(fixed_s=1.5e-3, per_token_s=2e-5, per_context_token_s=2e-7, copy_fixed_s=1e-5, copy_bytes_per_s=2e9)
+LABELS = {"model_name": "tiny", "engine": "0"}
+COUNTERS = ("vllm:num_preemptions_total", "vllm:prompt_tokens_total", "vllm:generation_tokens_total",
+            "rlctl_oom_events_total", "rlctl_swap_out_bytes_total", "rlctl_swap_in_bytes_total",
+            "rlctl_compactions_total", "rlctl_compaction_bytes_total")
+
+
+def scrape(text: str) -> dict:
+    """{(sample name, frozenset of labels other than model_name and engine): value}"""
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            assert {k: s.labels[k] for k in LABELS} == LABELS, s
+            rest = frozenset((k, v) for k, v in s.labels.items() if k not in LABELS)
+            out[(s.name, rest)] = s.value
+    return out
+
+
+def value(samples: dict, name: str, **labels) -> float:
+    return samples[(name, frozenset(labels.items()))]
+
+
+def burst_engine(factor: float = 3.0, oom: str = "crash"):
+    spec = ReplaySpec(max_tokens="fixed:1024", time_scale=1000.0, duration_s=30.0, max_model_len=2048)
+    requests = load_requests(bundled_trace("azure2023_conv.csv"), spec)
+    engine = build_engine(DEPLOYMENT, factor, oom, executor=ProfiledExecutor(COST, materialize=False))
+    for r in requests:
+        engine.submit(r)
+    return engine, requests
+
+
+@pytest.fixture(scope="module")
+def replay():
+    """A burst at factor 3.0 (OOM crashes), with a compaction and an eviction along the way,
+    scraped after every 2 s decision interval."""
+    engine, requests = burst_engine()
+    metrics = EngineMetrics(model_name="tiny")
+    scrapes, acted = [], False
+    while engine.has_work():
+        engine.run(until=engine.clock + 2.0)
+        if not acted and len(engine.scheduler.running) >= 4:
+            engine.evict(0.5)
+            engine.compact()
+            acted = True
+        metrics.update(engine)
+        scrapes.append(scrape(metrics.exposition().decode()))
+    return engine, requests, metrics, scrapes
+
+
+def test_metrics_carry_the_engines_figures(replay):
+    engine, requests, _, scrapes = replay
+    last, c = scrapes[-1], engine.counters
+    assert c.oom_events > 0 and engine.kv.traffic.out_blocks > 0 and c.compactions == 1 and c.compaction_bytes > 0
+    block = engine.pool.block_bytes
+    assert value(last, "rlctl_oom_events_total") == c.oom_events
+    assert value(last, "vllm:num_preemptions_total") == c.preemptions
+    assert value(last, "vllm:prompt_tokens_total") == c.prefill_tokens
+    assert value(last, "vllm:generation_tokens_total") == c.tokens_generated
+    assert value(last, "rlctl_swap_out_bytes_total") == engine.kv.traffic.out_blocks * block
+    assert value(last, "rlctl_swap_in_bytes_total") == engine.kv.traffic.in_blocks * block
+    assert value(last, "rlctl_compactions_total") == 1
+    assert value(last, "rlctl_compaction_bytes_total") == c.compaction_bytes
+    assert value(last, "rlctl_kv_blocks_total") == 128
+    assert value(last, "rlctl_kv_blocks_used") == engine.kv.blocks.num_used
+    assert value(last, "vllm:kv_cache_usage_perc") == engine.kv.blocks.usage()
+    assert value(last, "rlctl_kv_pool_footprint_bytes") == engine.pool.footprint_bytes()
+    assert value(last, "rlctl_overcommit_factor") == 3.0
+    assert value(last, "rlctl_device_free_bytes") == engine.device.free
+    assert value(last, "vllm:num_requests_running") == value(last, "vllm:num_requests_waiting") == 0
+    assert value(last, "vllm:num_requests_swapped") == 0
+
+
+def test_vllm_style_preemptions_are_counted():
+    engine, _ = burst_engine(float("inf"), "preempt")
+    metrics = EngineMetrics(model_name="tiny")
+    while engine.has_work():
+        engine.run(until=engine.clock + 2.0)
+        metrics.update(engine)
+    last = scrape(metrics.exposition().decode())
+    assert value(last, "vllm:num_preemptions_total") == engine.counters.preemptions > 0
+    assert value(last, "rlctl_oom_events_total") == 0
+    assert value(last, "rlctl_overcommit_factor") == float("inf")
+
+
+def test_every_finished_request_is_observed_once(replay):
+    engine, requests, _, scrapes = replay
+    last, done = scrapes[-1], engine.completed
+    assert len(done) == len(requests)
+    assert value(last, "vllm:time_to_first_token_seconds_count") == len(done)
+    assert value(last, "vllm:time_to_first_token_seconds_sum") == pytest.approx(sum(r.ttft_s for r in done))
+    assert value(last, "vllm:e2e_request_latency_seconds_count") == len(done)
+    assert value(last, "vllm:inter_token_latency_seconds_count") == sum(1 for r in done if r.output_len >= 2)
+    assert value(last, "vllm:time_to_first_token_seconds_bucket", le="+Inf") == len(done)
+    assert value(last, "vllm:time_to_first_token_seconds_bucket", le="1.0") == sum(1 for r in done if r.ttft_s <= 1.0)
+    assert {float(le) for (name, labels) in last if name == "vllm:time_to_first_token_seconds_bucket"
+            for k, le in labels if le != "+Inf"} == set(TTFT_BUCKETS)
+    by_reason = {dict(labels)["finished_reason"]: v for (name, labels), v in last.items()
+                 if name == "vllm:request_success_total"}
+    assert sum(by_reason.values()) == len(done)
+    assert by_reason["length"] == sum(1 for r in done if r.output_len >= r.max_tokens)
+
+
+def test_gauges_follow_the_engine_during_the_replay(replay):
+    _, _, _, scrapes = replay
+    assert max(value(s, "vllm:num_requests_running") for s in scrapes) > 0
+    assert max(value(s, "vllm:num_requests_waiting") for s in scrapes) > 0
+    assert max(value(s, "vllm:kv_cache_usage_perc") for s in scrapes) > 0.5
+    assert all(0 <= value(s, "rlctl_frag_entropy") <= 1 for s in scrapes)
+    assert all(0 <= value(s, "vllm:kv_cache_usage_perc") <= 1 for s in scrapes)
+
+
+def test_counters_never_decrease_across_updates(replay):
+    _, _, _, scrapes = replay
+    assert len(scrapes) > 3
+    for name in COUNTERS + ("vllm:time_to_first_token_seconds_count",):
+        series = [value(s, name) for s in scrapes]
+        assert series == sorted(series), name
+    assert value(scrapes[0], "rlctl_oom_events_total") < value(scrapes[-1], "rlctl_oom_events_total")
+
+
+def test_a_new_engine_adds_to_the_counters_instead_of_resetting_them():
+    metrics = EngineMetrics(model_name="tiny")
+    first, _ = burst_engine()
+    first.run(until=2.0)
+    metrics.update(first)
+    before = scrape(metrics.exposition().decode())
+    second, _ = burst_engine(factor=1.0)  # the live loop restarted the engine: its counters start at 0
+    second.run(until=0.5)
+    metrics.update(second)
+    after = scrape(metrics.exposition().decode())
+    assert value(after, "vllm:generation_tokens_total") == (first.counters.tokens_generated
+                                                            + second.counters.tokens_generated)
+    for name in COUNTERS:
+        assert value(after, name) >= value(before, name), name
+    assert value(after, "vllm:time_to_first_token_seconds_count") == len(first.completed) + len(second.completed)
+
+
+def test_fallbacks_are_counted_by_reason_and_served_over_http():
+    metrics = EngineMetrics(model_name="tiny")
+    engine, _ = burst_engine(factor=1.0)
+    metrics.update(engine)
+    metrics.fallback("deadline")
+    metrics.fallback("deadline")
+    metrics.fallback("invalid")
+    server, thread = metrics.start_http(0)
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{server.server_port}/metrics", timeout=10) as resp:
+            samples = scrape(resp.read().decode())
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert value(samples, "rlctl_controller_fallbacks_total", reason="deadline") == 2
+    assert value(samples, "rlctl_controller_fallbacks_total", reason="invalid") == 1
+    assert value(samples, "rlctl_controller_fallbacks_total", reason="connection") == 0  # there before any
+    assert value(samples, "vllm:request_success_total", finished_reason="stop") == 0
+    assert value(samples, "vllm:num_requests_running") == 0

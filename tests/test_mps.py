@@ -1,0 +1,232 @@
+"""The MPS actuator speaks nvidia-cuda-mps-control's command protocol.
+
+The control binary is replaced by a fake written into tmp_path: a small program that records
+exactly what it reads on standard input, one invocation per line of calls.jsonl, and answers as
+the control daemon does. What it models: set commands print nothing when they succeed; get
+commands print the limit as an integer and "G" or "M" (a default of at least 1 GiB shown in
+whole GiB, as drivers show it); a refused command prints the daemon's reason; with no daemon the
+client prints "Cannot find MPS control daemon process" and exits 1. The reasons' wording is the
+fake's own: the actuator passes whatever the daemon says through, it does not match on it.
+"""
+from __future__ import annotations
+
+import json
+import re
+import sys
+
+import pytest
+
+from rlctl.mps import GiB, MiB, MPSLimit, format_limit, parse_limit
+
+FAKE = r'''#!{python}
+import json, os, re, sys
+HERE = {here!r}
+data = sys.stdin.buffer.read()
+with open(os.path.join(HERE, "calls.jsonl"), "a") as f:
+    f.write(json.dumps({{"argv": sys.argv[1:], "stdin": data.decode("latin-1")}}) + "\n")
+with open(os.path.join(HERE, "state.json")) as f:
+    state = json.load(f)
+mode = state.get("mode", "up")
+if mode == "down":
+    print("Cannot find MPS control daemon process")
+    sys.exit(1)
+if mode == "broken":
+    print("failed to connect: permission denied", file=sys.stderr)
+    sys.exit(2)
+if mode == "hang":
+    import time; time.sleep(30)
+
+def mib(value):
+    m = re.fullmatch(r"([1-9][0-9]*)([GM])", value)
+    return None if m is None else int(m.group(1)) * (1024 if m.group(2) == "G" else 1)
+
+def show(limit, whole_gib):
+    return f"{{limit // 1024}}G" if whole_gib and limit >= 1024 else f"{{limit}}M"
+
+for line in data.decode().splitlines():
+    cmd = line.split()
+    if not cmd:
+        continue
+    name, args = cmd[0], cmd[1:]
+    if name == "get_server_list":
+        print("\n".join(str(p) for p in state["servers"]))
+    elif name == "set_default_device_pinned_mem_limit" and len(args) == 2:
+        dev, value = args
+        if dev not in state["devices"]:
+            print(f"Invalid device {{dev}}")
+        elif mib(value) is None:
+            print(f"Invalid memory limit {{value}}: an integer followed by G or M")
+        else:
+            state["defaults"][dev] = mib(value)
+    elif name == "get_default_device_pinned_mem_limit" and len(args) == 1:
+        dev = args[0]
+        print(show(state["defaults"][dev], True) if dev in state["defaults"] else f"Invalid device {{dev}}")
+    elif name == "set_device_pinned_mem_limit" and len(args) == 3:
+        pid, dev, value = args
+        if pid not in state["servers"]:
+            print(f"Server {{pid}} not found")
+        elif mib(value) is None:
+            print(f"Invalid memory limit {{value}}: an integer followed by G or M")
+        else:
+            state["server_limits"].setdefault(pid, {{}})[dev] = mib(value)
+    elif name == "get_device_pinned_mem_limit" and len(args) == 2:
+        pid, dev = args
+        limits = state["server_limits"].get(pid, {{}})
+        print(show(limits[dev], False) if dev in limits else f"Server {{pid}} not found")
+    else:
+        print(f"Unrecognized command: {{line}}")
+with open(os.path.join(HERE, "state.json"), "w") as f:
+    json.dump(state, f)
+'''
+
+
+class Fake:
+    def __init__(self, tmp_path, **state) -> None:
+        self.dir = tmp_path
+        self.binary = tmp_path / "nvidia-cuda-mps-control"
+        self.binary.write_text(FAKE.format(python=sys.executable, here=str(tmp_path)))
+        self.binary.chmod(0o755)
+        base = {"mode": "up", "devices": ["0", "1"], "defaults": {"0": 4096}, "servers": ["4242"],
+                "server_limits": {"4242": {"0": 900}}}
+        (tmp_path / "state.json").write_text(json.dumps({**base, **state}))
+
+    def calls(self) -> list[dict]:
+        path = self.dir / "calls.jsonl"
+        return [json.loads(ln) for ln in path.read_text().splitlines()] if path.exists() else []
+
+    def stdin(self) -> list[str]:
+        return [c["stdin"] for c in self.calls()]
+
+
+@pytest.fixture
+def fake(tmp_path):
+    return Fake(tmp_path)
+
+
+def test_set_default_writes_one_command_then_reads_it_back(fake):
+    report = MPSLimit(str(fake.binary)).set_default(2 * GiB, device=0)
+    assert fake.stdin() == ["set_default_device_pinned_mem_limit 0 2G\n", "get_default_device_pinned_mem_limit 0\n"]
+    assert all(c["argv"] == [] for c in fake.calls())  # the client, not the daemon (-d) or anything else
+    assert report.applied
+    assert report.value == {"requested": "2G", "requested_bytes": 2 * GiB, "read_back_bytes": 2 * GiB}
+    assert "read back 2.00 GiB" in report.detail
+    assert "clients started from now on" in report.detail and "the next engine process" in report.detail
+    assert "a running engine keeps the limit it started with" in report.detail
+
+
+def test_a_limit_not_in_whole_gib_is_sent_in_mib_and_a_coarser_read_back_is_reported(fake):
+    report = MPSLimit(str(fake.binary)).apply(1044 * MiB + 123)  # rounded down to whole MiB
+    assert fake.stdin()[0] == "set_default_device_pinned_mem_limit 0 1044M\n"
+    assert report.applied and report.value["read_back_bytes"] == 1 * GiB  # the daemon shows "1G"
+    assert "coarser" in report.detail
+
+
+def test_server_limits_name_the_server_and_the_device(fake):
+    mps = MPSLimit(str(fake.binary))
+    report = mps.set_server(4242, 900 * MiB, device=1)
+    assert fake.stdin() == ["set_device_pinned_mem_limit 4242 1 900M\n", "get_device_pinned_mem_limit 4242 1\n"]
+    assert report.applied and report.value["read_back_bytes"] == 900 * MiB
+    assert "MPS server 4242 on device 1" in report.detail and "clients started from now on" in report.detail
+    got = mps.get_server(4242, 0)
+    assert fake.stdin()[-1] == "get_device_pinned_mem_limit 4242 0\n"
+    assert got.applied and got.value == 900 * MiB and "900M" in got.detail
+
+
+def test_get_default_parses_the_answer_with_its_unit(fake):
+    report = MPSLimit(str(fake.binary)).get_default("0")
+    assert fake.stdin() == ["get_default_device_pinned_mem_limit 0\n"]
+    assert report.applied and report.value == 4 * GiB and "4G" in report.detail
+
+
+@pytest.mark.parametrize("text, nbytes", [
+    ("2G", 2 * GiB), ("2048M", 2 * GiB), ("900M\n", 900 * MiB), ("  10G ", 10 * GiB), ("0", 0),
+    ("unlimited", None), ("1.5G", None), ("Server 1 not found", None), ("", None)])
+def test_parse_limit(text, nbytes):
+    assert parse_limit(text) == nbytes
+
+
+def test_format_limit_uses_whole_units_and_never_rounds_up():
+    assert format_limit(2 * GiB) == "2G"
+    assert format_limit(1536 * MiB) == "1536M"
+    assert format_limit(GiB + MiB - 1) == "1024M"
+    with pytest.raises(ValueError):
+        format_limit(MiB - 1)
+
+
+def test_a_refused_set_reports_the_daemons_reason_and_reads_nothing_back(fake):
+    mps = MPSLimit(str(fake.binary))
+    report = mps.set_default(2 * GiB, device=7)
+    assert fake.stdin() == ["set_default_device_pinned_mem_limit 7 2G\n"]
+    assert not report.applied and report.detail.endswith("Invalid device 7")
+    report = mps.set_server(999, 2 * GiB)
+    assert not report.applied and "refused set_device_pinned_mem_limit 999 0 2G: Server 999 not found" in report.detail
+
+
+def test_an_error_answer_to_a_get_is_not_a_limit(fake):
+    report = MPSLimit(str(fake.binary)).get_server(999, 0)
+    assert not report.applied and report.value is None
+    assert "Server 999 not found" in report.detail
+
+
+def test_nothing_but_an_ordinal_or_uuid_reaches_the_daemon(fake):
+    mps = MPSLimit(str(fake.binary))
+    for bad in ("0\nquit", "0 1", ""):
+        with pytest.raises(ValueError):
+            mps.set_default(GiB, device=bad)
+    with pytest.raises(ValueError):
+        mps.get_server(-1)
+    assert fake.calls() == []
+    mps.get_default("GPU-16128952-b438-556a-00bb-93039ee24e56")  # a UUID is sent as it is
+    assert fake.stdin() == ["get_default_device_pinned_mem_limit GPU-16128952-b438-556a-00bb-93039ee24e56\n"]
+
+
+def test_no_daemon_running_means_mps_is_not_available(tmp_path):
+    fake = Fake(tmp_path, mode="down")
+    mps = MPSLimit(str(fake.binary))
+    report = mps.set_default(2 * GiB)
+    assert not report.applied
+    assert report.detail.startswith("MPS is not available: the control daemon is not running")
+    assert "Cannot find MPS control daemon process" in report.detail
+    assert len(fake.calls()) == 1  # nothing more is tried
+    assert mps.available().startswith("MPS is not available")
+    assert mps.server_pids() == []
+
+
+def test_a_client_that_exits_non_zero_means_mps_is_not_available(tmp_path):
+    fake = Fake(tmp_path, mode="broken")
+    report = MPSLimit(str(fake.binary)).get_default(0)
+    assert not report.applied
+    assert report.detail == ("MPS is not available: " + str(fake.binary)
+                             + " exited with status 2 (failed to connect: permission denied)")
+
+
+def test_a_daemon_that_does_not_answer_in_time_means_mps_is_not_available(tmp_path):
+    fake = Fake(tmp_path, mode="hang")
+    report = MPSLimit(str(fake.binary), timeout_s=0.5).set_default(GiB)
+    assert not report.applied and re.match(r"MPS is not available: .* did not answer within 0.5 s", report.detail)
+
+
+def test_without_the_binary_mps_is_not_available(tmp_path):
+    for binary in (str(tmp_path / "nvidia-cuda-mps-control"), "nvidia-cuda-mps-control-not-installed"):
+        mps = MPSLimit(binary)
+        report = mps.set_default(2 * GiB)
+        assert not report.applied and report.detail == f"MPS is not available: {binary} was not found"
+        assert mps.get_server(1, 0).detail.startswith("MPS is not available")
+        assert mps.available() == report.detail
+
+
+def test_a_running_daemon_lists_its_servers(fake):
+    mps = MPSLimit(str(fake.binary))
+    assert mps.available() is None
+    assert mps.server_pids() == [4242]
+    assert fake.stdin() == ["get_server_list\n", "get_server_list\n"]
+
+
+def test_apply_for_an_engine_asks_for_its_weights_workspace_and_kv_plus_a_margin(fake, make_engine):
+    from rlctl.actuators import engine_memory_bytes
+
+    engine = make_engine(num_blocks=64)
+    report = MPSLimit(str(fake.binary)).apply_for(engine, margin_bytes=512 * MiB)
+    want = format_limit(engine_memory_bytes(engine) + 512 * MiB)
+    assert fake.stdin()[0] == f"set_default_device_pinned_mem_limit 0 {want}\n"
+    assert report.applied

@@ -1,0 +1,434 @@
+"""The sidecar and the live loop, against real ``rlctl serve`` processes: a replay steered over a
+unix socket and over loopback completes with every request served; a policy reloaded mid-replay
+takes over without a failed decision; and every fault (the sidecar killed, a decision past its
+deadline, an unknown action id, malformed snapshots, a file that is not a policy) ends in a clear
+gRPC status or a counted fallback, never in a lost request.
+
+The engine is the tensor-free profiled one on a stated cost model (tests/test_overcommit.py's
+deployment), so that the replays take milliseconds of CPU and no figure depends on timing.
+"""
+from __future__ import annotations
+
+import dataclasses
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
+from prometheus_client.parser import text_string_to_metric_families
+
+from engine.config import EngineConfig
+from engine.cost_model import CostModel
+from engine.executor import ProfiledExecutor
+from engine.snapshot import Snapshot
+from env.workloads import ReplaySpec
+from rlctl.live import LIVE_ROWS, ClientTLS, LiveController, check_decision, open_channel, replay_live, wait_serving
+from rlctl.messages import (COUNTS, HISTOGRAMS, MEASURES, OTHER, RATIOS, SIGNED, SnapshotError, snapshot_from_message,
+                            snapshot_message)
+from rlctl.proto import SERVICE_NAME, controller_pb2 as pb, controller_pb2_grpc as pb_grpc
+from rlctl.replay import build_engine, bundled_trace, load_requests
+from rlctl.sidecar import check_listen
+
+REPO = Path(__file__).resolve().parent.parent
+DEPLOYMENT = EngineConfig(num_blocks=128, max_model_len=2048, restart_downtime_s=1.0)
+CPU_COST = CostModel(fixed_s=1.5e-3, per_token_s=2e-5, per_context_token_s=2e-7, copy_fixed_s=1e-5,
+                     copy_bytes_per_s=2e9)
+INTERVAL_S = 0.25  # engine seconds between decisions: ~45 decisions in the ~11 s the window takes
+
+
+# ---- helpers -----------------------------------------------------------------------------------
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Sidecar:
+    """An ``rlctl serve`` process, ready (health SERVING) once constructed; ``stop()`` always kills it."""
+
+    def __init__(self, address: str, policy: str = "watermark", *extra: str, metrics: bool = False,
+                 tls: ClientTLS | None = None) -> None:
+        self.address, self.tls = address, tls
+        self.metrics_port = free_port() if metrics else None
+        cmd = [sys.executable, "-m", "rlctl.cli", "serve", "--policy", policy, "--listen", address, *extra]
+        if self.metrics_port:
+            cmd += ["--metrics-port", str(self.metrics_port)]
+        self.proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        try:
+            self._wait_serving()
+        except BaseException:
+            self.stop()
+            raise
+
+    def _wait_serving(self, timeout_s: float = 120.0) -> None:
+        try:
+            wait_serving(self.address, timeout_s, self.tls, alive=lambda: self.proc.poll() is None)
+        except RuntimeError:
+            raise AssertionError(f"rlctl serve exited {self.proc.wait()}: {self.proc.stdout.read()}") from None
+
+    def stub(self, ch: grpc.Channel) -> pb_grpc.ControllerStub:
+        return pb_grpc.ControllerStub(ch)
+
+    def metrics(self) -> dict[tuple[str, tuple], float]:
+        text = urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5).read().decode()
+        return {(s.name, tuple(sorted(s.labels.items()))): s.value
+                for family in text_string_to_metric_families(text) for s in family.samples}
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(timeout=30)
+
+
+@pytest.fixture
+def sidecars():
+    """Start sidecars with ``sidecars(address, policy, *options)``; all are killed at teardown."""
+    started: list[Sidecar] = []
+
+    def start(*args, **kw) -> Sidecar:
+        started.append(Sidecar(*args, **kw))
+        return started[-1]
+
+    yield start
+    for s in started:
+        s.stop()
+
+
+@pytest.fixture(scope="module")
+def watermark_sidecar(tmp_path_factory):
+    """One watermark sidecar on a unix socket, metrics on, for the tests that only talk to it."""
+    s = Sidecar(f"unix://{tmp_path_factory.mktemp('sock')}/s.sock", "watermark", metrics=True)
+    yield s
+    s.stop()
+
+
+def small_engine():
+    return build_engine(DEPLOYMENT, 1.0, "crash", executor=ProfiledExecutor(CPU_COST, materialize=False))
+
+
+def requests():
+    spec = ReplaySpec(max_tokens="fixed:1024", time_scale=40.0, duration_s=30.0, max_model_len=2048)
+    return load_requests(bundled_trace("azure2023_conv.csv"), spec)
+
+
+def steered_replay(controller: LiveController, interval_s: float = INTERVAL_S) -> tuple[dict, list]:
+    reqs = requests()
+    engine = small_engine()
+    try:
+        figures = replay_live(reqs, engine, controller, interval_s)
+    finally:
+        controller.close()
+    assert figures["requests_completed"] == figures["requests_submitted"] == len(reqs) > 40
+    assert figures["requests_unfinished"] == 0
+    for r in reqs:  # no request lost, none cut short
+        assert engine.records[r.request_id].output_len == min(r.output_len, r.max_tokens)
+    return figures, reqs
+
+
+def a_snapshot() -> Snapshot:
+    return small_engine().snapshot()
+
+
+def trained_policy_file(path: Path) -> Path:
+    """A policy file from a short DQN run (tests/test_export.py's recipe)."""
+    import yaml
+
+    from agents.dqn import OvercommitDQN
+    from agents.export import export_policy
+    from env.overcommit_env import OvercommitEnv
+    from env.scenario import scenario_from_dict
+
+    data = yaml.safe_load((REPO / "experiments/scenarios/burst.yaml").read_text())
+    scenario = scenario_from_dict({**data, "name": "burst", "max_steps": 5})
+    model = OvercommitDQN(env=OvercommitEnv(scenario), net_arch=(32, 16), learning_starts=50, buffer_size=500,
+                          batch_size=16, train_freq=4, target_update_interval=50, seed=0, device="cpu")
+    model.learn(200)
+    export_policy(model, path, scenario=scenario, training_config={"total_timesteps": 200})
+    return path
+
+
+# ---- the wire format, without a server ---------------------------------------------------------
+def test_the_snapshot_message_carries_every_snapshot_field_and_the_check_covers_each():
+    names = {f.name for f in dataclasses.fields(Snapshot)}
+    assert names <= set(pb.Snapshot.DESCRIPTOR.fields_by_name)
+    assert set(RATIOS + MEASURES + SIGNED + COUNTS + HISTOGRAMS + OTHER) == names
+    snap = a_snapshot()
+    back, max_model_len = snapshot_from_message(snapshot_message(snap, 2048, "e", 3))
+    assert back == snap and max_model_len == 2048
+
+
+@pytest.mark.parametrize("change, field", [
+    ({"queue_hist": [0.5, 0.5]}, "queue_hist"),
+    ({"running_hist": [float("nan")] + [0.0] * 9}, "running_hist"),
+    ({"alloc_ratio": float("nan")}, "alloc_ratio"),
+    ({"device_free": 1.5}, "device_free"),
+    ({"alloc_slope": float("inf")}, "alloc_slope"),
+    ({"queue_len": -1}, "queue_len"),
+    ({"overcommit": 0.0}, "overcommit"),
+    ({"max_model_len": 0}, "max_model_len"),
+])
+def test_a_malformed_snapshot_is_refused_naming_the_field(change, field):
+    m = snapshot_message(a_snapshot(), 2048)
+    for k, v in change.items():
+        if isinstance(v, list):
+            del getattr(m, k)[:]
+            getattr(m, k).extend(v)
+        else:
+            setattr(m, k, v)
+    with pytest.raises(SnapshotError, match=f"snapshot.{field} ") as err:
+        snapshot_from_message(m)
+    assert err.value.field == field
+
+
+def test_a_decision_is_checked_before_the_engine_applies_it():
+    ok = pb.Decision(seq=4, action=1, action_name="scale_up", overcommit=1.2)
+    assert check_decision(ok, 4) is None
+    assert "unknown action id 9" in check_decision(pb.Decision(seq=4, action=9, overcommit=1.2), 4)
+    assert "expected 4" in check_decision(pb.Decision(seq=3, action=0, action_name="hold", overcommit=1.0), 4)
+    assert "names it" in check_decision(pb.Decision(seq=4, action=0, action_name="evict", overcommit=1.0), 4)
+    assert "finite" in check_decision(pb.Decision(seq=4, action=0, action_name="hold", overcommit=float("nan")), 4)
+
+
+def test_serve_listens_beyond_loopback_only_with_tls():
+    from rlctl.sidecar import TLSFiles
+
+    for ok in ("unix:///tmp/x.sock", "127.0.0.1:5000", "localhost:0", "[::1]:5000"):
+        check_listen(ok, None)
+    for bad in ("0.0.0.0:5000", "10.1.2.3:5000", "example.com:5000"):
+        with pytest.raises(ValueError, match="not a loopback address"):
+            check_listen(bad, None)
+        check_listen(bad, TLSFiles("cert.pem", "key.pem"))
+    with pytest.raises(ValueError, match="HOST:PORT"):
+        check_listen("127.0.0.1", None)
+
+
+# ---- end to end --------------------------------------------------------------------------------
+def test_a_replay_steered_over_a_unix_socket_completes_with_no_fallback(watermark_sidecar):
+    s = watermark_sidecar
+    with open_channel(s.address) as ch:
+        health = health_pb2_grpc.HealthStub(ch)
+        for service in ("", SERVICE_NAME):
+            assert health.Check(health_pb2.HealthCheckRequest(service=service)).status == health_pb2.HealthCheckResponse.SERVING
+        assert SERVICE_NAME in ProtoReflectionDescriptorDatabase(ch).get_services()
+        info = s.stub(ch).GetPolicy(pb.GetPolicyRequest())
+    assert info.kind == "baseline" and info.spec == "watermark" and len(info.features) == 33
+    before = s.metrics()
+    figures, _ = steered_replay(LiveController(s.address, deadline_s=2.0))
+    assert figures["controller_decisions"] > 20 and figures["fallbacks"] == 0 and figures["reconnects"] == 0
+    assert figures["actions"]["scale_up"] > 0  # watermark scales up while usage is low
+    after = s.metrics()
+    decided = sum(v - before.get(k, 0) for k, v in after.items() if k[0] == "rlctl_sidecar_decisions_total")
+    assert decided == figures["controller_decisions"]
+    assert after[("rlctl_sidecar_decision_latency_seconds_count", ())] >= decided
+
+
+def test_a_replay_steered_over_loopback_completes_and_the_live_stream_answers_in_order(sidecars):
+    s = sidecars(f"127.0.0.1:{free_port()}", "static:1.3")
+    with open_channel(s.address) as ch:
+        assert SERVICE_NAME in ProtoReflectionDescriptorDatabase(ch).get_services()
+        msgs = [snapshot_message(a_snapshot(), 2048, "stream", seq) for seq in range(1, 6)]
+        answers = list(s.stub(ch).Live(iter(msgs), timeout=10))
+    assert [d.seq for d in answers] == [1, 2, 3, 4, 5]
+    assert all(d.action_name == "hold" and d.overcommit == 1.3 for d in answers)
+    figures, _ = steered_replay(LiveController(s.address, deadline_s=2.0))
+    assert figures["controller_decisions"] > 20 and figures["fallbacks"] == 0
+    assert figures["actions"]["hold"] == figures["controller_decisions"]
+
+
+def test_the_replay_command_prints_the_controllers_figures(watermark_sidecar, tmp_path, capsys):
+    import json
+
+    from rlctl.cli import main
+
+    out = tmp_path / "live.json"
+    rc = main(["replay", "--trace", str(bundled_trace("azure2023_conv.csv")), "--time-scale", "20", "--duration", "5",
+               "--max-tokens", "fixed:16", "--blocks", "64", "--limit", "4", "--controller", watermark_sidecar.address,
+               "--decision-interval", "0.05", "--deadline-ms", "2000", "--json", str(out)])
+    assert rc == 0
+    text = capsys.readouterr().out
+    for label, _, _ in LIVE_ROWS:
+        assert label in text
+    figures = json.loads(out.read_text())
+    assert figures["requests_completed"] == 4 and figures["controller_decisions"] > 0 and figures["fallbacks"] == 0
+
+
+def test_reload_policy_mid_replay_swaps_without_a_failed_decision(sidecars, tmp_path):
+    policy_file = trained_policy_file(tmp_path / "burst.rlpolicy")
+    not_a_policy = tmp_path / "notes.txt"
+    not_a_policy.write_text("not a policy\n")
+    s = sidecars(f"unix://{tmp_path}/s.sock", "static:1.0", metrics=True)
+    channel = open_channel(s.address)
+    stub = s.stub(channel)
+    first = stub.GetPolicy(pb.GetPolicyRequest())
+    swapped: dict = {}
+
+    class ReloadingController(LiveController):
+        def step(self, engine):
+            if self.decisions == 10 and not swapped:
+                swapped["response"] = stub.ReloadPolicy(pb.ReloadPolicyRequest(policy=str(policy_file)))
+            return super().step(engine)
+
+    try:
+        figures, _ = steered_replay(ReloadingController(s.address, deadline_s=2.0))
+        now = stub.GetPolicy(pb.GetPolicyRequest())
+        with pytest.raises(grpc.RpcError) as err:
+            stub.ReloadPolicy(pb.ReloadPolicyRequest(policy=str(not_a_policy)))
+        kept = stub.GetPolicy(pb.GetPolicyRequest())
+    finally:
+        channel.close()
+    assert figures["fallbacks"] == 0 and figures["controller_decisions"] > 20
+    response = swapped["response"]
+    assert response.previous.policy_hash == first.policy_hash and response.current.kind == "file"
+    assert figures["policy_hashes"] == [first.policy_hash, response.current.policy_hash]
+    assert now.policy_hash == response.current.policy_hash == now.file_sha256 and now.max_model_len > 0
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "still serving" in err.value.details() and "not an rlctl policy file" in err.value.details()
+    assert kept.policy_hash == now.policy_hash
+    m = s.metrics()
+    assert m[("rlctl_sidecar_reloads_total", (("result", "ok"),))] == 1
+    assert m[("rlctl_sidecar_reloads_total", (("result", "failed"),))] == 1
+
+
+def test_mutual_tls_serves_a_client_with_a_certificate_and_refuses_one_without(sidecars, tmp_path):
+    pki = make_pki(tmp_path)
+    port = free_port()
+    tls = ClientTLS(str(pki["ca"]), str(pki["client.crt"]), str(pki["client.key"]), server_name="localhost")
+    s = sidecars(f"127.0.0.1:{port}", "static:1.2", "--tls-cert", str(pki["server.crt"]), "--tls-key",
+                 str(pki["server.key"]), "--tls-client-ca", str(pki["ca"]), tls=tls)
+    controller = LiveController(s.address, deadline_s=2.0, tls=tls)
+    try:
+        assert controller.step(small_engine()) is not None
+    finally:
+        controller.close()
+    anonymous = LiveController(s.address, deadline_s=2.0, tls=ClientTLS(str(pki["ca"]), server_name="localhost"))
+    try:
+        assert anonymous.step(small_engine()) is None and anonymous.fallbacks["connection"] == 1
+    finally:
+        anonymous.close()
+
+
+def make_pki(folder: Path) -> dict[str, Path]:
+    """A CA, and a server and a client certificate it signed (openssl)."""
+    import shutil
+
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl is not installed")
+    p = {n: folder / n for n in ("ca", "ca.key", "server.key", "server.csr", "server.crt", "client.key",
+                                 "client.csr", "client.crt", "san.cnf")}
+    p["san.cnf"].write_text("subjectAltName=DNS:localhost,IP:127.0.0.1\n")
+    run = lambda *a: subprocess.run(["openssl", *a], check=True, capture_output=True)  # noqa: E731
+    run("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=rlctl-test-ca",
+        "-keyout", str(p["ca.key"]), "-out", str(p["ca"]))
+    for who in ("server", "client"):
+        run("req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN={'localhost' if who == 'server' else 'engine'}",
+            "-keyout", str(p[f"{who}.key"]), "-out", str(p[f"{who}.csr"]))
+        run("x509", "-req", "-in", str(p[f"{who}.csr"]), "-CA", str(p["ca"]), "-CAkey", str(p["ca.key"]),
+            "-CAcreateserial", "-days", "1", "-extfile", str(p["san.cnf"]), "-out", str(p[f"{who}.crt"]))
+    return p
+
+
+def test_health_turns_not_serving_when_the_sidecar_shuts_down(sidecars, tmp_path):
+    import signal
+
+    s = sidecars(f"unix://{tmp_path}/s.sock", "watermark")
+    seen = []
+    with open_channel(s.address) as ch:
+        watch = health_pb2_grpc.HealthStub(ch).Watch(health_pb2.HealthCheckRequest(), timeout=30)
+        seen.append(next(watch).status)
+        s.proc.send_signal(signal.SIGTERM)
+        try:
+            for answer in watch:
+                seen.append(answer.status)
+        except grpc.RpcError:
+            pass  # the server is gone
+    assert seen[:2] == [health_pb2.HealthCheckResponse.SERVING, health_pb2.HealthCheckResponse.NOT_SERVING]
+    assert s.proc.wait(timeout=30) == 0
+    assert "shutting down" in s.proc.stdout.read()
+
+
+# ---- faults ------------------------------------------------------------------------------------
+def test_the_sidecar_killed_mid_replay_falls_back_reconnects_and_loses_no_request(sidecars, tmp_path):
+    address = f"unix://{tmp_path}/s.sock"
+    s = sidecars(address, "watermark")
+    events: dict = {}
+
+    class Chaos(LiveController):
+        def step(self, engine):
+            if self.decisions == 5 and "killed" not in events:
+                s.stop()
+                events["killed"] = self.decisions
+            elif self.fallbacks["connection"] >= 3 and "restarted" not in events:
+                sidecars(address, "watermark")
+                events["restarted"] = self.decisions
+            return super().step(engine)
+
+    figures, _ = steered_replay(Chaos(address, deadline_s=2.0, backoff_s=0.001, backoff_max_s=0.01), interval_s=0.1)
+    assert events["killed"] == events["restarted"] == 5
+    assert figures["fallbacks_connection"] >= 3 and figures["fallbacks"] == figures["fallbacks_connection"]
+    assert figures["reconnects"] >= 1
+    assert figures["controller_decisions"] > 5  # steered again once the sidecar was back
+    assert "connection" in figures["last_fault"]
+
+
+def test_a_decision_slower_than_the_deadline_falls_back_while_health_still_answers(sidecars, tmp_path):
+    s = sidecars(f"unix://{tmp_path}/s.sock", "watermark", "--fault-delay-ms", "1000")
+    with open_channel(s.address) as ch:  # the slow decision runs off the event loop: health answers meanwhile
+        slow = threading.Thread(target=lambda: s.stub(ch).Decide(snapshot_message(a_snapshot(), 2048), timeout=5))
+        slow.start()
+        time.sleep(0.05)
+        t0 = time.perf_counter()
+        health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=5)
+        assert time.perf_counter() - t0 < 0.5  # a blocked event loop would answer after the decision, ~1 s
+        slow.join()
+    figures, _ = steered_replay(LiveController(s.address, deadline_s=0.05, backoff_s=0.02, backoff_max_s=0.1))
+    assert figures["controller_decisions"] == 0
+    assert figures["fallbacks_deadline"] == figures["fallbacks"] > 0 and figures["reconnects"] > 0
+    assert "DEADLINE_EXCEEDED" in figures["last_fault"]
+
+
+def test_an_unknown_action_id_is_a_counted_invalid_fallback(sidecars, tmp_path):
+    s = sidecars(f"unix://{tmp_path}/s.sock", "watermark", "--fault-action", "9")
+    figures, _ = steered_replay(LiveController(s.address, deadline_s=2.0, backoff_s=0.001, backoff_max_s=0.001))
+    assert figures["controller_decisions"] == 0
+    assert figures["fallbacks_invalid"] == figures["fallbacks"] > 0
+    assert "unknown action id 9" in figures["last_fault"]
+
+
+def test_malformed_snapshots_get_invalid_argument_naming_the_field_and_are_counted(watermark_sidecar):
+    s = watermark_sidecar
+    good = snapshot_message(a_snapshot(), 2048)
+    cases = {"queue_hist": lambda m: m.queue_hist.append(0.0), "alloc_ratio": lambda m: setattr(m, "alloc_ratio", float("nan")),
+             "device_free": lambda m: setattr(m, "device_free", 2.0), "swapped": lambda m: setattr(m, "swapped", -3)}
+    before = s.metrics()
+    with open_channel(s.address) as ch:
+        stub = s.stub(ch)
+        for field, spoil in cases.items():
+            m = pb.Snapshot()
+            m.CopyFrom(good)
+            spoil(m)
+            with pytest.raises(grpc.RpcError) as err:
+                stub.Decide(m, timeout=5)
+            assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert err.value.details().startswith(f"snapshot.{field} ")
+        assert stub.Decide(good, timeout=5).action_name in ("hold", "scale_up")  # still serving
+    after = s.metrics()
+    for field in cases:
+        key = ("rlctl_sidecar_invalid_requests_total", (("field", field),))
+        assert after[key] - before.get(key, 0) == 1
+
+
+def test_serve_refuses_a_file_that_is_not_a_policy(tmp_path):
+    notes = tmp_path / "some.txt"
+    notes.write_text("hello\n")
+    out = subprocess.run([sys.executable, "-m", "rlctl.cli", "serve", "--policy", str(notes), "--listen",
+                          f"unix://{tmp_path}/s.sock"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2
+    assert f"rlctl serve: error: policy file {notes}: not an rlctl policy file" in out.stderr
+    assert not (tmp_path / "s.sock").exists()
