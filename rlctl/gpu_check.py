@@ -324,7 +324,7 @@ def check_copy_bandwidth(sizes: Sizes, deadline: Deadline) -> dict:
         t, moves = _timed(kv.compact, dev)
         best = min(best, t)
         intact = intact and all(_block_value(kv, moves.get(b, b)) == v for b, v in values.items())
-        del kv
+        kv = None  # frees the pool
     moved = len(moves) * kv_block_bytes(sizes)
     compaction = {"blocks_moved": len(moves), "bytes_moved": moved,
                   "seconds": round(best, 6), "gb_per_s": _rate(moved, best), "kept_data": intact}
@@ -333,7 +333,7 @@ def check_copy_bandwidth(sizes: Sizes, deadline: Deadline) -> dict:
     dst = torch.empty_like(src)
     dst.copy_(src)
     copy_s = min(_timed(lambda: dst.copy_(src), dev)[0] for _ in range(10))
-    del src, dst
+    src = dst = None  # frees the tensors
     # swap: out to the host pool (pinned on CUDA) and back, the engine's path
     kv, live = _fragmented(sizes, host_bytes=sizes.kv_blocks * kv_block_bytes(sizes))
     ids = live[: len(live) // 2]  # a quarter of the pool, in runs of seq_blocks, as sequences hold it
@@ -347,13 +347,13 @@ def check_copy_bandwidth(sizes: Sizes, deadline: Deadline) -> dict:
         t_in, ids = _timed(lambda: kv.swap_in(host), dev)
         out_s, in_s = min(out_s, t_out), min(in_s, t_in)
         kept = kept and [_block_value(kv, b) for b in ids] == values
-    del kv
+    kv = None  # frees the pool
     # plain pinned host <-> device copies of as many bytes
     dev_t = torch.ones(nbytes, dtype=torch.uint8, device=dev)
     host_t = torch.empty(nbytes, dtype=torch.uint8, pin_memory=pin)
     d2h = min(_timed(lambda: host_t.copy_(dev_t, non_blocking=pin), dev)[0] for _ in range(5))
     h2d = min(_timed(lambda: dev_t.copy_(host_t, non_blocking=pin), dev)[0] for _ in range(5))
-    del dev_t, host_t
+    dev_t = host_t = None  # frees the tensors
     report = {
         "kv_model": {k: v for k, v in sizes.kv_model.items() if k in ("hidden_size", "num_layers", "num_kv_heads",
                                                                       "dtype")},
