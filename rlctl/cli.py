@@ -76,13 +76,22 @@ def _live_run(a: argparse.Namespace) -> dict[str, dict]:
     factor the engine starts at and falls back to."""
     import math
 
+    from rlctl.engine_metrics import EngineMetrics
     from rlctl.live import ClientTLS, LiveController, replay_live
+    from rlctl.mps import MPSLimit
 
     if len(a.overcommit) != 1 or not math.isfinite(a.overcommit[0]):
         raise ValueError("--controller: give one finite --overcommit, the safe factor the engine starts at "
                          "and falls back to when the sidecar fails")
     if (a.controller_cert is None) != (a.controller_key is None) or (a.controller_cert and not a.controller_ca):
         raise ValueError("--controller-cert and --controller-key go together, with --controller-ca")
+    if a.metrics_port is not None and not 0 <= a.metrics_port <= 65535:
+        raise ValueError(f"--metrics-port must be a port number (0: any free one), got {a.metrics_port}")
+    if a.mps_next_limit is not None:
+        try:  # an ordinal or a UUID, refused here rather than mid-replay
+            MPSLimit._device(a.mps_next_limit)
+        except ValueError as exc:
+            raise ValueError(f"--mps-next-limit: {exc}") from None
     factor = a.overcommit[0]
     cfg = _engine_config(a)
     engine = build_engine(cfg, factor, a.oom, a.model_dir, a.device)
@@ -93,21 +102,46 @@ def _live_run(a: argparse.Namespace) -> dict[str, dict]:
           f"controller {a.controller} every {a.decision_interval:g} s (deadline {a.deadline_ms:g} ms, "
           f"safe factor {factor:g})")
     tls = ClientTLS(a.controller_ca, a.controller_cert, a.controller_key) if a.controller_ca else None
-    controller = LiveController(a.controller, a.deadline_ms / 1000, factor, tls=tls)
+    metrics = server = None
+    if a.metrics_port is not None:
+        from pathlib import Path
+
+        metrics = EngineMetrics(model_name=Path(a.model_dir).name if a.model_dir else "rlctl-tiny")
+        try:
+            server, _ = metrics.start_http(a.metrics_port)
+        except OSError as exc:
+            raise ValueError(f"--metrics-port {a.metrics_port}: cannot serve on 127.0.0.1 "
+                             f"({exc.strerror or exc})") from None
+        print(f"metrics: http://127.0.0.1:{server.server_port}/metrics while the replay runs", flush=True)
+    mps = MPSLimit() if a.mps_next_limit is not None else None
+    controller = LiveController(a.controller, a.deadline_ms / 1000, factor, tls=tls, metrics=metrics, mps=mps,
+                                mps_device=a.mps_next_limit or 0)
     try:
         figures = replay_live(requests, engine, controller, a.decision_interval)
     finally:
         controller.close()
-    return {"controller": {**figures, "overcommit": factor, "oom_mode": a.oom, "trace": str(a.trace),
+        if server is not None:
+            server.shutdown()
+            server.server_close()
+    extra = {"metrics_port": server.server_port} if server is not None else {}
+    return {"controller": {**figures, **extra, "overcommit": factor, "oom_mode": a.oom, "trace": str(a.trace),
                            "workload": spec.describe(), "engine": asdict(engine.config),
                            "model": asdict(engine.model_config)}}
 
 
 def cmd_replay(a: argparse.Namespace) -> int:
-    from rlctl.live import LIVE_ROWS
+    from rlctl.live import LIVE_ROWS, format_actuators
 
+    if not a.controller:
+        for given, option in ((a.metrics_port is not None, "--metrics-port"), (a.mps_next_limit is not None,
+                                                                               "--mps-next-limit")):
+            if given:
+                raise ValueError(f"{option} belongs to the live loop: give --controller ADDR too "
+                                 "(a replay at fixed factors has no metrics endpoint and no actuators)")
     runs = _live_run(a) if a.controller else _replay_runs(a, a.trace, a.overcommit)
     print(format_table(runs, extra_rows=LIVE_ROWS if a.controller else None))
+    if a.controller:
+        print(format_actuators(runs["controller"]))
     if a.json:
         with open(a.json, "w") as f:
             json.dump(next(iter(runs.values())) if len(runs) == 1 else runs, f, indent=2)
@@ -267,6 +301,13 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--controller-ca", default=None, help="TLS: the CA (PEM) that signed the sidecar's certificate")
     c.add_argument("--controller-cert", default=None, help="mutual TLS: this client's certificate (PEM)")
     c.add_argument("--controller-key", default=None, help="mutual TLS: this client's key (PEM)")
+    c.add_argument("--metrics-port", type=int, default=None, metavar="P",
+                   help="serve the engine's Prometheus metrics (vLLM's names, rlctl_ ones) on 127.0.0.1:P "
+                        "while the replay runs, updated every decision interval (with --controller)")
+    c.add_argument("--mps-next-limit", nargs="?", const="0", default=None, metavar="DEVICE",
+                   help="keep NVIDIA MPS's default pinned-memory limit on DEVICE (ordinal or UUID, default 0) at "
+                        "what this engine needs, for the engine processes started next; a running one keeps its "
+                        "limit (with --controller)")
     r.set_defaults(fn=cmd_replay)
 
     sv = sub.add_parser("serve", help="host a policy for a live engine: the gRPC sidecar, health, reflection, metrics")

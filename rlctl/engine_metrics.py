@@ -34,7 +34,9 @@ E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 4
                480.0, 960.0, 1920.0, 7680.0)
 LABELS = ("model_name", "engine")
 FINISHED_REASONS = ("stop", "length")
-FALLBACK_REASONS = ("deadline", "connection", "error", "invalid")  # the live loop's (rlctl/live.py)
+# why the live loop (rlctl/live.py, which imports this list) took a decision from its safe static
+# policy: a deadline miss, a lost connection, another RPC error, a decision that failed its check
+FALLBACK_REASONS = ("deadline", "connection", "error", "invalid")
 
 
 def _counters(engine) -> dict[str, int]:
@@ -145,8 +147,8 @@ class EngineMetrics:
         self.success.labels(*self.labels, "length" if length else "stop").inc()
 
     def fallback(self, reason: str) -> None:
-        """Count one decision the live loop took from its safe static policy (``reason``: "deadline",
-        "connection", "invalid", ...)."""
+        """Count one decision the live loop took from its safe static policy (``reason``: one of
+        ``FALLBACK_REASONS``)."""
         self.fallbacks.labels(*self.labels, reason).inc()
 
     def exposition(self) -> bytes:

@@ -12,6 +12,24 @@ that doubles up to ``backoff_max_s`` (decisions in between run under the safe po
 under the fault that started the backoff). The engine waits at most ``deadline_s`` on the
 sidecar per interval, and never while backing off.
 
+What a decision changes goes through the actuators (rlctl/actuators.py, rlctl/mps.py), and the
+controller keeps the last report of each and counts the reports that changed something:
+
+* ``EngineQuota``: every decision's factor (the decision's base factor, then its action; a
+  fallback's safe factor), immediate;
+* ``TorchMemoryFraction``: the fraction of its device this process's CUDA allocator may take,
+  once per engine: it is the engine's weights, workspace and whole KV capacity over the device
+  (``engine_memory_bytes``), which no overcommit factor changes (the factor changes how much
+  demand is admitted onto that capacity, never the capacity). On an engine not on CUDA it reports
+  why not ("CUDA is not available", "cpu is not a CUDA device");
+* ``MPSLimit`` (only when given ``mps``): the default MPS pinned-memory limit on ``mps_device`` for
+  the engine processes started next, set to what this engine needs, once per engine for the same
+  reason. MPS never resizes a running client: this engine keeps the limit it started with.
+
+With ``metrics`` (an ``EngineMetrics``) every decision interval updates the engine's Prometheus
+metrics and every fallback counts there too, under the same reasons (``FALLBACK_REASONS``, one
+list, defined in rlctl/engine_metrics.py).
+
 Why unary ``Decide`` and not the ``Live`` stream: each decision gets its own deadline, enforced
 and cancelled by gRPC on both sides, with no reader thread and no matching of late replies; a
 slow decision cannot hold up the next one behind it on a stream; and a fault is confined to the
@@ -20,6 +38,7 @@ decision interval (``rlctl bench sidecar`` measures both).
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from dataclasses import dataclass
@@ -32,10 +51,13 @@ from engine.engine import Engine
 from engine.metrics import summarize
 from env.overcommit_env import ACTIONS, apply_action
 from env.workloads.request import Request
+from rlctl.actuators import ActuatorReport, EngineQuota, TorchMemoryFraction
+from rlctl.engine_metrics import FALLBACK_REASONS, EngineMetrics
 from rlctl.messages import snapshot_message
+from rlctl.mps import MPSLimit
 from rlctl.proto import controller_pb2 as pb, controller_pb2_grpc as pb_grpc
 
-FALLBACK_REASONS = ("deadline", "connection", "error", "invalid")
+ACTUATORS = (EngineQuota.name, TorchMemoryFraction.name, MPSLimit.name)
 _REASON = {grpc.StatusCode.DEADLINE_EXCEEDED: "deadline", grpc.StatusCode.UNAVAILABLE: "connection",
            grpc.StatusCode.CANCELLED: "connection"}
 
@@ -106,7 +128,8 @@ class LiveController:
 
     def __init__(self, address: str, deadline_s: float = 0.2, safe_factor: float = 1.0, backoff_s: float = 0.05,
                  backoff_max_s: float = 2.0, evict_free_share: float = 0.2, engine_id: str = "rlctl-replay",
-                 tls: ClientTLS | None = None) -> None:
+                 tls: ClientTLS | None = None, metrics: EngineMetrics | None = None, mps: MPSLimit | None = None,
+                 mps_device: int | str = 0) -> None:
         if not deadline_s > 0:
             raise ValueError(f"deadline must be > 0 s, got {deadline_s}")
         if not (math.isfinite(safe_factor) and safe_factor > 0):
@@ -121,6 +144,13 @@ class LiveController:
         self.actions = dict.fromkeys(ACTIONS, 0)
         self.policies: list[str] = []  # policy hashes seen, in order
         self.last_fault: str | None = None
+        self.metrics, self.mps, self.mps_device = metrics, mps, mps_device
+        # the last report of each actuator, and how many of its reports changed something
+        self.actuators: dict[str, ActuatorReport] = {
+            MPSLimit.name: ActuatorReport(MPSLimit.name, False, "not asked (rlctl replay --mps-next-limit)")}
+        self.actuator_changes = dict.fromkeys(ACTUATORS, 0)
+        self._engine: Engine | None = None
+        self._quota: EngineQuota | None = None
         self._seq = 0
         self._fault: str | None = None  # the reason of the fault being backed off from
         self._retry_at = 0.0
@@ -139,8 +169,31 @@ class LiveController:
             self._channel.close()
             self._channel = None
 
+    def _attach(self, engine: Engine) -> None:
+        """A new engine: its quota actuator, and the limits that depend only on its shape, set once."""
+        self._engine, self._quota = engine, EngineQuota(engine)
+        self._record(TorchMemoryFraction(device=str(engine.torch_device)).apply_for(engine), changed=None)
+        if self.mps is not None:
+            self._record(self.mps.apply_for(engine, self.mps_device), changed=None)
+
+    def _record(self, report: ActuatorReport, changed: bool | None) -> None:
+        """Keep ``report`` as its actuator's last; count it if it changed something (``changed``
+        None: if it was applied)."""
+        self.actuators[report.name] = report
+        if report.applied if changed is None else changed:
+            self.actuator_changes[report.name] += 1
+
     def step(self, engine: Engine) -> pb.Decision | None:
         """One decision: the sidecar's, applied, or the safe policy's (None) after a fault."""
+        if engine is not self._engine:
+            self._attach(engine)
+        try:
+            return self._decide(engine)
+        finally:
+            if self.metrics is not None:
+                self.metrics.update(engine)
+
+    def _decide(self, engine: Engine) -> pb.Decision | None:
         snap = engine.snapshot()
         self._seq += 1
         if self._fault is not None:
@@ -158,8 +211,14 @@ class LiveController:
         if problem:
             return self._faulted(engine, "invalid", problem)
         self._fault, self._backoff = None, self.backoff_s
-        engine.set_overcommit(d.overcommit)
-        apply_action(engine, d.action, self.evict_free_share)
+        before = engine.overcommit
+        report = self._quota.apply(d.overcommit)  # the decision's base factor (check_decision: finite, > 0)
+        apply_action(engine, d.action, self.evict_free_share)  # scale_up / back_off move it by a step
+        if report.applied and engine.overcommit != report.value:
+            report = self._quota.apply(engine.overcommit)  # the factor in force, as the actuator reports it
+        self._record(dataclasses.replace(report, detail=f"{report.detail} (decision {self._seq}: "
+                                         f"{d.action_name} from {d.overcommit:g})"),
+                     changed=report.applied and engine.overcommit != before)
         self.decisions += 1
         self.actions[d.action_name] += 1
         self.shield_overrides += d.shield_override
@@ -176,7 +235,12 @@ class LiveController:
 
     def _fall_back(self, engine: Engine, reason: str) -> None:
         self.fallbacks[reason] += 1
-        engine.set_overcommit(self.safe_factor)  # the safe static policy: this factor, hold
+        if self.metrics is not None:
+            self.metrics.fallback(reason)
+        before = engine.overcommit
+        report = self._quota.apply(self.safe_factor)  # the safe static policy: this factor, hold
+        self._record(dataclasses.replace(report, detail=f"{report.detail} (fallback {self._seq}: {reason})"),
+                     changed=report.applied and engine.overcommit != before)
         return None
 
     def report(self) -> dict:
@@ -185,7 +249,9 @@ class LiveController:
                 **{f"fallbacks_{r}": n for r, n in self.fallbacks.items()},
                 "reconnects": self.reconnects, "shield_overrides": self.shield_overrides,
                 "actions": dict(self.actions), "policy_hashes": list(self.policies), "last_fault": self.last_fault,
-                "deadline_ms": 1000 * self.deadline_s, "safe_factor": self.safe_factor}
+                "deadline_ms": 1000 * self.deadline_s, "safe_factor": self.safe_factor,
+                "actuators": {n: self.actuators[n].to_dict() for n in ACTUATORS if n in self.actuators},
+                "actuator_changes": dict(self.actuator_changes)}
 
 
 def replay_live(requests: list[Request], engine: Engine, controller: LiveController,
@@ -201,4 +267,15 @@ def replay_live(requests: list[Request], engine: Engine, controller: LiveControl
         controller.step(engine)
         k += 1
         engine.run(until=k * decision_interval_s)
+    if controller.metrics is not None:
+        controller.metrics.update(engine)  # the end of the last interval
     return {**summarize(engine), **controller.report(), "decision_interval_s": decision_interval_s}
+
+
+def format_actuators(figures: dict) -> str:
+    """The last report of each actuator and how many changed something, one line each."""
+    lines = ["actuators (last report; reports that changed something):"]
+    for name, r in figures["actuators"].items():
+        lines.append(f"  {name} ({figures['actuator_changes'].get(name, 0)}): "
+                     f"{'applied' if r['applied'] else 'not applied'}: {r['detail']}")
+    return "\n".join(lines)
