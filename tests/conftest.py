@@ -6,6 +6,7 @@ import torch
 
 from engine.config import EngineConfig, ModelConfig
 from engine.engine import Engine
+from tests.sidecar_process import Sidecar
 
 
 def hf_greedy(hf, prompt: list[int], n: int) -> list[int]:
@@ -21,3 +22,17 @@ def make_engine():
         keep = kw.pop("keep_outputs", True)
         return Engine(ModelConfig(**model_kw), EngineConfig(**kw), keep_outputs=keep)
     return make
+
+
+@pytest.fixture
+def sidecars():
+    """Start sidecars with ``sidecars(address, policy, *options)``; all are killed at teardown."""
+    started: list[Sidecar] = []
+
+    def start(*args, **kw) -> Sidecar:
+        started.append(Sidecar(*args, **kw))
+        return started[-1]
+
+    yield start
+    for s in started:
+        s.stop()

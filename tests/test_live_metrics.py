@@ -21,7 +21,8 @@ import rlctl.live as live
 from engine.executor import ProfiledExecutor
 from rlctl.mps import NOT_AVAILABLE, MPSLimit
 from rlctl.replay import build_engine, bundled_trace
-from tests.test_sidecar import CPU_COST, free_port, sidecars  # noqa: F401  (sidecars: the fixture)
+from tests.sidecar_process import free_port
+from tests.test_sidecar import CPU_COST
 
 TRACE = str(bundled_trace("azure2023_conv.csv"))
 # tests/test_sidecar.py's deployment and window; max_tokens = the real output, so that the factors
@@ -47,7 +48,7 @@ def test_one_list_of_fallback_reasons():
         f"fallbacks_{r}" for r in engine_metrics.FALLBACK_REASONS]
 
 
-def test_a_steered_replay_serves_the_engine_metrics_and_reports_its_actuators(  # noqa: F811 (sidecars)
+def test_a_steered_replay_serves_the_engine_metrics_and_reports_its_actuators(
         sidecars, tmp_path, monkeypatch, capsys):
     address = f"unix://{tmp_path}/s.sock"
     sidecar = sidecars(address, "watermark")

@@ -10,33 +10,30 @@ deployment), so that the replays take milliseconds of CPU and no figure depends 
 from __future__ import annotations
 
 import dataclasses
-import socket
 import subprocess
 import sys
 import threading
 import time
-import urllib.request
 from pathlib import Path
 
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
-from prometheus_client.parser import text_string_to_metric_families
 
 from engine.config import EngineConfig
 from engine.cost_model import CostModel
 from engine.executor import ProfiledExecutor
 from engine.snapshot import Snapshot
 from env.workloads import ReplaySpec
-from rlctl.live import LIVE_ROWS, ClientTLS, LiveController, check_decision, open_channel, replay_live, wait_serving
+from rlctl.live import LIVE_ROWS, ClientTLS, LiveController, check_decision, open_channel, replay_live
 from rlctl.messages import (COUNTS, HISTOGRAMS, MEASURES, OTHER, RATIOS, SIGNED, SnapshotError, snapshot_from_message,
                             snapshot_message)
-from rlctl.proto import SERVICE_NAME, controller_pb2 as pb, controller_pb2_grpc as pb_grpc
+from rlctl.proto import SERVICE_NAME, controller_pb2 as pb
 from rlctl.replay import build_engine, bundled_trace, load_requests
 from rlctl.sidecar import check_listen
+from tests.sidecar_process import REPO, Sidecar, free_port
 
-REPO = Path(__file__).resolve().parent.parent
 DEPLOYMENT = EngineConfig(num_blocks=128, max_model_len=2048, restart_downtime_s=1.0)
 CPU_COST = CostModel(fixed_s=1.5e-3, per_token_s=2e-5, per_context_token_s=2e-7, copy_fixed_s=1e-5,
                      copy_bytes_per_s=2e9)
@@ -44,63 +41,6 @@ INTERVAL_S = 0.25  # engine seconds between decisions: ~45 decisions in the ~11 
 
 
 # ---- helpers -----------------------------------------------------------------------------------
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Sidecar:
-    """An ``rlctl serve`` process, ready (health SERVING) once constructed; ``stop()`` always kills it."""
-
-    def __init__(self, address: str, policy: str = "watermark", *extra: str, metrics: bool = False,
-                 tls: ClientTLS | None = None) -> None:
-        self.address, self.tls = address, tls
-        self.metrics_port = free_port() if metrics else None
-        cmd = [sys.executable, "-m", "rlctl.cli", "serve", "--policy", policy, "--listen", address, *extra]
-        if self.metrics_port:
-            cmd += ["--metrics-port", str(self.metrics_port)]
-        self.proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        try:
-            self._wait_serving()
-        except BaseException:
-            self.stop()
-            raise
-
-    def _wait_serving(self, timeout_s: float = 120.0) -> None:
-        try:
-            wait_serving(self.address, timeout_s, self.tls, alive=lambda: self.proc.poll() is None)
-        except RuntimeError:
-            raise AssertionError(f"rlctl serve exited {self.proc.wait()}: {self.proc.stdout.read()}") from None
-
-    def stub(self, ch: grpc.Channel) -> pb_grpc.ControllerStub:
-        return pb_grpc.ControllerStub(ch)
-
-    def metrics(self) -> dict[tuple[str, tuple], float]:
-        text = urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5).read().decode()
-        return {(s.name, tuple(sorted(s.labels.items()))): s.value
-                for family in text_string_to_metric_families(text) for s in family.samples}
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.wait(timeout=30)
-
-
-@pytest.fixture
-def sidecars():
-    """Start sidecars with ``sidecars(address, policy, *options)``; all are killed at teardown."""
-    started: list[Sidecar] = []
-
-    def start(*args, **kw) -> Sidecar:
-        started.append(Sidecar(*args, **kw))
-        return started[-1]
-
-    yield start
-    for s in started:
-        s.stop()
-
-
 @pytest.fixture(scope="module")
 def watermark_sidecar(tmp_path_factory):
     """One watermark sidecar on a unix socket, metrics on, for the tests that only talk to it."""

@@ -1,0 +1,59 @@
+"""A real ``rlctl serve`` process for the tests, started and always killed, and a free port."""
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+import grpc
+from prometheus_client.parser import text_string_to_metric_families
+
+from rlctl.live import ClientTLS, wait_serving
+from rlctl.proto import controller_pb2_grpc as pb_grpc
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Sidecar:
+    """An ``rlctl serve`` process, ready (health SERVING) once constructed; ``stop()`` always kills it."""
+
+    def __init__(self, address: str, policy: str = "watermark", *extra: str, metrics: bool = False,
+                 tls: ClientTLS | None = None) -> None:
+        self.address, self.tls = address, tls
+        self.metrics_port = free_port() if metrics else None
+        cmd = [sys.executable, "-m", "rlctl.cli", "serve", "--policy", policy, "--listen", address, *extra]
+        if self.metrics_port:
+            cmd += ["--metrics-port", str(self.metrics_port)]
+        self.proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        try:
+            self._wait_serving()
+        except BaseException:
+            self.stop()
+            raise
+
+    def _wait_serving(self, timeout_s: float = 120.0) -> None:
+        try:
+            wait_serving(self.address, timeout_s, self.tls, alive=lambda: self.proc.poll() is None)
+        except RuntimeError:
+            raise AssertionError(f"rlctl serve exited {self.proc.wait()}: {self.proc.stdout.read()}") from None
+
+    def stub(self, ch: grpc.Channel) -> pb_grpc.ControllerStub:
+        return pb_grpc.ControllerStub(ch)
+
+    def metrics(self) -> dict[tuple[str, tuple], float]:
+        text = urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5).read().decode()
+        return {(s.name, tuple(sorted(s.labels.items()))): s.value
+                for family in text_string_to_metric_families(text) for s in family.samples}
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(timeout=30)
