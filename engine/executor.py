@@ -19,6 +19,21 @@ from engine.model import LlamaModel
 from engine.scheduler import Work, batch_tokens
 
 
+def synced(device: torch.device) -> None:
+    """Wait until ``device`` has run everything queued (a no-op off CUDA)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed_call(fn: Callable[[], object], device: torch.device) -> tuple[float, object]:
+    """Seconds one call of ``fn`` takes, ``device``'s queue drained on both sides, and its result."""
+    synced(device)
+    t0 = time.perf_counter()
+    result = fn()
+    synced(device)
+    return time.perf_counter() - t0, result
+
+
 class TorchExecutor:
     """Runs the decoder; greedy sampling. Duration = measured wall time of the forward pass."""
 
@@ -27,10 +42,6 @@ class TorchExecutor:
     def bind(self, model: LlamaModel, pool: KVPool) -> None:
         self.model, self.pool = model, pool
         self.device = pool.device.torch_device
-
-    def _sync(self) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
 
     def prepare(self, work: list[Work]) -> tuple[torch.Tensor, torch.Tensor, AttentionBatch, list[Work]]:
         """Flat input ids and positions plus the attention metadata; the work reordered, decodes first."""
@@ -61,13 +72,11 @@ class TorchExecutor:
 
     def execute(self, work: list[Work]) -> tuple[dict[str, int], float]:
         """Run the iteration; returns the next token of each sequence whose chunk reached its end."""
-        self._sync()
-        t0 = time.perf_counter()
-        input_ids, positions, batch, order = self.prepare(work)
-        logits = self.model(input_ids, positions, batch, self.pool)
-        next_tokens = logits.argmax(dim=-1).tolist()
-        self._sync()
-        duration = time.perf_counter() - t0
+        def forward() -> tuple[list[int], list[Work]]:
+            input_ids, positions, batch, order = self.prepare(work)
+            return self.model(input_ids, positions, batch, self.pool).argmax(dim=-1).tolist(), order
+
+        duration, (next_tokens, order) = timed_call(forward, self.device)
         producers = [w.seq.id for w in order if w.produces_token]
         return dict(zip(producers, next_tokens)), duration
 
@@ -75,11 +84,8 @@ class TorchExecutor:
         """Run a KV copy (``fn`` returns the bytes it moved) within the device (``link`` "device":
         compaction) or over the host link ("host": swap) and return its duration on the engine
         clock; 0 when nothing moved."""
-        self._sync()
-        t0 = time.perf_counter()
-        moved = fn()
-        self._sync()
-        return time.perf_counter() - t0 if moved else 0.0
+        seconds, moved = timed_call(fn, self.device)
+        return seconds if moved else 0.0
 
 
 class ProfiledExecutor:

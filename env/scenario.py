@@ -274,15 +274,20 @@ def load_scenario(path: str | Path) -> Scenario:
     p = Path(path)
     if not p.exists() and p.suffix == "" and (SCENARIOS / f"{p}.yaml").exists():
         p = SCENARIOS / f"{p}.yaml"
-    if not p.exists():
-        raise ScenarioError(f"scenario: {path}: no such file (bundled: {', '.join(bundled_scenarios())})")
-    try:
-        data = yaml.safe_load(p.read_text())
-    except yaml.YAMLError as exc:
-        raise ScenarioError(f"{p}: not valid YAML ({exc})") from None
+    data = read_yaml(p, f"scenario: {path}: no such file (bundled: {', '.join(bundled_scenarios())})")
     if isinstance(data, dict) and "name" not in data:
         data = {"name": p.stem, **data}
     return scenario_from_dict(data, str(p))
+
+
+def read_yaml(path: Path, missing: str):
+    """The YAML document in ``path``; ``ScenarioError(missing)`` when there is no such file."""
+    if not path.exists():
+        raise ScenarioError(missing)
+    try:
+        return yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise ScenarioError(f"{path}: not valid YAML ({exc})") from None
 
 
 SCENARIOS = Path(__file__).resolve().parent.parent / "experiments" / "scenarios"

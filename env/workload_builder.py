@@ -15,18 +15,16 @@ import numpy as np
 from env.scenario import Distribution, GeneratorWorkload, TraceWorkload
 from env.workloads import (
     EmpiricalLengths, GammaArrivals, LogNormalLengths, MarkovModulatedArrivals, ParetoLengths, PoissonArrivals,
-    ReplaySpec, Request, Trace, build_requests, generate, generate_sessions, read_trace)
-
-DATA = Path(__file__).resolve().parent / "workloads" / "data"
-
+    ReplaySpec, Request, Trace, build_requests, bundled_trace, generate, generate_sessions, read_trace)
 
 def trace_path(name: str) -> Path:
     """A bundled trace by file name, or a path."""
     p = Path(name)
-    if not p.exists() and (DATA / name).exists():
-        return DATA / name
+    if not p.exists() and bundled_trace(name).exists():
+        return bundled_trace(name)
     if not p.exists():
-        raise FileNotFoundError(f"trace {name}: no such file (bundled: {', '.join(sorted(x.name for x in DATA.glob('*.*') if x.suffix != '.md'))})")
+        known = sorted(x.name for x in bundled_trace("").glob("*.*") if x.suffix != ".md")
+        raise FileNotFoundError(f"trace {name}: no such file (bundled: {', '.join(known)})")
     return p
 
 
@@ -64,6 +62,12 @@ def _lengths(d: Distribution):
     return EmpiricalLengths([r.prompt_len if p["column"] == "prompt" else r.output_len for r in t.records])
 
 
+def _first_prompt(sessions: dict):
+    """The opening turns' length distribution a sessions workload names, if any."""
+    first = sessions.get("first_prompt")
+    return _lengths(Distribution(first["kind"], {k: v for k, v in first.items() if k != "kind"})) if first else None
+
+
 def check_workload(w: TraceWorkload | GeneratorWorkload) -> None:
     """Build everything a workload names once, so that a bad one fails at load."""
     if isinstance(w, TraceWorkload):
@@ -80,8 +84,7 @@ def check_workload(w: TraceWorkload | GeneratorWorkload) -> None:
         s = w.sessions
         if "mean_turns" not in s or "mean_think_s" not in s:
             raise ValueError("sessions needs mean_turns and mean_think_s")
-        if "first_prompt" in s:
-            _lengths(Distribution(s["first_prompt"]["kind"], {k: v for k, v in s["first_prompt"].items() if k != "kind"}))
+        _first_prompt(s)
 
 
 def episode_requests(w: TraceWorkload | GeneratorWorkload, episode_s: float, max_model_len: int,
@@ -101,8 +104,7 @@ def episode_requests(w: TraceWorkload | GeneratorWorkload, episode_s: float, max
         requests = generate(arrivals=_arrivals(w.arrivals), **common)
     else:
         s = w.sessions
-        first = s.get("first_prompt")
-        first = _lengths(Distribution(first["kind"], {k: v for k, v in first.items() if k != "kind"})) if first else None
+        first = _first_prompt(s)
         requests = generate_sessions(session_arrivals=_arrivals(w.arrivals), mean_turns=float(s["mean_turns"]),
                                      mean_think_s=float(s["mean_think_s"]), first_prompt_lengths=first, **common)
     return requests, f"generated: {w.arrivals.kind} arrivals, max_tokens {w.max_tokens}, {len(requests)} requests"

@@ -36,6 +36,7 @@ import torch
 from engine.config import EngineConfig, ModelConfig
 from engine.device import Device
 from engine.engine import Engine
+from engine.executor import timed_call
 from engine.kv_cache import KVCache
 from engine.kv_pool import KVPool
 from engine.model import LlamaModel
@@ -95,20 +96,6 @@ def hf_twin(model: LlamaModel):
 def _sig(x: float | None, digits: int = 4) -> float | None:
     """``x`` to ``digits`` significant digits: a timing has no more than that to tell."""
     return None if x is None else float(f"{x:.{digits}g}")
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def _timed(fn: Callable[[], object], device: torch.device) -> tuple[float, object]:
-    """Seconds one call of ``fn`` takes (the device's queue drained on both sides) and its result."""
-    _sync(device)
-    t0 = time.perf_counter()
-    result = fn()
-    _sync(device)
-    return time.perf_counter() - t0, result
 
 
 # ---- decode ------------------------------------------------------------------------------------
@@ -172,9 +159,9 @@ def bench_decode(sizes: BenchSizes, device: str) -> dict:
     for _ in range(sizes.repeats):
         engine_runs.append(_engine_generate(model, prompts, n, sizes.block_size))
         if hf is not None:
-            t, hf_out = _timed(lambda: generate(n), dev)
+            t, hf_out = timed_call(lambda: generate(n), dev)
             hf_full = min(hf_full, t)
-            hf_first = min(hf_first, _timed(lambda: generate(1), dev)[0])
+            hf_first = min(hf_first, timed_call(lambda: generate(1), dev)[0])
 
     outputs, _, _, tokens = engine_runs[0]
     wall = min(r[1] for r in engine_runs)
@@ -207,46 +194,53 @@ def bench_decode(sizes: BenchSizes, device: str) -> dict:
 
 
 # ---- compaction --------------------------------------------------------------------------------
-def _fragmented_cache(sizes: BenchSizes, device: str) -> tuple[KVCache, dict[int, float]]:
-    """A pool filled by sequences of ``seq_blocks`` blocks with every other sequence freed. Each
-    block's data is its id, so a compaction can be checked by reading one value per block."""
-    mc = sizes.kv_model
-    block_bytes = mc.kv_bytes_per_token() * sizes.block_size
-    device_budget = Device.for_torch(device, sizes.kv_blocks * block_bytes)
-    pool = KVPool(mc, sizes.block_size, sizes.kv_blocks, sizes.kv_blocks, device_budget)  # one segment
-    kv = KVCache(pool, host_bytes=0)
-    seqs = [kv.allocate(sizes.seq_blocks) for _ in range(sizes.kv_blocks // sizes.seq_blocks)]
-    for seg in pool.segments:  # touch every page, as a prefill would have
-        for b in range(seg.shape[2]):
-            seg[:, :, b].fill_(float(b))
+def fragmented_cache(model: ModelConfig, block_size: int, num_blocks: int, segment_blocks: int, seq_blocks: int,
+                     device: str, host_bytes: int = 0) -> tuple[KVCache, list[int]]:
+    """A pool filled by sequences of ``seq_blocks`` blocks, every other one then freed; every page
+    touched, and each block stamped with its id (``block_stamp``, exact in any dtype). Returns the
+    cache and the blocks still in use."""
+    block_bytes = model.kv_bytes_per_token() * block_size
+    pool = KVPool(model, block_size, num_blocks, segment_blocks, Device.for_torch(device, num_blocks * block_bytes))
+    kv = KVCache(pool, host_bytes)
+    seqs = [kv.allocate(seq_blocks) for _ in range(num_blocks // seq_blocks)]
+    for s, seg in enumerate(pool.segments):
+        ids = torch.arange(s * segment_blocks, s * segment_blocks + seg.shape[2], device=seg.device)
+        seg.fill_(1.0)  # touch every page, as a prefill would
+        seg[0, 0, :, 0, 0, 0] = (ids % 256).to(seg.dtype)  # two values under 256
+        seg[0, 0, :, 0, 0, 1] = (ids // 256).to(seg.dtype)
     for ids in seqs[::2]:
         kv.free(ids)
-    live = {b: float(b) for ids in seqs[1::2] for b in ids}
-    return kv, live
+    return kv, [b for ids in seqs[1::2] for b in ids]
 
 
-def _kept_data(kv: KVCache, live: dict[int, float], moves: dict[int, int]) -> bool:
-    seg = kv.pool.segments[0]
-    return all(seg[0, 0, moves.get(b, b), 0, 0, 0].item() == value for b, value in live.items())
+def block_stamp(kv: KVCache, b: int) -> int:
+    """The id ``fragmented_cache`` stamped into the block now at ``b``."""
+    per = kv.pool.segment_blocks
+    lo, hi = kv.pool.segments[b // per][0, 0, b % per, 0, 0, :2].tolist()
+    return int(lo) + 256 * int(hi)
 
 
 def bench_compaction(sizes: BenchSizes, device: str) -> dict:
     """Bytes/s of ``KVCache.compact`` against ``Tensor.copy_`` of as many bytes."""
     dev = torch.device(device)
-    kv, live = _fragmented_cache(sizes, device)
+    def fragmented() -> tuple[KVCache, list[int]]:
+        return fragmented_cache(sizes.kv_model, sizes.block_size, sizes.kv_blocks, sizes.kv_blocks,
+                                sizes.seq_blocks, device)  # one segment
+
+    kv, live = fragmented()
     kv.compact()  # warm-up
     best, intact = math.inf, True
     for _ in range(sizes.repeats):
-        kv, live = _fragmented_cache(sizes, device)
-        t, moves = _timed(kv.compact, dev)
+        kv, live = fragmented()
+        t, moves = timed_call(kv.compact, dev)
         best = min(best, t)
         moved = len(moves) * kv.pool.block_bytes
-        intact = intact and _kept_data(kv, live, moves)
+        intact = intact and all(block_stamp(kv, moves.get(b, b)) == b for b in live)
     src = torch.ones(moved // kv.pool.dtype.itemsize, dtype=kv.pool.dtype, device=dev)
     dst = torch.zeros_like(src)
     dst.copy_(src)  # warm-up
     # a copy takes milliseconds, so it gets more tries to find a moment the machine is quiet
-    copy_s = min(_timed(lambda: dst.copy_(src), dev)[0] for _ in range(10 * sizes.repeats))
+    copy_s = min(timed_call(lambda: dst.copy_(src), dev)[0] for _ in range(10 * sizes.repeats))
     compaction_rate, copy_rate = moved / best, moved / copy_s
     return {
         "kv_model": asdict(sizes.kv_model),
@@ -297,23 +291,12 @@ def _env_scenario(sizes: EnvBenchSizes):
     return replace(sc, max_steps=sizes.max_steps) if sizes.max_steps is not None else sc
 
 
-def _env_episode(env, policy, seed: int) -> int:
-    """One episode of ``policy`` on ``env`` (as ``rlctl.evaluate.run_episode``, without the series); its steps."""
-    obs, _ = env.reset(seed=seed, options={"engine": policy.engine_overrides})
-    policy.reset(seed)
-    steps = 0
-    while True:
-        obs, _, terminated, truncated, _ = env.step(policy.act(obs))
-        steps += 1
-        if terminated or truncated:
-            return steps
-
-
 def _env_run(scenario, policy_spec: str, seconds: float, seed: int, barrier=None) -> dict:
     """Whole episodes on one environment until ``seconds`` of wall time are spent; what they did.
     The wall time includes ``reset`` (drawing the episode's workload), as a trainer pays it."""
     from agents.baselines import make_policy
     from env.overcommit_env import OvercommitEnv
+    from rlctl.evaluate import run_episode
 
     env, policy = OvercommitEnv(scenario), make_policy(policy_spec)
     env.reset(seed=seed)  # warm-up: imports, the trace's lengths read and cached
@@ -323,7 +306,7 @@ def _env_run(scenario, policy_spec: str, seconds: float, seed: int, barrier=None
     engine_s = 0.0
     t0 = time.perf_counter()
     while True:
-        steps += _env_episode(env, policy, seed + episodes)
+        steps += run_episode(env, policy, seed + episodes)[0]["steps"]
         episodes += 1
         e = env.engine
         iterations += e.counters.iterations
@@ -421,20 +404,23 @@ def _env_profile(scenario, sizes: EnvBenchSizes) -> dict:
 
     from agents.baselines import make_policy
     from env.overcommit_env import OvercommitEnv
+    from rlctl.evaluate import run_episode
 
     env, policy = OvercommitEnv(scenario), make_policy(sizes.policy)
     env.reset(seed=sizes.seed)  # warm-up, as in the timed runs
     prof = cProfile.Profile()
     t0 = time.perf_counter()
     prof.enable()
-    steps = _env_episode(env, policy, sizes.seed)
+    steps = run_episode(env, policy, sizes.seed)[0]["steps"]
     prof.disable()
     wall = time.perf_counter() - t0
     stats = pstats.Stats(prof).stats  # (file, line, function) -> (prim. calls, calls, internal, cumulative, callers)
     total = sum(v[2] for v in stats.values()) or 1e-12
     root = str(Path(__file__).resolve().parent.parent)
+    driver = run_episode.__code__  # the episode loop itself, like this file, is not what is measured
     ours = [k for k in stats if os.path.isabs(k[0]) and not os.path.relpath(k[0], root).startswith("..")
-            and not k[0].endswith(os.path.join("rlctl", "bench.py"))]
+            and not k[0].endswith(os.path.join("rlctl", "bench.py"))
+            and (k[0], k[1], k[2]) != (driver.co_filename, driver.co_firstlineno, driver.co_name)]
 
     def entry(k: tuple, col: int) -> dict:
         return {"function": _where(k, root), "share": round(stats[k][col] / total, 3), "calls": stats[k][1]}
@@ -540,7 +526,8 @@ def _bench_snapshots(n: int) -> tuple[list, int]:
     from engine.cost_model import CostModel
     from engine.executor import ProfiledExecutor
     from env.workloads import ReplaySpec
-    from rlctl.replay import build_engine, bundled_trace, load_requests
+    from env.workloads import bundled_trace
+    from rlctl.replay import build_engine, load_requests
 
     cost = CostModel(fixed_s=1.5e-3, per_token_s=2e-5, per_context_token_s=2e-7, copy_fixed_s=1e-5, copy_bytes_per_s=2e9)
     engine = build_engine(EngineConfig(num_blocks=128, max_model_len=2048), 1.5, "crash",

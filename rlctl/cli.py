@@ -232,16 +232,15 @@ def cmd_eval(a: argparse.Namespace) -> int:
                                + (STATIC_SWEEP if a.static_sweep else [])))
     if not specs:
         raise ValueError("give --policy SPEC (one or more), --baselines or --static-sweep")
-    for spec in specs:
-        make_policy(spec)
+    policies = {spec: make_policy(spec) for spec in specs}  # every spec is checked before anything runs
     print(f"eval: scenario {sc.name} ({sc.deployment}), {a.episodes} episode(s) of {sc.max_steps} x "
           f"{sc.decision_interval_s:g} s, seeds {a.seed}..{a.seed + a.episodes - 1}")
-    results = run_eval(specs, sc, a.episodes, a.seed, a.shield)
+    results = run_eval(list(policies.values()), sc, a.episodes, a.seed, a.shield)
     first = next(iter(results.values()))
     print(f"workload (episode 1): {first['workload']}\nclock: {first['clock']}")
     print(format_table(results, extra_rows=EVAL_ROWS))
     if a.static_sweep:
-        best = max((results[make_policy(s).name] for s in STATIC_SWEEP), key=lambda r: r["goodput_tokens_per_s"])
+        best = max((results[policies[s].name] for s in STATIC_SWEEP), key=lambda r: r["goodput_tokens_per_s"])
         print(f"best fixed factor: {best['policy']} (goodput {best['goodput_tokens_per_s']:.1f} tok/s, "
               f"{best['oom_events']:g} OOM events) on seeds {a.seed}..{a.seed + a.episodes - 1}")
     if a.json:

@@ -75,13 +75,11 @@ def eval_scenario(scenario: str | None, trace: str | None, time_scale: float | N
     return sc
 
 
-def run_eval(specs: list[str], scenario, episodes: int, seed: int, shield: bool) -> dict[str, dict]:
-    """Every policy in ``specs`` on the same ``episodes`` seeds of ``scenario``."""
-    from agents.baselines import make_policy
+def run_eval(policies: list[Policy], scenario, episodes: int, seed: int, shield: bool) -> dict[str, dict]:
+    """Every policy on the same ``episodes`` seeds of ``scenario``."""
     from agents.shield import Shield
 
     if episodes <= 0:
         raise ValueError(f"--episodes must be > 0, got {episodes}")
-    policies = [make_policy(s) for s in specs]  # every spec is checked before anything runs
     env = OvercommitEnv(scenario, shield=Shield() if shield else None)
     return {p.name: evaluate(env, p, episodes, seed) for p in policies}

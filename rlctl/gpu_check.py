@@ -103,19 +103,12 @@ def skipped(reason: str, **extra) -> dict:
     return {"status": "skipped", "reason": reason, **extra}
 
 
-def _sync(device) -> None:
+def _timed(fn, device) -> tuple[float, object]:
     import torch
 
-    if torch.device(device).type == "cuda":
-        torch.cuda.synchronize(device)
+    from engine.executor import timed_call
 
-
-def _timed(fn, device) -> tuple[float, object]:
-    _sync(device)
-    t0 = time.perf_counter()
-    out = fn()
-    _sync(device)
-    return time.perf_counter() - t0, out
+    return timed_call(fn, torch.device(device))
 
 
 def _rate(nbytes: int, seconds: float) -> float | None:
@@ -280,39 +273,17 @@ def check_oom_crash(sizes: Sizes, deadline: Deadline) -> dict:
 
 
 def _fragmented(sizes: Sizes, host_bytes: int):
-    """A pool filled by sequences of ``seq_blocks`` blocks, every other one then freed; each block
-    stamped with its id (two values under 256, exact in any dtype), every other value 1."""
-    import torch
+    """rlctl bench's fragmented pool (every block stamped with its id) at the check's sizes."""
+    from rlctl.bench import fragmented_cache
 
-    from engine.device import Device
-    from engine.kv_cache import KVCache
-    from engine.kv_pool import KVPool
-
-    mc = _model(**sizes.kv_model)
-    block_bytes = mc.kv_bytes_per_token() * 16
-    pool = KVPool(mc, 16, sizes.kv_blocks, sizes.kv_segment_blocks,
-                  Device.for_torch(sizes.device, sizes.kv_blocks * block_bytes))
-    kv = KVCache(pool, host_bytes)
-    seqs = [kv.allocate(sizes.seq_blocks) for _ in range(sizes.kv_blocks // sizes.seq_blocks)]
-    for s, seg in enumerate(pool.segments):
-        ids = torch.arange(s * pool.segment_blocks, s * pool.segment_blocks + seg.shape[2], device=seg.device)
-        seg.fill_(1.0)  # touch every page, as a prefill would
-        seg[0, 0, :, 0, 0, 0] = (ids % 256).to(seg.dtype)
-        seg[0, 0, :, 0, 0, 1] = (ids // 256).to(seg.dtype)
-    for ids in seqs[::2]:
-        kv.free(ids)
-    return kv, [b for ids in seqs[1::2] for b in ids]
-
-
-def _block_value(kv, b: int) -> int:
-    """The id stamped into block ``b`` by ``_fragmented``."""
-    S = kv.pool.segment_blocks
-    lo, hi = kv.pool.segments[b // S][0, 0, b % S, 0, 0, :2].tolist()
-    return int(lo) + 256 * int(hi)
+    return fragmented_cache(_model(**sizes.kv_model), 16, sizes.kv_blocks, sizes.kv_segment_blocks,
+                            sizes.seq_blocks, sizes.device, host_bytes)
 
 
 def check_copy_bandwidth(sizes: Sizes, deadline: Deadline) -> dict:
     import torch
+
+    from rlctl.bench import block_stamp
 
     dev, pin = torch.device(sizes.device), sizes.device == "cuda"
     # compaction: best of ``repeats``, each on a freshly fragmented pool
@@ -320,10 +291,10 @@ def check_copy_bandwidth(sizes: Sizes, deadline: Deadline) -> dict:
     for _ in range(sizes.repeats + 1):  # the first is a warm-up
         deadline.check("compaction")
         kv, live = _fragmented(sizes, host_bytes=0)
-        values = {b: _block_value(kv, b) for b in live}
+        values = {b: block_stamp(kv, b) for b in live}
         t, moves = _timed(kv.compact, dev)
         best = min(best, t)
-        intact = intact and all(_block_value(kv, moves.get(b, b)) == v for b, v in values.items())
+        intact = intact and all(block_stamp(kv, moves.get(b, b)) == v for b, v in values.items())
         kv = None  # frees the pool
     moved = len(moves) * kv_block_bytes(sizes)
     compaction = {"blocks_moved": len(moves), "bytes_moved": moved,
@@ -342,11 +313,11 @@ def check_copy_bandwidth(sizes: Sizes, deadline: Deadline) -> dict:
     kept = True
     for _ in range(sizes.repeats):
         deadline.check("swap")
-        values = [_block_value(kv, b) for b in ids]
+        values = [block_stamp(kv, b) for b in ids]
         t_out, host = _timed(lambda: kv.swap_out(ids), dev)
         t_in, ids = _timed(lambda: kv.swap_in(host), dev)
         out_s, in_s = min(out_s, t_out), min(in_s, t_in)
-        kept = kept and [_block_value(kv, b) for b in ids] == values
+        kept = kept and [block_stamp(kv, b) for b in ids] == values
     kv = None  # frees the pool
     # plain pinned host <-> device copies of as many bytes
     dev_t = torch.ones(nbytes, dtype=torch.uint8, device=dev)

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
-from importlib import resources
 from pathlib import Path
 
 from engine.checkpoint import load_checkpoint
@@ -13,11 +12,6 @@ from engine.executor import ProfiledExecutor
 from engine.metrics import summarize
 from env.workloads import ReplaySpec, build_requests, read_trace
 from env.workloads.request import Request
-
-
-def bundled_trace(name: str) -> Path:
-    """A trace file shipped with the package (see env/workloads/data/README.md)."""
-    return Path(str(resources.files("env.workloads") / "data" / name))
 
 
 # The replay default: ~10k tokens of KV (640 blocks x 16), what a 7B fp16 model has on a 24 GB

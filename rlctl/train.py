@@ -13,13 +13,11 @@ import dataclasses
 import json
 import os
 import re
-import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import yaml
 from stable_baselines3.common.callbacks import BaseCallback, CallbackList, CheckpointCallback
 from stable_baselines3.common.logger import configure
 from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv
@@ -28,7 +26,7 @@ from agents.baselines import Policy, baselines, make_policy
 from agents.dqn import OvercommitDQN
 from agents.shield import Shield
 from env.overcommit_env import OvercommitEnv
-from env.scenario import Scenario, ScenarioError, TraceWorkload, from_mapping, load_scenario
+from env.scenario import Scenario, ScenarioError, TraceWorkload, from_mapping, load_scenario, read_yaml
 from rlctl.evaluate import evaluate
 
 
@@ -88,12 +86,7 @@ class TrainConfig:
 def load_train_config(path: str | Path, **overrides) -> TrainConfig:
     """Read a training YAML; unknown keys and bad values fail naming the field."""
     p = Path(path)
-    if not p.exists():
-        raise ScenarioError(f"training config {path}: no such file")
-    try:
-        data = yaml.safe_load(p.read_text())
-    except yaml.YAMLError as exc:
-        raise ScenarioError(f"{p}: not valid YAML ({exc})") from None
+    data = read_yaml(p, f"training config {path}: no such file")
     if isinstance(data, dict):
         data = {"name": p.stem, **data, **{k: v for k, v in overrides.items() if v is not None}}
     try:
@@ -147,15 +140,6 @@ FIGURES = ("goodput_tokens_per_s", "tokens_per_s", "kv_util_mean", "kv_util_p99"
            "ttft_p50_s", "ttft_p99_s", "episode_reward", "shield_overrides")
 
 
-def source_commit() -> str:
-    try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
-                             cwd=Path(__file__).resolve().parent)
-        return out.stdout.strip() or "unknown"
-    except OSError:
-        return "unknown"
-
-
 def _make_env(scenario: Scenario, shield: bool):
     def make():
         return OvercommitEnv(scenario, shield=Shield() if shield else None)
@@ -207,7 +191,7 @@ def train(cfg: TrainConfig, logdir: str | Path = "runs", resume: str | None = No
         if remaining > 0:
             model.learn(remaining, callback=callbacks, reset_num_timesteps=not resume, progress_bar=progress_bar)
         header = export_policy(model, run / "policy.rlpolicy", scenario=scenario,
-                               training_config=dataclasses.asdict(cfg), source_commit=source_commit())
+                               training_config=dataclasses.asdict(cfg))
         specs = baseline_specs if baseline_specs is not None else baselines(scenario.best_static)
         eval_env = OvercommitEnv(evaluation, shield=Shield() if cfg.shield else None)
         results = {"dqn": evaluate(eval_env, make_policy(str(run / "policy.rlpolicy")), cfg.eval_episodes, cfg.eval_seed)}

@@ -12,7 +12,8 @@ from engine.cost_model import CostModel
 from engine.executor import ProfiledExecutor
 from env.workloads import ReplaySpec
 from rlctl.engine_metrics import TTFT_BUCKETS, EngineMetrics
-from rlctl.replay import build_engine, bundled_trace, load_requests
+from env.workloads import bundled_trace
+from rlctl.replay import build_engine, load_requests
 
 DEPLOYMENT = EngineConfig(num_blocks=128, max_model_len=2048, restart_downtime_s=1.0)
 COST = CostModel(fixed_s=1.5e-3, per_token_s=2e-5, per_context_token_s=2e-7, copy_fixed_s=1e-5, copy_bytes_per_s=2e9)

@@ -20,7 +20,8 @@ import rlctl.engine_metrics as engine_metrics
 import rlctl.live as live
 from engine.executor import ProfiledExecutor
 from rlctl.mps import NOT_AVAILABLE, MPSLimit
-from rlctl.replay import build_engine, bundled_trace
+from env.workloads import bundled_trace
+from rlctl.replay import build_engine
 from tests.sidecar_process import free_port
 from tests.test_sidecar import CPU_COST
 

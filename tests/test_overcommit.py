@@ -14,7 +14,8 @@ from env.workloads import ReplaySpec
 from engine.config import EngineConfig
 from engine.cost_model import CostModel
 from engine.executor import ProfiledExecutor
-from rlctl.replay import build_engine, bundled_trace, load_requests
+from env.workloads import bundled_trace
+from rlctl.replay import build_engine, load_requests
 
 # A memory-bound deployment: 128 blocks of 16 tokens, clients declaring max_tokens = 1024.
 DEPLOYMENT = EngineConfig(num_blocks=128, max_model_len=2048, restart_downtime_s=1.0)

@@ -7,7 +7,8 @@ from engine.executor import ProfiledExecutor, TorchExecutor
 from engine.roofline import DEPLOYMENTS
 from engine.scheduler import BatchShape
 from env.workloads import ReplaySpec
-from rlctl.replay import build_engine, bundled_trace, load_requests
+from env.workloads import bundled_trace
+from rlctl.replay import build_engine, load_requests
 from tests.test_overcommit import DEPLOYMENT
 
 

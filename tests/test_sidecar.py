@@ -30,7 +30,8 @@ from rlctl.live import LIVE_ROWS, ClientTLS, LiveController, check_decision, ope
 from rlctl.messages import (COUNTS, HISTOGRAMS, MEASURES, OTHER, RATIOS, SIGNED, SnapshotError, snapshot_from_message,
                             snapshot_message)
 from rlctl.proto import SERVICE_NAME, controller_pb2 as pb
-from rlctl.replay import build_engine, bundled_trace, load_requests
+from env.workloads import bundled_trace
+from rlctl.replay import build_engine, load_requests
 from rlctl.sidecar import check_listen
 from tests.sidecar_process import REPO, Sidecar, free_port
 

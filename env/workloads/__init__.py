@@ -15,7 +15,7 @@ from env.workloads.lengths import (
 from env.workloads.replay import ReplaySpec, build_requests
 from env.workloads.request import Request
 from env.workloads.sizing import MaxTokensRule, clip_lengths
-from env.workloads.traces import FORMATS, Trace, TraceError, TraceRecord, read_trace
+from env.workloads.traces import FORMATS, Trace, TraceError, TraceRecord, bundled_trace, read_trace
 
 __all__ = [
     "FORMATS",
@@ -34,6 +34,7 @@ __all__ = [
     "TraceError",
     "TraceRecord",
     "build_requests",
+    "bundled_trace",
     "clip_lengths",
     "generate",
     "generate_sessions",

@@ -61,6 +61,11 @@ class Trace:
         return len(self.records)
 
 
+def bundled_trace(name: str) -> Path:
+    """A trace file shipped with the package (see env/workloads/data/README.md)."""
+    return Path(__file__).resolve().parent / "data" / name
+
+
 def read_trace(path: str | os.PathLike) -> Trace:
     """Read a trace, telling its format from the header (CSV) or first line (JSONL)."""
     path = Path(path)
