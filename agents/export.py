@@ -8,7 +8,7 @@ safetensors ``__metadata__`` under the key ``"rlctl"``, one JSON header:
 format, version       "rlctl-policy", 1
 observation           features (env/observation.py FEATURES), low, high, scales (the scenario's
                       ``observation:``), max_model_len (the length tokens are divided by)
-actions               env/overcommit_env.py ACTIONS
+actions               engine/control.py ACTIONS
 network               obs_dim, n_actions, net_arch, dueling: enough to rebuild the network
 training              the training configuration, as given
 scenario              name, deployment
@@ -37,10 +37,12 @@ from safetensors import SafetensorError
 from safetensors.torch import load as load_tensors
 from safetensors.torch import save_file
 
-from agents.baselines import Policy
+from agents.policy import Policy
 from agents.networks import q_network
 from env.observation import FEATURES, HIGH, LOW
-from env.overcommit_env import ACTIONS
+from engine import config
+from engine.control import ACTIONS
+from engine.roofline import DEPLOYMENTS
 
 FORMAT = "rlctl-policy"
 VERSION = 1
@@ -65,13 +67,7 @@ def git_commit(repo: Path = _REPO) -> str:
 
 def max_model_len(scenario) -> int:
     """The length the observation divides token counts by: the episode engine's, as observe() gets it."""
-    from engine.engine import Engine
-    from engine.executor import ProfiledExecutor
-    from engine.roofline import DEPLOYMENTS
-
-    deployment = DEPLOYMENTS[scenario.deployment]
-    engine = Engine(deployment.model, scenario.engine_config(), executor=ProfiledExecutor(deployment.cost_model()))
-    return int(engine.max_model_len)
+    return config.max_model_len(DEPLOYMENTS[scenario.deployment].model, scenario.engine_config())
 
 
 def _sha256(t: torch.Tensor) -> str:

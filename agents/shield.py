@@ -1,4 +1,4 @@
-"""The safety shield: an action mask that refuses actions breaking a hard rule (DESIGN.md).
+"""The safety shield: an action mask that refuses actions breaking a hard rule (docs/design.md).
 
 Rules (each overridden action becomes ``hold`` and is counted by whoever applies the shield):
 - no scale-up while free device memory is below ``min_device_free`` of capacity (a co-tenant
@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from engine.snapshot import Snapshot
-from env.overcommit_env import HOLD, SCALE_UP
+from engine.control import HOLD, SCALE_UP
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -73,6 +73,10 @@ class ModelConfig:
         kv = self.num_kv_heads * self.head_dim
         return (4 * h + 2 * kv + 3 * i + self.vocab_size) * self.dtype_bytes
 
+    def workspace_bytes(self, num_tokens: int, context_tokens: int) -> int:
+        """Activation workspace of an iteration: per-token activations plus one layer's gathered KV."""
+        return num_tokens * self.workspace_bytes_per_token() + context_tokens * (self.kv_bytes_per_token() // self.num_layers)
+
 
 @dataclass(frozen=True)
 class EngineConfig:
@@ -118,3 +122,35 @@ class EngineConfig:
             raise ValueError(f"overcommit_step must be > 0, got {self.overcommit_step}")
         if self.host_bytes < 0:
             raise ValueError(f"host_bytes must be >= 0, got {self.host_bytes}")
+
+    def pinned(self, factor: float) -> "EngineConfig":
+        """This configuration at a fixed ``factor``, its range widened to admit it (a static policy)."""
+        return replace(self, overcommit=factor, overcommit_min=min(self.overcommit_min, factor),
+                       overcommit_max=max(self.overcommit_max, factor))
+
+
+def max_model_len(model: ModelConfig, cfg: EngineConfig) -> int:
+    """The longest sequence the engine serves: as in vLLM, no sequence may outgrow the KV cache, so
+    every request can run alone."""
+    return min(cfg.max_model_len, model.max_position, cfg.num_blocks * cfg.block_size)
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """What an engine needs on its device at most: weights, a full batch's activation workspace and
+    its whole KV capacity (every block it may hold)."""
+
+    weights: int
+    workspace: int
+    kv: int
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.workspace + self.kv
+
+
+def memory_plan(model: ModelConfig, cfg: EngineConfig, weight_bytes: int | None = None) -> MemoryPlan:
+    """The engine's memory; ``weight_bytes`` the loaded model's own (default: the config's count)."""
+    workspace = model.workspace_bytes(cfg.max_num_batched_tokens, cfg.num_blocks * cfg.block_size)
+    weights = model.weight_bytes() if weight_bytes is None else weight_bytes
+    return MemoryPlan(weights, workspace, cfg.num_blocks * cfg.block_size * model.kv_bytes_per_token())

@@ -7,6 +7,7 @@ memory behind them and a failure leaves nothing half-done.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Iterable
 
 import torch
 
@@ -49,6 +50,18 @@ class HostPool:
 
     def drop(self, data: torch.Tensor) -> None:
         self.used -= data.numel() * data.element_size()
+
+
+@dataclass
+class CopyReport:
+    """What a compaction or an eviction moved and what it cost."""
+
+    blocks: int = 0
+    bytes: int = 0
+    seconds: float = 0.0
+    bytes_released: int = 0
+    contexts: int = 0
+    sequences: int = 0
 
 
 @dataclass
@@ -106,16 +119,18 @@ class KVCache:
         self.traffic.bytes += len(ids) * self.pool.block_bytes
         return ids
 
-    def compact(self) -> dict[int, int]:
-        """Move the highest blocks in use into the lowest holes and release the freed tail.
-
-        Returns the moves as {old id: new id}; the caller rewrites every block table with them.
-        """
-        moves = self.blocks.compaction_plan()
-        self.pool.copy_blocks(moves)
-        self.blocks.apply_moves(moves)
+    def compact(self, holders: Iterable = ()) -> dict[int, int]:
+        """Move the highest blocks in use into the lowest holes, rewrite the block table of every
+        holder (anything with a ``block_table``: this is the one place block ids change) and
+        release the freed tail. Returns the moves as {old id: new id}."""
+        moves = dict(self.blocks.compaction_plan())
+        self.pool.copy_blocks(list(moves.items()))
+        self.blocks.apply_moves(list(moves.items()))
         self.pool.release_tail(self.blocks.highest_used())
-        return dict(moves)
+        if moves:
+            for holder in holders:
+                holder.block_table = [moves.get(b, b) for b in holder.block_table]
+        return moves
 
     def reset(self) -> None:
         """A crash: every block and every host copy is gone, the pool's memory returned."""

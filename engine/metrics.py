@@ -1,5 +1,16 @@
-"""The figures a replay reports, computed once from the engine's records and iteration log."""
+"""The figures of a run, computed here and only here: goodput, throughput, KV utilisation,
+TTFT/TPOT, OOMs, preemptions, swaps.
+
+Two views of the same records: ``summarize`` over a span of engine time (a replay, an episode),
+and ``since`` over one decision interval, from a ``Mark`` taken at its start (the environment's
+reward terms and step figures). Both count a request once, when it finishes: throughput is the
+output tokens of requests finished in the span; goodput only those of requests that met the SLO
+(all finished ones when none is set). Generated tokens are every token produced in the span,
+finished or not. KV utilisation is time-weighted over iterations; its p99 is over iterations.
+"""
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -19,41 +30,99 @@ def meets_slo(record, ttft_slo_s: float | None, tpot_slo_s: float | None) -> boo
     return True
 
 
-def summarize(engine, start_s: float = 0.0, end_s: float | None = None) -> dict:
-    """Goodput, tokens/s, KV utilisation, OOMs, preemptions, swaps, TTFT/TPOT over [start_s, end_s].
-
-    Throughput counts tokens of requests finished in the window, so a request is counted once.
-    Goodput counts only those of requests that met the SLO (all finished ones when none is set).
-    KV utilisation is time-weighted over iterations; its p99 is over iterations.
-    """
-    end_s = engine.clock if end_s is None else end_s
-    span = max(end_s - start_s, 1e-9)
+def _figures(engine, done: list, its: list, span: float) -> dict:
+    """What ``done`` (records finished in the span) and ``its`` (its iterations) say, per second of ``span``."""
     cfg = engine.config
-    records = list(engine.records.values())
-    done = [r for r in records if r.finish_s is not None and start_s <= r.finish_s <= end_s]
     good = [r for r in done if meets_slo(r, cfg.ttft_slo_s, cfg.tpot_slo_s)]
-    its = [it for it in engine.iterations if start_s < it.end_s <= end_s]
-    util = np.array([it.alloc_ratio for it in its]) if its else np.zeros(1)
-    weights = np.array([it.duration_s for it in its]) if its else np.ones(1)
     ttft = [r.ttft_s for r in done]
     tpot = [r.tpot_s for r in done if r.tpot_s is not None]
-    traffic = engine.kv.traffic
     return {
-        "duration_s": span,
-        "requests_submitted": len(records),
         "requests_completed": len(done),
-        "requests_unfinished": sum(1 for r in records if r.finish_s is None),
         "tokens_per_s": sum(r.output_len for r in done) / span,
         "goodput_tokens_per_s": sum(r.output_len for r in good) / span,
+        "generated_tokens_per_s": sum(it.generated for it in its) / span,
         "slo_attainment": len(good) / len(done) if done else None,
-        "kv_util_mean": float(np.average(util, weights=weights)) if weights.sum() > 0 else float(util.mean()),
-        "kv_util_p99": float(np.percentile(util, 99)),
+        "slo_missed": len(done) - len(good),
+        "ttft_p50_s": _pct(ttft, 50), "ttft_p99_s": _pct(ttft, 99),
+        "tpot_p50_s": _pct(tpot, 50), "tpot_p99_s": _pct(tpot, 99),
+    }
+
+
+def kv_utilisation(its: list) -> tuple[float, float] | None:
+    """(time-weighted mean, p99 over iterations) of KV utilisation, or None without iterations."""
+    if not its:
+        return None
+    util = np.array([it.alloc_ratio for it in its])
+    weights = np.array([it.duration_s for it in its])
+    mean = float(np.average(util, weights=weights)) if weights.sum() > 0 else float(util.mean())
+    return mean, float(np.percentile(util, 99))
+
+
+def summarize(engine, start_s: float = 0.0, end_s: float | None = None) -> dict:
+    """Every figure of the span [start_s, end_s] of engine time (default: the whole run so far)."""
+    end_s = engine.clock if end_s is None else end_s
+    span = max(end_s - start_s, 1e-9)
+    done = [r for r in engine.completed if start_s <= r.finish_s <= end_s]
+    its = [it for it in engine.iterations if start_s < it.end_s <= end_s]
+    util_mean, util_p99 = kv_utilisation(its) or (0.0, 0.0)
+    traffic = engine.traffic
+    figures = _figures(engine, done, its, span)
+    return {
+        "duration_s": span,
+        "requests_submitted": len(engine.records),
+        "requests_completed": figures["requests_completed"],
+        "requests_unfinished": len(engine.records) - len(engine.completed),
+        "tokens_per_s": figures["tokens_per_s"],
+        "goodput_tokens_per_s": figures["goodput_tokens_per_s"],
+        "generated_tokens_per_s": figures["generated_tokens_per_s"],
+        "slo_attainment": figures["slo_attainment"],
+        "kv_util_mean": util_mean,
+        "kv_util_p99": util_p99,
         "oom_events": engine.counters.oom_events,
         "preemptions": engine.counters.preemptions,
         "swap_out_blocks": traffic.out_blocks,
         "swap_in_blocks": traffic.in_blocks,
         "swap_bytes": traffic.bytes,
         "compactions": engine.counters.compactions,
-        "ttft_p50_s": _pct(ttft, 50), "ttft_p99_s": _pct(ttft, 99),
-        "tpot_p50_s": _pct(tpot, 50), "tpot_p99_s": _pct(tpot, 99),
+        **{k: figures[k] for k in ("ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s")},
     }
+
+
+@dataclass(frozen=True)
+class Mark:
+    """Where an interval starts: the clock, and how far the engine's logs and counters had got."""
+
+    time_s: float
+    completed: int
+    iterations: int
+    oom_events: int
+    preemptions: int
+
+
+def mark(engine) -> Mark:
+    c = engine.counters
+    return Mark(engine.clock, len(engine.completed), len(engine.iterations), c.oom_events, c.preemptions)
+
+
+def since(engine, start: Mark) -> dict:
+    """The figures of the interval from ``start`` to now, with ``slo_violation``: the share of the
+    requests that finished in it or are waiting at its end that missed (or, waiting, already
+    exceed) the TTFT/TPOT target, in [0, 1] (0 without an SLO). KV utilisation of an interval
+    with no iteration is the utilisation now."""
+    span = max(engine.clock - start.time_s, 1e-9)
+    cfg = engine.config
+    done = engine.completed[start.completed:]
+    its = engine.iterations[start.iterations:]
+    figures = _figures(engine, done, its, span)
+    util = kv_utilisation(its)
+    late = 0
+    if cfg.ttft_slo_s is not None:
+        late = sum(1 for t in engine.waiting_since() if engine.clock - t > cfg.ttft_slo_s)
+    judged = len(done) + engine.queue_lengths()[0]
+    slo_set = cfg.ttft_slo_s is not None or cfg.tpot_slo_s is not None
+    figures.update(
+        duration_s=span, kv_util=util[0] if util else engine.kv_usage(),
+        slo_violation=(figures["slo_missed"] + late) / judged if slo_set and judged else 0.0,
+        oom_events=engine.counters.oom_events - start.oom_events,
+        preemptions=engine.counters.preemptions - start.preemptions)
+    return figures

@@ -5,7 +5,7 @@ longer of its arithmetic at the device's peak FLOP/s and its memory traffic at t
 memory bandwidth, each derated by a stated attainable fraction. Copies within the device read
 and write each byte at the memory bandwidth; swaps cross the host link (PCIe) at its bandwidth.
 
-The deployments are the memory-bound ones of DESIGN.md ("Deployments worth replaying"). Each
+The deployments are the memory-bound ones of docs/design.md ("Deployments"). Each
 sizes its KV capacity as vLLM does: the engine's share of device memory
 (``gpu_memory_utilization``) minus weights and the activation workspace of a full batch, in
 blocks; the device itself is the whole GPU, so a co-tenant can take the rest and more.

@@ -1,18 +1,22 @@
-"""Continuous batching: the waiting, running and swapped queues, and which tokens run next.
+"""Continuous batching: the request queues, every move between them, and which tokens run next.
 
-Each iteration mixes decodes and prefill chunks under ``max_num_seqs`` and
-``max_num_batched_tokens``. New requests are admitted first come, first served by the overcommit
-rule: the peak demand (``prompt + max_tokens``, in blocks) of everything held may reach
-``overcommit x`` KV capacity, and the prompt's blocks must be free now.
+The scheduler owns the queues (arrivals not yet due, waiting, running, swapped) and is the one
+place a sequence moves between them: arrive, admit, preempt, requeue, finish, swap out and in,
+and the crash that sends everything back. Each iteration mixes decodes and prefill chunks under
+``max_num_seqs`` and ``max_num_batched_tokens``. New requests are admitted first come, first
+served by the overcommit rule: the peak demand (``prompt + max_tokens``, in blocks) of everything
+held may reach ``overcommit x`` KV capacity, and the prompt's blocks must be free now.
 """
 from __future__ import annotations
 
+import heapq
 from collections import deque
 from dataclasses import dataclass
-from typing import Callable, NamedTuple
+from typing import Iterator, NamedTuple
 
-from engine.kv_cache import KVCache, NeedBlocks
+from engine.kv_cache import CopyReport, HostFull, KVCache, NeedBlocks
 from engine.sequence import Sequence, Status
+from engine.sessions import Sessions
 
 
 @dataclass
@@ -46,23 +50,59 @@ def batch_tokens(work: list[Work]) -> BatchShape:
 
 
 class Scheduler:
-    """``reclaim`` frees blocks that no running sequence needs (idle session contexts, blocks a
-    waiting turn took) and says whether it freed any; it is tried before any allocation fails."""
+    """Before any allocation fails, blocks that no running sequence needs are reclaimed
+    (``reclaim``): blocks a waiting turn took, then idle session contexts."""
 
-    def __init__(self, kv: KVCache, max_num_seqs: int, max_num_batched_tokens: int,
-                 reclaim: Callable[[], bool]) -> None:
-        self.kv = kv
-        self.reclaim = reclaim
+    def __init__(self, kv: KVCache, sessions: Sessions, max_num_seqs: int, max_num_batched_tokens: int) -> None:
+        self.kv, self.sessions = kv, sessions
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
+        self.pending: list[tuple[float, int, Sequence]] = []  # a heap of (arrival time, submission order, seq)
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # in admission order
         self.swapped: deque[Sequence] = deque()
+        self._submitted = 0
         self._admissions = 0
+
+    # ---- arrivals --------------------------------------------------------------------------------
+    def add(self, seq: Sequence) -> None:
+        """A submitted sequence, to join the waiting queue at its arrival time."""
+        heapq.heappush(self.pending, (seq.request.arrival_s, self._submitted, seq))
+        self._submitted += 1
+
+    def arrive(self, now: float) -> None:
+        while self.pending and self.pending[0][0] <= now:
+            self.waiting.append(heapq.heappop(self.pending)[2])
+
+    def next_arrival(self) -> float | None:
+        return self.pending[0][0] if self.pending else None
+
+    def busy(self) -> bool:
+        """Whether anything has arrived and is not finished."""
+        return bool(self.waiting or self.running or self.swapped)
+
+    def has_work(self) -> bool:
+        return bool(self.pending) or self.busy()
 
     def reserved_blocks(self) -> int:
         """Admitted peak demand in blocks: the overcommit rule's left-hand side."""
         return sum(s.peak_blocks for s in self.running) + sum(s.peak_blocks for s in self.swapped)
+
+    def holders(self) -> Iterator:
+        """Every holder of a block table that points into the pool (sequences, session contexts)."""
+        yield from (q for q in self.running + list(self.waiting) if q.block_table)
+        yield from self.sessions.holders()
+
+    # ---- the next iteration ----------------------------------------------------------------------
+    def reclaim(self) -> bool:
+        """Free blocks nobody is running on: a waiting turn gives back what it took, else the least
+        recently used idle context is dropped (and recomputed later). Whether anything was freed."""
+        for seq in self.waiting:
+            if seq.block_table:
+                self.kv.free(seq.block_table)
+                seq.block_table, seq.num_computed = [], 0
+                return True
+        return self.sessions.drop_least_recent()
 
     def _grow(self, seq: Sequence, num_tokens: int) -> None:
         need = seq.blocks_for(num_tokens) - len(seq.block_table)
@@ -76,23 +116,14 @@ class Scheduler:
                 need = seq.blocks_for(num_tokens) - len(seq.block_table)  # reclaim may take seq's own
 
     def _admit(self, seq: Sequence) -> None:
+        self.waiting.remove(seq)
         seq.status = Status.RUNNING
         seq.admit_order = self._admissions
         self._admissions += 1
         self.running.append(seq)
 
-    def schedule(self, overcommit: float, admissible: Callable[[Sequence], bool],
-                 attach: Callable[[Sequence], None], swap_in_reserve: int = 0) -> list[Work]:
-        """The next iteration's work. Raises ``NeedBlocks`` when a running sequence cannot grow;
-        blocks taken before that stay with their sequences, so calling again is safe.
-
-        ``admissible`` says whether a waiting sequence may start now (its session is idle) and
-        completes its tokens with the session's context; ``attach`` hands it the context's KV.
-        Swapped sequences come back only while ``swap_in_reserve`` blocks stay free (the free
-        share an eviction asked for), unless nothing else runs.
-        """
-        budget = self.max_num_batched_tokens
-        # Swapped sequences come back first, oldest first, while their blocks are free.
+    def _swap_in(self, swap_in_reserve: int) -> None:
+        """Swapped sequences come back first, oldest first, while their blocks are free."""
         while self.swapped and len(self.running) < self.max_num_seqs:
             seq = self.swapped[0]
             need = seq.host_kv.shape[0] + 1
@@ -112,6 +143,16 @@ class Scheduler:
             self.running.append(seq)
             self.running.sort(key=lambda s: s.admit_order)
 
+    def schedule(self, overcommit: float, swap_in_reserve: int = 0) -> list[Work]:
+        """The next iteration's work. Raises ``NeedBlocks`` when a running sequence cannot grow;
+        blocks taken before that stay with their sequences, so calling again is safe.
+
+        Swapped sequences come back only while ``swap_in_reserve`` blocks stay free (the free
+        share an eviction asked for), unless nothing else runs. A waiting turn of a session starts
+        only when its session is idle, and takes the session's context and KV.
+        """
+        budget = self.max_num_batched_tokens
+        self._swap_in(swap_in_reserve)
         work: list[Work] = []
         for seq in self.running:  # decodes first: they hold memory and each needs one token
             if not seq.in_prefill:
@@ -132,17 +173,16 @@ class Scheduler:
         for seq in list(self.waiting):
             if len(self.running) >= self.max_num_seqs or budget <= 0:
                 break
-            if not admissible(seq):
+            if not self.sessions.admissible(seq):
                 continue
             # with nothing held the head is admitted whatever the factor, so the engine never stalls
             if reserved + seq.peak_blocks > limit and (self.running or self.swapped):
                 break
             try:
-                attach(seq)
+                self.sessions.attach(seq)
                 self._grow(seq, len(seq))  # the whole prompt's blocks must be free now
             except NeedBlocks:
                 break
-            self.waiting.remove(seq)
             self._admit(seq)
             reserved += seq.peak_blocks
             n = min(seq.num_uncomputed, budget)
@@ -150,6 +190,7 @@ class Scheduler:
             budget -= n
         return work
 
+    # ---- leaving the running queue ---------------------------------------------------------------
     def requeue(self, seq: Sequence) -> None:
         """Put a sequence whose KV is gone back at the front of the queue, to be recomputed."""
         seq.num_computed = 0
@@ -157,3 +198,61 @@ class Scheduler:
         seq.host_kv = None
         seq.status = Status.WAITING
         self.waiting.appendleft(seq)
+
+    def preempt_newest(self) -> Sequence | None:
+        """vLLM's preemption: the newest running sequence frees its blocks and waits to be
+        recomputed. None when nothing runs."""
+        if not self.running:
+            return None
+        seq = max(self.running, key=lambda s: s.admit_order)
+        self.running.remove(seq)
+        self.kv.free(seq.block_table)
+        self.requeue(seq)
+        return seq
+
+    def lose_all(self) -> list[Sequence]:
+        """A crash: every held sequence (running or swapped) goes back to the front of the queue,
+        oldest first, and waiting turns lose the blocks they took. The KV itself is reset by the
+        caller. Returns the sequences that were held."""
+        held = sorted(self.running + list(self.swapped), key=lambda q: q.admit_order)
+        self.running, self.swapped = [], deque()
+        for seq in self.waiting:
+            seq.block_table, seq.num_computed = [], 0
+        for seq in reversed(held):
+            self.requeue(seq)
+        return held
+
+    def finish(self, seq: Sequence, now: float) -> None:
+        """A finished sequence leaves: its blocks are freed, or kept by its session for the next turn."""
+        seq.status = Status.FINISHED
+        self.running.remove(seq)
+        if seq.request.session_id is None:
+            self.kv.free(seq.block_table)
+        else:
+            self.sessions.keep(seq, now)
+        seq.block_table = []
+
+    def evict(self, target_free: int) -> CopyReport:
+        """Move idle session contexts (least recently used first), then the newest running
+        sequences, to host memory until ``target_free`` blocks are free or the host is full."""
+        report = CopyReport()
+        running = [q for q in self.running if q.block_table]
+        for v in self.sessions.idle() + sorted(running, key=lambda q: -q.admit_order):
+            if self.kv.blocks.num_free >= target_free:
+                break
+            n = len(v.block_table)
+            try:
+                host = self.kv.swap_out(v.block_table)
+            except HostFull:
+                break
+            v.block_table, v.host_kv = [], host
+            report.blocks += n
+            report.bytes += n * self.kv.pool.block_bytes
+            if isinstance(v, Sequence):
+                self.running.remove(v)
+                v.status = Status.SWAPPED
+                self.swapped.append(v)
+                report.sequences += 1
+            else:
+                report.contexts += 1
+        return report

@@ -3,11 +3,11 @@ from __future__ import annotations
 
 import enum
 import math
-from dataclasses import dataclass
 
 import torch
 
-from env.workloads.request import Request
+from engine.records import RequestRecord
+from engine.request import Request
 
 
 class Status(enum.Enum):
@@ -15,32 +15,6 @@ class Status(enum.Enum):
     RUNNING = "running"
     SWAPPED = "swapped"
     FINISHED = "finished"
-
-
-@dataclass
-class RequestRecord:
-    """What happened to one request; TTFT, TPOT and goodput are computed from these."""
-
-    request_id: str
-    arrival_s: float
-    prompt_len: int
-    max_tokens: int
-    output_len: int = 0
-    first_token_s: float | None = None
-    finish_s: float | None = None
-    preemptions: int = 0
-    restarts: int = 0
-    session_id: str | None = None
-
-    @property
-    def ttft_s(self) -> float | None:
-        return None if self.first_token_s is None else self.first_token_s - self.arrival_s
-
-    @property
-    def tpot_s(self) -> float | None:
-        if self.finish_s is None or self.first_token_s is None or self.output_len < 2:
-            return None
-        return (self.finish_s - self.first_token_s) / (self.output_len - 1)
 
 
 class Sequence:

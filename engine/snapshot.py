@@ -1,4 +1,4 @@
-"""The snapshot: every quantity DESIGN.md's "What the controller sees" lists, taken at a decision.
+"""The snapshot: every quantity docs/design.md's "What the controller sees" lists, taken at a decision.
 
 Values here are raw (ratios, counts, milliseconds, tokens); turning them into a bounded float32
 observation is the environment's job, so the sidecar and the environment read the same record.
@@ -6,8 +6,8 @@ observation is the environment's job, so the sidecar and the environment read th
 from __future__ import annotations
 
 import math
-from itertools import takewhile
 from dataclasses import dataclass
+from itertools import takewhile
 
 import numpy as np
 
@@ -61,7 +61,7 @@ def take_snapshot(engine, previous: Snapshot | None) -> Snapshot:
     interval = takewhile(lambda it: it.end_s > since, reversed(engine.iterations))
     decodes = [it.duration_s for it in interval if it.decode_tokens]
     recent = [n for t, n in engine.finished_lengths if t >= now - LENGTH_WINDOW_S]
-    on_host = len(s.swapped) + sum(1 for c in engine.sessions.values() if c.host_kv is not None)
+    on_host = len(s.swapped) + engine.sessions.on_host()
     dev = engine.device
     return Snapshot(
         time_s=now, alloc_ratio=alloc, alloc_slope=slope, frag_entropy=kv.blocks.frag_entropy(),

@@ -1,4 +1,4 @@
-"""The observation vector: DESIGN.md's snapshot features, each mapped into a documented range.
+"""The observation vector: docs/design.md's snapshot features, each mapped into a documented range.
 
 | index | feature | mapping | range |
 |---|---|---|---|

@@ -1,10 +1,12 @@
 """``rlctl/Overcommit-v0``: the engine, a workload and a decision interval as a Gymnasium env.
 
-Each step applies one of DESIGN.md's five actions, runs the engine for ``decision_interval_s``
-of engine time (the tensor-free ``ProfiledExecutor`` on the deployment's roofline clock, or a
-given cost model) and returns the observation of the snapshot taken then.
+Each step is one decision interval (``engine.control.run_interval``, the loop the live engine
+uses too): apply one of docs/design.md's five actions, run the engine for ``decision_interval_s`` of
+engine time (the tensor-free ``ProfiledExecutor`` on the deployment's roofline clock, or a given
+cost model), and return the observation of the snapshot taken then.
 
-Reward, each term over the interval just ended, weights from the scenario's ``reward``:
+Reward, each term over the interval just ended (``engine.metrics.since``), weights from the
+scenario's ``reward``:
 
     r = alpha * throughput + beta * alloc - gamma * slo_violation - omega * ooms
 
@@ -24,50 +26,28 @@ that evaluation never recomputes a figure differently.
 """
 from __future__ import annotations
 
+from collections import deque
 from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
+from engine import metrics
+from engine.control import ACTIONS, Event, run_interval
 from engine.engine import Engine
 from engine.executor import ProfiledExecutor
-from engine.metrics import meets_slo, summarize
+from engine.metrics import summarize
 from engine.roofline import DEPLOYMENTS
 from engine.scheduler import BatchShape
 from env.observation import FEATURES, HIGH, LOW, observe
-from env.scenario import Scenario, load_scenario
+from env.scenario import Scenario
+from env.scenario_yaml import load_scenario
 from env.workload_builder import episode_requests
 
-ACTIONS = ("hold", "scale_up", "back_off", "defrag", "evict")
-HOLD, SCALE_UP, BACK_OFF, DEFRAG, EVICT = range(len(ACTIONS))
-
-
-def apply_action(engine: Engine, action: int, evict_free_share: float) -> dict:
-    """Apply one of ``ACTIONS`` to ``engine`` now (between iterations); what it did."""
-    if action == SCALE_UP:
-        engine.set_overcommit(engine.overcommit + engine.config.overcommit_step)
-    elif action == BACK_OFF:
-        engine.set_overcommit(engine.overcommit - engine.config.overcommit_step)
-    elif action == DEFRAG:
-        r = engine.compact()
-        return {"compacted_blocks": r.blocks, "copy_s": r.seconds}
-    elif action == EVICT:
-        r = engine.evict(evict_free_share)
-        return {"evicted_blocks": r.blocks, "copy_s": r.seconds}
-    elif action != HOLD:
-        raise ValueError(f"action must be one of 0..{len(ACTIONS) - 1} ({', '.join(ACTIONS)}), got {action!r}")
-    return {}
-
-
-def pinned(config_overrides: dict) -> dict:
-    """Engine overrides with the overcommit range widened to admit a pinned factor."""
-    o = dict(config_overrides)
-    if "overcommit" in o:
-        k = float(o["overcommit"])
-        o.setdefault("overcommit_min", min(1.0, k))
-        o["overcommit_max"] = max(o.get("overcommit_max", 2.0), k)
-    return o
+# reward term -> (weight of the scenario's ``reward``, sign)
+REWARD_TERMS = {"throughput": ("alpha", 1.0), "alloc": ("beta", 1.0), "slo_violation": ("gamma", -1.0),
+                "ooms": ("omega", -1.0)}
 
 
 class OvercommitEnv(gym.Env):
@@ -97,46 +77,37 @@ class OvercommitEnv(gym.Env):
     def reset(self, *, seed: int | None = None, options: dict | None = None):
         super().reset(seed=seed)
         sc, rng = self.scenario, self.np_random
-        overrides = pinned({**self.engine_overrides, **((options or {}).get("engine") or {})})
+        overrides = {**self.engine_overrides, **((options or {}).get("engine") or {})}
+        factor = overrides.pop("overcommit", None)
         cfg = sc.engine_config(seed=int(rng.integers(2**31)), **overrides)
+        if factor is not None:  # a pinned factor (a static policy's) is in range by definition
+            cfg = cfg.pinned(float(factor))
         self.engine = Engine(self.deployment.model, cfg, executor=ProfiledExecutor(self.cost))
         requests, self.workload_line = episode_requests(sc.workload, sc.episode_s, self.engine.max_model_len, rng)
         for req in requests:
             self.engine.submit(req)
-        self._tenant_changes = self._draw_cotenant(rng)
-        self._steps, self._done_seen, self._its_seen = 0, 0, 0
-        self._tokens_seen, self._ooms_seen = 0, 0
+        self._events = self._cotenant_events(rng)
+        self._steps = 0
         self.shield_overrides = 0
         self.actions_taken = [0] * len(ACTIONS)
-        self._apply_tenants()
+        while self._events and self._events[0][0] <= 0.0:
+            self._events.popleft()[1](self.engine)
         snap = self.engine.snapshot()
         return observe(snap, sc.observation, self.engine.max_model_len), {
             "time_s": 0.0, "workload": self.workload_line, "requests": len(requests), "overcommit": self.engine.overcommit}
 
-    def _draw_cotenant(self, rng: np.random.Generator) -> list[tuple[float, float]]:
+    def _cotenant_events(self, rng: np.random.Generator) -> deque[Event]:
+        """The co-tenant's schedule: its share of device memory, redrawn after each hold."""
         c = self.scenario.cotenant
+        events: deque[Event] = deque()
         if c is None:
-            return []
-        changes, t = [], 0.0
+            return events
+        t = 0.0
         while t < self.scenario.episode_s:
-            changes.append((t, float(rng.choice(c.levels))))
+            share = float(rng.choice(c.levels))
+            events.append((t, lambda e, share=share: e.device.set_tenants(int(share * e.device.capacity))))
             t += float(rng.exponential(c.mean_hold_s))
-        return changes
-
-    def _apply_tenants(self) -> None:
-        e = self.engine
-        while self._tenant_changes and self._tenant_changes[0][0] <= e.clock:
-            _, share = self._tenant_changes.pop(0)
-            e.device.set_tenants(int(share * e.device.capacity))
-
-    def _advance(self, until: float) -> None:
-        e = self.engine
-        while e.clock < until:
-            stop = min(until, self._tenant_changes[0][0]) if self._tenant_changes else until
-            e.run(until=stop)
-            self._apply_tenants()
-            if not e.has_work() and e.clock < stop:
-                break
+        return events
 
     def step(self, action):
         if self.engine is None:
@@ -148,59 +119,31 @@ class OvercommitEnv(gym.Env):
         applied = requested if self.shield is None else self.shield.filter(requested, e.last_snapshot)
         self.shield_overrides += applied != requested
         self.actions_taken[applied] += 1
-        start = e.clock
-        effect = apply_action(e, applied, sc.evict_free_share)
+        start = metrics.mark(e)
         self._steps += 1
-        self._advance(self._steps * sc.decision_interval_s)
-        snap = e.snapshot()
-        obs = observe(snap, sc.observation, e.max_model_len)
-        info = self._interval_info(start, requested, applied, effect)
-        terms = info["reward_terms"]
-        w = sc.reward
-        reward = w.alpha * terms["throughput"] + w.beta * terms["alloc"] - w.gamma * terms["slo_violation"] - w.omega * terms["ooms"]
+        interval = run_interval(e, applied, self._steps * sc.decision_interval_s, self._events, sc.evict_free_share)
+        obs = observe(interval.snapshot, sc.observation, e.max_model_len)
+        figures = metrics.since(e, start)
+        terms = {"throughput": figures["goodput_tokens_per_s"] / self.tokens_per_s_scale, "alloc": figures["kv_util"],
+                 "slo_violation": figures["slo_violation"], "ooms": figures["oom_events"]}
+        weighted = {k: sign * getattr(sc.reward, w) * terms[k] for k, (w, sign) in REWARD_TERMS.items()}
+        reward = weighted["throughput"] + weighted["alloc"] + weighted["slo_violation"] + weighted["ooms"]
+        waiting, running, swapped = e.queue_lengths()
+        info = {
+            "time_s": e.clock, "step": self._steps, "action": ACTIONS[requested], "applied_action": ACTIONS[applied],
+            "overcommit": e.overcommit, "generated_tokens_per_s": figures["generated_tokens_per_s"],
+            "goodput_tokens_per_s": figures["goodput_tokens_per_s"], "kv_util": figures["kv_util"],
+            "requests_completed": figures["requests_completed"], "queue_len": waiting, "running": running,
+            "swapped": swapped, "oom_events": figures["oom_events"], "oom_total": e.counters.oom_events,
+            "preemptions": e.counters.preemptions, "restarting": e.down_until is not None,
+            "ttft_p50_s": figures["ttft_p50_s"], "shield_overrides": self.shield_overrides, **interval.effect,
+            "reward_terms": terms, "weighted_reward_terms": weighted,
+        }
         terminated = not e.has_work() or (sc.terminate_on_oom and terms["ooms"] > 0)
         truncated = not terminated and self._steps >= sc.max_steps
         if terminated or truncated:
             info["summary"] = self.summary()
         return obs, float(reward), terminated, truncated, info
-
-    def _interval_info(self, start: float, requested: int, applied: int, effect: dict) -> dict:
-        e, cfg = self.engine, self.engine.config
-        now = e.clock
-        span = max(now - start, 1e-9)
-        done = e.completed[self._done_seen:]
-        self._done_seen = len(e.completed)
-        its = e.iterations[self._its_seen:]
-        self._its_seen = len(e.iterations)
-        good = [r for r in done if meets_slo(r, cfg.ttft_slo_s, cfg.tpot_slo_s)]
-        if its:
-            durations = np.array([it.duration_s for it in its])
-            util = float(np.average([it.alloc_ratio for it in its], weights=durations)) if durations.sum() > 0 else its[-1].alloc_ratio
-        else:
-            util = e.kv.blocks.usage()
-        slo_set = cfg.ttft_slo_s is not None or cfg.tpot_slo_s is not None
-        late = 0
-        if cfg.ttft_slo_s is not None:
-            late = sum(1 for q in e.scheduler.waiting if q.record.first_token_s is None and now - q.record.arrival_s > cfg.ttft_slo_s)
-        judged = len(done) + len(e.scheduler.waiting)
-        violation = (len(done) - len(good) + late) / judged if slo_set and judged else 0.0
-        ooms = e.counters.oom_events - self._ooms_seen
-        self._ooms_seen = e.counters.oom_events
-        tokens = e.counters.tokens_generated - self._tokens_seen
-        self._tokens_seen = e.counters.tokens_generated
-        goodput = sum(r.output_len for r in good) / span
-        ttft = [r.ttft_s for r in done]
-        return {
-            "time_s": now, "step": self._steps, "action": ACTIONS[requested], "applied_action": ACTIONS[applied],
-            "overcommit": e.overcommit, "tokens_per_s": tokens / span, "goodput_tokens_per_s": goodput,
-            "kv_util": util, "requests_completed": len(done), "queue_len": len(e.scheduler.waiting),
-            "running": len(e.scheduler.running), "swapped": len(e.scheduler.swapped), "oom_events": ooms,
-            "oom_total": e.counters.oom_events, "preemptions": e.counters.preemptions,
-            "restarting": e.down_until is not None, "ttft_p50_s": float(np.median(ttft)) if ttft else None,
-            "shield_overrides": self.shield_overrides, **effect,
-            "reward_terms": {"throughput": goodput / self.tokens_per_s_scale, "alloc": util,
-                             "slo_violation": violation, "ooms": ooms},
-        }
 
     def summary(self) -> dict:
         """The episode so far: ``summarize`` of the engine plus what the controller did."""
@@ -213,4 +156,3 @@ class OvercommitEnv(gym.Env):
 
 def make_env(scenario: Scenario | str | Path = "burst", **kwargs) -> OvercommitEnv:
     return OvercommitEnv(scenario, **kwargs)
-

@@ -1,14 +1,20 @@
-"""``rlctl``: one command line for everything (replay, serve, train, eval, bench, profile, demo)."""
+"""``rlctl``: one command line for everything (replay, serve, train, eval, bench, profile, demo).
+
+This file holds every subcommand's options, their checks and the dispatch, and so runs past 350
+lines; the work itself lives in the modules each command calls."""
 from __future__ import annotations
 
 import argparse
 import json
+import math
+from pathlib import Path
 from dataclasses import asdict
 import sys
 
 from env.workloads import ReplaySpec, TraceError
 from engine.config import EngineConfig
-from rlctl.replay import DEFAULT_ENGINE, build_engine, format_table, load_requests, replay
+from rlctl.replay import DEFAULT_ENGINE, build_engine, load_requests, replay
+from rlctl.report import EVAL_ROWS, LIVE_ROWS, compare, format_actuators, format_table
 
 
 def _factor(text: str) -> float:
@@ -74,11 +80,8 @@ def _replay_runs(a: argparse.Namespace, trace, factors: list[float]) -> dict[str
 def _live_run(a: argparse.Namespace) -> dict[str, dict]:
     """One replay steered by the sidecar at ``--controller``; ``--overcommit`` is the safe static
     factor the engine starts at and falls back to."""
-    import math
-
-    from rlctl.engine_metrics import EngineMetrics
-    from rlctl.live import ClientTLS, LiveController, replay_live
-    from rlctl.mps import MPSLimit
+    from rlctl.online.live import ClientTLS, steer
+    from rlctl.online.mps import MPSLimit
 
     if len(a.overcommit) != 1 or not math.isfinite(a.overcommit[0]):
         raise ValueError("--controller: give one finite --overcommit, the safe factor the engine starts at "
@@ -102,35 +105,15 @@ def _live_run(a: argparse.Namespace) -> dict[str, dict]:
           f"controller {a.controller} every {a.decision_interval:g} s (deadline {a.deadline_ms:g} ms, "
           f"safe factor {factor:g})")
     tls = ClientTLS(a.controller_ca, a.controller_cert, a.controller_key) if a.controller_ca else None
-    metrics = server = None
-    if a.metrics_port is not None:
-        from pathlib import Path
-
-        metrics = EngineMetrics(model_name=Path(a.model_dir).name if a.model_dir else "rlctl-tiny")
-        try:
-            server, _ = metrics.start_http(a.metrics_port)
-        except OSError as exc:
-            raise ValueError(f"--metrics-port {a.metrics_port}: cannot serve on 127.0.0.1 "
-                             f"({exc.strerror or exc})") from None
-        print(f"metrics: http://127.0.0.1:{server.server_port}/metrics while the replay runs", flush=True)
-    mps = MPSLimit() if a.mps_next_limit is not None else None
-    controller = LiveController(a.controller, a.deadline_ms / 1000, factor, tls=tls, metrics=metrics, mps=mps,
-                                mps_device=a.mps_next_limit or 0)
-    try:
-        figures = replay_live(requests, engine, controller, a.decision_interval)
-    finally:
-        controller.close()
-        if server is not None:
-            server.shutdown()
-            server.server_close()
-    extra = {"metrics_port": server.server_port} if server is not None else {}
-    return {"controller": {**figures, **extra, "overcommit": factor, "oom_mode": a.oom, "trace": str(a.trace),
+    figures = steer(requests, engine, a.controller, a.decision_interval, a.deadline_ms / 1000, factor, tls=tls,
+                    metrics_port=a.metrics_port, model_name=Path(a.model_dir).name if a.model_dir else "rlctl-tiny",
+                    mps_device=a.mps_next_limit, say=lambda line: print(line, flush=True))
+    return {"controller": {**figures, "overcommit": factor, "oom_mode": a.oom, "trace": str(a.trace),
                            "workload": spec.describe(), "engine": asdict(engine.config),
                            "model": asdict(engine.model_config)}}
 
 
 def cmd_replay(a: argparse.Namespace) -> int:
-    from rlctl.live import LIVE_ROWS, format_actuators
 
     if not a.controller:
         for given, option in ((a.metrics_port is not None, "--metrics-port"), (a.mps_next_limit is not None,
@@ -156,7 +139,6 @@ def cmd_demo(a: argparse.Namespace) -> int:
     on held-out trace windows; the table, a plot and the TensorBoard logs."""
     from pathlib import Path
 
-    from rlctl.evaluate import EVAL_ROWS
     from rlctl.plot import draw
     from rlctl.train import load_train_config, train
 
@@ -174,7 +156,7 @@ def cmd_demo(a: argparse.Namespace) -> int:
 
 
 def cmd_serve(a: argparse.Namespace) -> int:
-    from rlctl.sidecar import Fault, TLSFiles, serve
+    from rlctl.online.sidecar import Fault, TLSFiles, serve
 
     if (a.tls_cert is None) != (a.tls_key is None) or (a.tls_client_ca and not a.tls_cert):
         raise ValueError("--tls-cert and --tls-key go together (and --tls-client-ca needs them)")
@@ -224,8 +206,8 @@ def cmd_profile(a: argparse.Namespace) -> int:
 
 
 def cmd_eval(a: argparse.Namespace) -> int:
-    from agents.baselines import STATIC_SWEEP, baselines, make_policy
-    from rlctl.evaluate import EVAL_ROWS, eval_scenario, run_eval
+    from agents.spec import STATIC_SWEEP, baselines, make_policy
+    from rlctl.evaluate import eval_scenario, run_eval
 
     sc = eval_scenario(a.scenario, a.trace, a.time_scale, a.max_tokens, a.steps)
     specs = list(dict.fromkeys(a.policy + (baselines(sc.best_static) if a.baselines else [])
@@ -255,8 +237,7 @@ def cmd_eval(a: argparse.Namespace) -> int:
 
 
 def cmd_train(a: argparse.Namespace) -> int:
-    from rlctl.evaluate import EVAL_ROWS
-    from rlctl.train import compare, load_train_config, train
+    from rlctl.train import load_train_config, train
 
     seeds = a.seeds or [a.seed]
     configs = [(path, load_train_config(path, timesteps=a.timesteps, seed=s, n_envs=a.n_envs))

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from agents.baselines import Policy
+from agents.policy import Policy
 from env.overcommit_env import OvercommitEnv
 
-SERIES = ("time_s", "kv_util", "overcommit", "queue_len", "oom_events", "preemptions", "tokens_per_s")
+SERIES = ("time_s", "kv_util", "overcommit", "queue_len", "oom_events", "preemptions", "generated_tokens_per_s")
 
 
 def run_episode(env: OvercommitEnv, policy: Policy, seed: int) -> tuple[dict, dict[str, list]]:
@@ -43,10 +43,6 @@ def evaluate(env: OvercommitEnv, policy: Policy, episodes: int = 1, seed: int = 
     return {**mean, "policy": policy.name, "episodes": summaries, "series": runs[0][1]}
 
 
-EVAL_ROWS = [
-    ("shield overrides", "shield_overrides", "{:.0f}"),
-    ("episode reward", "episode_reward", "{:.1f}"),
-]
 
 
 def eval_scenario(scenario: str | None, trace: str | None, time_scale: float | None, max_tokens: str | None,
@@ -55,7 +51,8 @@ def eval_scenario(scenario: str | None, trace: str | None, time_scale: float | N
     a scenario's deployment and settings (default ``steady``)."""
     import dataclasses
 
-    from env.scenario import TraceWorkload, load_scenario
+    from env.scenario import TraceWorkload
+    from env.scenario_yaml import load_scenario
 
     sc = load_scenario(scenario or "steady")
     if trace is not None:

@@ -1,5 +1,6 @@
 """TensorBoard review of a training run: what each episode did, the evaluation against the
-baselines, the hyperparameters with their final figures, and readers for the event files.
+baselines, and the hyperparameters with their final figures (tests/tensorboard_events.py reads
+the event files back).
 
 - ``ReviewCallback``: a stable-baselines3 callback for ``model.learn`` on a VecEnv of
   ``OvercommitEnv`` (``DummyVecEnv`` or ``SubprocVecEnv``). At each episode end (an ``info`` with
@@ -13,13 +14,12 @@ baselines, the hyperparameters with their final figures, and readers for the eve
 - ``log_evaluation``: ``rlctl.evaluate``'s results as a markdown table (text plugin, tag
   ``eval/table``) and as scalars ``eval/<policy>/<figure>``.
 - ``log_hparams``: hyperparameters and final figures for the HPARAMS tab.
-- ``read_scalars``, ``read_text``, ``read_hparams``: what the event files under a run hold.
 
 Reward terms: ``episode/reward_terms/<term>`` is the term's signed, weighted contribution summed
 over the episode (``alpha*throughput``, ``beta*alloc``, ``-gamma*slo_violation``,
-``-omega*ooms``, the weights from each environment's ``scenario.reward``), so the four add up to
-the environment's episode reward; ``episode/raw_terms/<term>`` is the unweighted sum. Where the
-weights cannot be read from the environments, only the raw sums are recorded.
+``-omega*ooms``, as each step's ``info["weighted_reward_terms"]`` gives them), so the four add up
+to the environment's episode reward; ``episode/raw_terms/<term>`` is the unweighted sum. An
+environment whose ``info`` has no weighted terms gets the raw sums only.
 """
 from __future__ import annotations
 
@@ -27,17 +27,13 @@ import math
 import os
 from collections import deque
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 from stable_baselines3.common.callbacks import BaseCallback
 
-from env.overcommit_env import ACTIONS
+from engine.control import ACTIONS
 
 TERMS = ("throughput", "alloc", "slo_violation", "ooms")
-# term -> (weight attribute of scenario.reward, sign in the reward)
-TERM_WEIGHTS = {"throughput": ("alpha", 1.0), "alloc": ("beta", 1.0), "slo_violation": ("gamma", -1.0),
-                "ooms": ("omega", -1.0)}
 # summary key -> tag under episode/ (figures of engine.metrics.summarize and the env's summary)
 EPISODE_FIGURES = {
     "goodput_tokens_per_s": "goodput_tokens_per_s",
@@ -79,6 +75,7 @@ class _Episode:
         self.reward = 0.0
         self.steps = 0
         self.terms = dict.fromkeys(TERMS, 0.0)
+        self.weighted: dict[str, float] | None = dict.fromkeys(TERMS, 0.0)
         self.overcommit: list[float] = []
         self.actions = dict.fromkeys(ACTIONS, 0)
 
@@ -88,6 +85,12 @@ class _Episode:
         for k, v in (info.get("reward_terms") or {}).items():
             if k in self.terms and _number(v) is not None:
                 self.terms[k] += float(v)
+        weighted = info.get("weighted_reward_terms")
+        if weighted is None:  # an environment that does not weigh its terms: raw sums only
+            self.weighted = None
+        elif self.weighted is not None:
+            for k in self.weighted:
+                self.weighted[k] += float(weighted.get(k, 0.0))
         if _number(info.get("overcommit")) is not None:
             self.overcommit.append(float(info["overcommit"]))
         if info.get("applied_action") in self.actions:
@@ -109,7 +112,6 @@ class ReviewCallback(BaseCallback):
             raise ValueError(f"window must be > 0, got {window}")
         self.window, self.dump = window, dump
         self.episodes: list[_Episode] = []
-        self.weights: list[dict[str, float] | None] = []
         self.recent: dict[str, deque] = {}
         self.episodes_done = 0
         self._pending = False
@@ -119,14 +121,6 @@ class ReviewCallback(BaseCallback):
         # learn(reset_num_timesteps=False) goes on with the episodes under way: keep their sums
         if self.locals.get("reset_num_timesteps", True) or len(self.episodes) != n:
             self.episodes = [_Episode() for _ in range(n)]
-        self.weights = [self._weights(i) for i in range(n)]
-
-    def _weights(self, i: int) -> dict[str, float] | None:
-        try:
-            reward = self.training_env.get_attr("scenario", indices=[i])[0].reward
-            return {t: sign * float(getattr(reward, attr)) for t, (attr, sign) in TERM_WEIGHTS.items()}
-        except Exception:  # an env without a scenario: raw terms only
-            return None
 
     def _on_step(self) -> bool:
         infos = self.locals.get("infos") or []
@@ -136,12 +130,11 @@ class ReviewCallback(BaseCallback):
         for i, info in enumerate(infos):
             if i >= len(self.episodes):
                 self.episodes.append(_Episode())
-                self.weights.append(self._weights(i))
             ep = self.episodes[i]
             ep.add(0.0 if rewards is None else rewards[i], info)
             done = bool(dones[i]) if dones is not None else False
             if "summary" in info or done:
-                self._record(ep, info.get("summary"), self.weights[i])
+                self._record(ep, info.get("summary"))
                 self.episodes[i] = _Episode()
                 ended = True
         if ended:
@@ -158,13 +151,13 @@ class ReviewCallback(BaseCallback):
             self.logger.dump(self.num_timesteps)
         self._pending = False
 
-    def _record(self, ep: _Episode, summary: dict | None, weights: dict[str, float] | None) -> None:
+    def _record(self, ep: _Episode, summary: dict | None) -> None:
         self.episodes_done += 1
         values: dict[str, float] = {"episode/reward": ep.reward, "episode/length": float(ep.steps)}
         for t in TERMS:
             values[f"episode/raw_terms/{t}"] = ep.terms[t]
-            if weights is not None:
-                values[f"episode/reward_terms/{t}"] = weights[t] * ep.terms[t]
+            if ep.weighted is not None:
+                values[f"episode/reward_terms/{t}"] = ep.weighted[t]
         if ep.overcommit:
             values["episode/overcommit_mean"] = float(np.mean(ep.overcommit))
         counts = dict(ep.actions)
@@ -215,9 +208,8 @@ def _tag_part(name: str) -> str:
 
 
 def evaluation_markdown(results: dict[str, dict], extra_rows: list | None = None) -> str:
-    """``rlctl.replay.format_table``'s rows and cells as a markdown table (one column per policy)."""
-    from rlctl.evaluate import EVAL_ROWS
-    from rlctl.replay import ROWS, _cell
+    """``rlctl.report.format_table``'s rows and cells as a markdown table (one column per policy)."""
+    from rlctl.report import EVAL_ROWS, ROWS, _cell
 
     rows = ROWS + list(EVAL_ROWS if extra_rows is None else extra_rows)
     names = list(results)
@@ -297,91 +289,3 @@ def log_hparams(run_dir: str | os.PathLike, hparams: dict, metrics: dict, run_na
         for k, v in metric_values.items():
             w.add_scalar(k, v)
     return session
-
-
-# ---- readers ----------------------------------------------------------------------------------------
-def event_files(run_dir: str | os.PathLike) -> list[Path]:
-    """Every TensorBoard event file under ``run_dir`` (recursively), in name order."""
-    root = Path(run_dir)
-    if root.is_file():
-        return [root]
-    return sorted(p for p in root.rglob("*") if p.is_file() and "tfevents" in p.name)
-
-
-def _accumulators(run_dir):
-    from tensorboard.backend.event_processing import event_accumulator as ea
-
-    guidance = {ea.SCALARS: 0, ea.TENSORS: 0, ea.COMPRESSED_HISTOGRAMS: 0, ea.HISTOGRAMS: 0, ea.IMAGES: 0,
-                ea.AUDIO: 0}
-    for path in event_files(run_dir):
-        acc = ea.EventAccumulator(str(path), size_guidance=guidance)
-        acc.Reload()
-        yield path, acc
-
-
-def _plugin_tags(acc, plugin: str) -> dict[str, bytes]:
-    try:
-        return acc.PluginTagToContent(plugin)
-    except KeyError:  # no tag of that plugin in this file
-        return {}
-
-
-def read_scalars(run_dir: str | os.PathLike) -> dict[str, list[tuple[int, float]]]:
-    """Every scalar under ``run_dir``: tag -> [(step, value), ...], merged over all event files
-    (a tag in several files, e.g. a metric in the run and its hparams session, has all points),
-    sorted by step then wall time. Scalars written as tensors (``new_style``) are included."""
-    from tensorboard.util import tensor_util
-
-    points: dict[str, list[tuple[int, float, float]]] = {}
-    for _, acc in _accumulators(run_dir):
-        tags = acc.Tags()
-        for tag in tags.get("scalars", []):
-            points.setdefault(tag, []).extend((e.step, e.wall_time, float(e.value)) for e in acc.Scalars(tag))
-        for tag in _plugin_tags(acc, "scalars"):
-            if tag in tags.get("tensors", []):
-                points.setdefault(tag, []).extend(
-                    (e.step, e.wall_time, float(tensor_util.make_ndarray(e.tensor_proto).item())) for e in acc.Tensors(tag))
-    return {tag: [(s, v) for s, _, v in sorted(p, key=lambda x: (x[0], x[1]))] for tag, p in sorted(points.items())}
-
-
-def read_text(run_dir: str | os.PathLike) -> dict[str, list[tuple[int, str]]]:
-    """Every text summary under ``run_dir``: tag -> [(step, text), ...] (SummaryWriter.add_text's
-    tags end in ``/text_summary``)."""
-    from tensorboard.util import tensor_util
-
-    out: dict[str, list[tuple[int, float, str]]] = {}
-    for _, acc in _accumulators(run_dir):
-        for tag in _plugin_tags(acc, "text"):
-            for e in acc.Tensors(tag):
-                arr = tensor_util.make_ndarray(e.tensor_proto)
-                parts = [x.decode("utf-8") if isinstance(x, bytes) else str(x) for x in np.ravel(arr)]
-                out.setdefault(tag, []).append((e.step, e.wall_time, "\n".join(parts)))
-    return {tag: [(s, t) for s, _, t in sorted(p, key=lambda x: (x[0], x[1]))] for tag, p in sorted(out.items())}
-
-
-def read_hparams(run_dir: str | os.PathLike) -> dict[str, dict[str, Any]]:
-    """The HParams plugin data under ``run_dir``: session directory (relative to ``run_dir``) ->
-    {"hparams": {name: value}, "metrics": [metric tags], "status": session end status}."""
-    from tensorboard.plugins.hparams import plugin_data_pb2
-
-    root = Path(run_dir)
-    out: dict[str, dict[str, Any]] = {}
-    for path, acc in _accumulators(run_dir):
-        content = _plugin_tags(acc, "hparams")
-        if not content:
-            continue
-        rel = os.path.relpath(path.parent, root) if root.is_dir() else str(path.parent)
-        entry = out.setdefault(rel, {"hparams": {}, "metrics": [], "status": None})
-        for blob in content.values():
-            data = plugin_data_pb2.HParamsPluginData.FromString(blob)
-            kind = data.WhichOneof("data")
-            if kind == "experiment":
-                entry["metrics"] = [m.name.tag for m in data.experiment.metric_infos]
-            elif kind == "session_start_info":
-                for name, value in data.session_start_info.hparams.items():
-                    which = value.WhichOneof("kind")
-                    entry["hparams"][name] = (getattr(value, which) if which in ("number_value", "string_value", "bool_value")
-                                              else str(value))
-            elif kind == "session_end_info":
-                entry["status"] = data.session_end_info.status
-    return out

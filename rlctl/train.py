@@ -22,11 +22,13 @@ from stable_baselines3.common.callbacks import BaseCallback, CallbackList, Check
 from stable_baselines3.common.logger import configure
 from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv
 
-from agents.baselines import Policy, baselines, make_policy
+from agents.policy import Policy
+from agents.spec import baselines, make_policy
 from agents.dqn import OvercommitDQN
 from agents.shield import Shield
 from env.overcommit_env import OvercommitEnv
-from env.scenario import Scenario, ScenarioError, TraceWorkload, from_mapping, load_scenario, read_yaml
+from env.scenario import Scenario, ScenarioError, TraceWorkload
+from env.scenario_yaml import from_mapping, load_scenario, read_yaml
 from rlctl.evaluate import evaluate
 
 
@@ -209,40 +211,3 @@ def train(cfg: TrainConfig, logdir: str | Path = "runs", resume: str | None = No
                "header": header}
     (run / "evaluation.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
     return summary
-
-
-def compare(runs: list[tuple[str, TrainConfig, dict]]) -> tuple[str, dict]:
-    """One row per config: the held-out figures of its runs, mean +- std over seeds, and the
-    baselines of the first run (the same held-out episodes for every run)."""
-    keys = ("goodput_tokens_per_s", "tokens_per_s", "kv_util_mean", "kv_util_p99", "oom_events", "ttft_p99_s",
-            "episode_reward")
-    rows, data = [], {}
-    for path in dict.fromkeys(p for p, _, _ in runs):
-        mine = [(cfg, out) for p, cfg, out in runs if p == path]
-        figures = {k: [out["results"]["dqn"][k] for _, out in mine] for k in keys}
-        seeds = [cfg.seed for cfg, _ in mine]
-        data[Path(path).stem] = {"seeds": seeds, "runs": [out["run"] for _, out in mine],
-                                 **{k: {"mean": float(np.mean(v)), "std": float(np.std(v)), "values": v}
-                                    for k, v in figures.items()}}
-        rows.append((f"dqn {Path(path).stem}", f"{','.join(map(str, seeds))}", figures))
-    first = runs[0][2]["results"]
-    for name, r in first.items():
-        if name != "dqn":
-            rows.append((name, "-", {k: [r[k]] for k in keys}))
-            data[name] = {k: r[k] for k in keys}
-
-    def cell(values: list[float], pct: bool = False) -> str:
-        scale = 100 if pct else 1
-        m, sd = scale * float(np.mean(values)), scale * float(np.std(values))
-        return f"{m:.1f}" + (f" +- {sd:.1f}" if len(values) > 1 else "")
-
-    header = ["policy", "seeds", "goodput tok/s", "tokens/s", "KV util %", "KV p99 %", "OOMs", "TTFT p99 s", "reward"]
-    lines = [header]
-    for name, seeds, f in rows:
-        lines.append([name, seeds, cell(f["goodput_tokens_per_s"]), cell(f["tokens_per_s"]),
-                      cell(f["kv_util_mean"], True), cell(f["kv_util_p99"], True), cell(f["oom_events"]),
-                      cell(f["ttft_p99_s"]), cell(f["episode_reward"])])
-    widths = [max(len(r[i]) for r in lines) for i in range(len(header))]
-    text = "\n".join("  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
-                     for r in lines)
-    return text, data

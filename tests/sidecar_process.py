@@ -10,8 +10,8 @@ from pathlib import Path
 import grpc
 from prometheus_client.parser import text_string_to_metric_families
 
-from rlctl.live import ClientTLS, wait_serving
-from rlctl.proto import controller_pb2_grpc as pb_grpc
+from rlctl.online.live import ClientTLS, wait_serving
+from rlctl.online.proto import controller_pb2_grpc as pb_grpc
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -14,9 +14,9 @@ import torch
 from engine.config import EngineConfig
 from engine.cost_model import CostModel
 from engine.executor import ProfiledExecutor
-from env.workloads.request import Request
-from rlctl.actuators import EngineQuota, TorchMemoryFraction, engine_memory_bytes
-from rlctl.nvml import NVMLTelemetry
+from engine.request import Request
+from rlctl.online.actuators import EngineQuota, TorchMemoryFraction, engine_memory_bytes
+from rlctl.online.nvml import NVMLTelemetry
 from rlctl.replay import build_engine
 
 COST = CostModel(fixed_s=1.5e-3, per_token_s=2e-5, per_context_token_s=2e-7, copy_fixed_s=1e-5, copy_bytes_per_s=2e9)

@@ -6,8 +6,8 @@ import json
 import pytest
 
 from engine.checkpoint import CheckpointError, load_checkpoint
-from engine.engine import RequestError
-from env.workloads.request import Request
+from engine.request import RequestError
+from engine.request import Request
 from rlctl.cli import main
 
 

@@ -42,7 +42,7 @@ def test_small_env_bench_reports_every_figure_finite_and_positive():
 
     import yaml
 
-    from env.scenario import scenario_from_dict
+    from env.scenario_yaml import scenario_from_dict
     from rlctl.bench import EnvBenchSizes
 
     data = yaml.safe_load(Path("experiments/scenarios/burst.yaml").read_text())

@@ -11,7 +11,7 @@ from engine.config import EngineConfig
 from engine.cost_model import CostModel
 from engine.executor import ProfiledExecutor
 from env.workloads import ReplaySpec
-from rlctl.engine_metrics import TTFT_BUCKETS, EngineMetrics
+from rlctl.online.engine_metrics import TTFT_BUCKETS, EngineMetrics
 from env.workloads import bundled_trace
 from rlctl.replay import build_engine, load_requests
 

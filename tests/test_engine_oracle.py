@@ -4,12 +4,12 @@ from __future__ import annotations
 import torch
 
 from conftest import hf_greedy
-from rlctl.bench import hf_twin
+from rlctl.bench.engine import hf_twin
 from engine.checkpoint import load_checkpoint
 from engine.config import EngineConfig
 from engine.engine import Engine
 from engine.sequence import Status
-from env.workloads.request import Request
+from engine.request import Request
 
 
 def _prompts(vocab: int, lengths: list[int], seed: int = 1) -> list[list[int]]:

@@ -11,11 +11,13 @@ import numpy as np
 import pytest
 import yaml
 
-from agents.baselines import make_policy
+from agents.spec import make_policy
 from env import ENV_ID
 from env.observation import FEATURES
-from env.overcommit_env import ACTIONS, OvercommitEnv
-from env.scenario import ScenarioError, bundled_scenarios, load_scenario, scenario_from_dict
+from engine.control import ACTIONS
+from env.overcommit_env import OvercommitEnv
+from env.scenario import ScenarioError
+from env.scenario_yaml import bundled_scenarios, load_scenario, scenario_from_dict
 from rlctl.evaluate import evaluate
 
 
@@ -82,7 +84,7 @@ def test_info_carries_the_raw_figures_and_the_episode_summary_is_the_engines():
         w = env.scenario.reward
         assert reward == pytest.approx(w.alpha * t["throughput"] + w.beta * t["alloc"] - w.gamma * t["slo_violation"]
                                        - w.omega * t["ooms"])
-        for key in ("tokens_per_s", "goodput_tokens_per_s", "kv_util", "oom_events", "ttft_p50_s", "overcommit"):
+        for key in ("generated_tokens_per_s", "goodput_tokens_per_s", "kv_util", "oom_events", "ttft_p50_s", "overcommit"):
             assert key in info
     assert truncated and not terminated
     summary = info["summary"]

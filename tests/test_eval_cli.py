@@ -6,7 +6,7 @@ from pathlib import Path
 
 import yaml
 
-from agents.baselines import baselines
+from agents.spec import baselines
 from rlctl.cli import main
 
 

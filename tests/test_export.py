@@ -17,13 +17,14 @@ import yaml
 from safetensors.torch import load as load_tensors
 from safetensors.torch import save_file
 
-from agents.baselines import make_policy
+from agents.spec import make_policy
 from agents.dqn import OvercommitDQN
 from agents.export import (FORMAT, HEADER_KEY, POLICY_SUFFIX, VERSION, ExportedPolicy, PolicyFileError,
                            export_policy, load_policy)
 from env.observation import FEATURES, HIGH, LOW
-from env.overcommit_env import ACTIONS, OvercommitEnv
-from env.scenario import scenario_from_dict
+from engine.control import ACTIONS
+from env.overcommit_env import OvercommitEnv
+from env.scenario_yaml import scenario_from_dict
 
 NET_ARCH = (32, 16)
 

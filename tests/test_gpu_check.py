@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from rlctl.gpu_check import GPU_CHECKS, _child
+from tests.gpu.checks import GPU_CHECKS, _child
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "scripts" / "gpu_check"

@@ -26,7 +26,7 @@ from engine.engine import Engine
 from engine.kv_cache import HostFull, KVCache, NeedBlocks
 from engine.kv_pool import KVPool
 from engine.sequence import Status
-from env.workloads.request import Request
+from engine.request import Request
 
 TINY = ModelConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_layers=2, num_heads=2, num_kv_heads=1)
 BLOCK_SIZE = 4

@@ -16,10 +16,11 @@ import torch
 from prometheus_client.parser import text_string_to_metric_families
 
 import rlctl.cli as cli
-import rlctl.engine_metrics as engine_metrics
-import rlctl.live as live
+import rlctl.online.engine_metrics as engine_metrics
+import rlctl.online.live as live
+import rlctl.report as report
 from engine.executor import ProfiledExecutor
-from rlctl.mps import NOT_AVAILABLE, MPSLimit
+from rlctl.online.mps import NOT_AVAILABLE, MPSLimit
 from env.workloads import bundled_trace
 from rlctl.replay import build_engine
 from tests.sidecar_process import free_port
@@ -45,7 +46,7 @@ def profiled_engine(cfg, factor, oom, model_dir=None, device="cpu"):
 
 def test_one_list_of_fallback_reasons():
     assert live.FALLBACK_REASONS is engine_metrics.FALLBACK_REASONS
-    assert [key for _, key, _ in live.LIVE_ROWS if key.startswith("fallbacks_")] == [
+    assert [key for _, key, _ in report.LIVE_ROWS if key.startswith("fallbacks_")] == [
         f"fallbacks_{r}" for r in engine_metrics.FALLBACK_REASONS]
 
 
@@ -63,14 +64,14 @@ def test_a_steered_replay_serves_the_engine_metrics_and_reports_its_actuators(
         def __init__(self, *a, **kw):
             super().__init__(*a, **{**kw, "backoff_s": 0.001, "backoff_max_s": 0.01})
 
-        def step(self, engine):
+        def step(self, engine, until):
             if self.decisions == 5 and "killed" not in seen:
                 sidecar.stop()
                 seen["killed"], seen["during"] = self.decisions, scrape(port)
             elif self.fallbacks["connection"] >= 3 and "restarted" not in seen:
                 sidecars(address, "watermark")
                 seen["restarted"] = self.decisions
-            return super().step(engine)
+            return super().step(engine, until)
 
     replay_live = live.replay_live
 

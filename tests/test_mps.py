@@ -16,7 +16,7 @@ import sys
 
 import pytest
 
-from rlctl.mps import GiB, MiB, MPSLimit, format_limit, parse_limit
+from rlctl.online.mps import GiB, MiB, MPSLimit, format_limit, parse_limit
 
 FAKE = r'''#!{python}
 import json, os, re, sys
@@ -223,7 +223,7 @@ def test_a_running_daemon_lists_its_servers(fake):
 
 
 def test_apply_for_an_engine_asks_for_its_weights_workspace_and_kv_plus_a_margin(fake, make_engine):
-    from rlctl.actuators import engine_memory_bytes
+    from rlctl.online.actuators import engine_memory_bytes
 
     engine = make_engine(num_blocks=64)
     report = MPSLimit(str(fake.binary)).apply_for(engine, margin_bytes=512 * MiB)

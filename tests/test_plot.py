@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from agents.baselines import make_policy
+from agents.spec import make_policy
 from env.overcommit_env import OvercommitEnv
-from env.scenario import scenario_from_dict
+from env.scenario_yaml import scenario_from_dict
 from rlctl.evaluate import evaluate
 from rlctl.plot import draw
 

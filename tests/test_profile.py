@@ -13,7 +13,7 @@ from engine.cost_model import CostModel
 from engine.engine import Engine
 from engine.executor import ProfiledExecutor
 from engine.scheduler import BatchShape
-from env.workloads.request import Request
+from engine.request import Request
 from rlctl.cli import main
 from rlctl.profile import HOLD_OUT_EVERY, QUICK_GRID, SECTIONS, Grid, nnls, profile, summary
 

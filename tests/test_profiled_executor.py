@@ -49,13 +49,13 @@ def books(executor):
     eviction forced on the way; everything the engine decided, in order."""
     engine = build_engine(DEPLOYMENT, 3.0, "crash", executor=executor)
     admitted = []
-    attach = engine._attach
+    attach = engine.sessions.attach
 
     def noting(seq):
         admitted.append((seq.id, engine.clock))
         attach(seq)
 
-    engine._attach = noting
+    engine.sessions.attach = noting
     spec = ReplaySpec(max_tokens="fixed:1024", time_scale=1000.0, duration_s=20.0, max_model_len=2048)
     for r in load_requests(bundled_trace("azure2023_conv.csv"), spec):
         engine.submit(r)

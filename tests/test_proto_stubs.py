@@ -1,6 +1,6 @@
 """The committed protocol stubs are exactly what the pinned grpcio-tools generates from the .proto
 (the CI check): an edited .proto without regenerated stubs, or a hand-edited stub, fails here.
-Regenerate with ``.venv/bin/python -m rlctl.proto.generate``."""
+Regenerate with ``.venv/bin/python -m rlctl.online.proto.generate``."""
 from __future__ import annotations
 
 import re
@@ -8,11 +8,11 @@ from importlib import metadata
 
 import pytest
 
-from rlctl.proto import generate
+from rlctl.online.proto import generate
 
 
 def pinned_grpcio_tools() -> str:
-    text = (generate.ROOT.parent.parent / "pyproject.toml").read_text()
+    text = (generate.ROOT.parents[2] / "pyproject.toml").read_text()
     match = re.search(r'"grpcio-tools==([^"]+)"', text)
     assert match, "pyproject.toml must pin grpcio-tools (the dev extra)"
     return match.group(1)
@@ -27,12 +27,12 @@ def test_committed_stubs_match_a_fresh_generation(tmp_path):
     committed = generate.ROOT / generate.PROTO.parent
     for path in fresh:
         ours = committed / path.name
-        assert ours.exists(), f"{ours} is missing: run python -m rlctl.proto.generate"
-        assert ours.read_text() == path.read_text(), f"{ours} differs from a fresh generation: run python -m rlctl.proto.generate"
+        assert ours.exists(), f"{ours} is missing: run python -m rlctl.online.proto.generate"
+        assert ours.read_text() == path.read_text(), f"{ours} differs from a fresh generation: run python -m rlctl.online.proto.generate"
 
 
 def test_the_stubs_import_as_a_package_and_name_the_versioned_service():
-    from rlctl.proto import SERVICE_NAME, controller_pb2, controller_pb2_grpc
+    from rlctl.online.proto import SERVICE_NAME, controller_pb2, controller_pb2_grpc
 
     assert SERVICE_NAME == "rlctl.controller.v1.Controller"
     assert controller_pb2.DESCRIPTOR.name == "rlctl/controller/v1/controller.proto"

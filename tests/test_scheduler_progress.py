@@ -1,7 +1,7 @@
 """The scheduler never stalls: with nothing running, the head of the queue gets its blocks."""
 from __future__ import annotations
 
-from env.workloads.request import Request
+from engine.request import Request
 
 
 def test_idle_session_contexts_give_way_to_a_new_request_when_nothing_runs(make_engine):

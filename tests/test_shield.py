@@ -8,8 +8,9 @@ import yaml
 from pathlib import Path
 
 from agents.shield import Shield
-from env.overcommit_env import BACK_OFF, HOLD, SCALE_UP, OvercommitEnv
-from env.scenario import scenario_from_dict
+from engine.control import BACK_OFF, HOLD, SCALE_UP
+from env.overcommit_env import OvercommitEnv
+from env.scenario_yaml import scenario_from_dict
 
 
 def test_scale_up_is_refused_with_little_free_device_memory_or_while_restarting():

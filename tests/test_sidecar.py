@@ -26,13 +26,14 @@ from engine.cost_model import CostModel
 from engine.executor import ProfiledExecutor
 from engine.snapshot import Snapshot
 from env.workloads import ReplaySpec
-from rlctl.live import LIVE_ROWS, ClientTLS, LiveController, check_decision, open_channel, replay_live
-from rlctl.messages import (COUNTS, HISTOGRAMS, MEASURES, OTHER, RATIOS, SIGNED, SnapshotError, snapshot_from_message,
+from rlctl.online.live import ClientTLS, LiveController, check_decision, open_channel, replay_live
+from rlctl.report import LIVE_ROWS
+from rlctl.online.messages import (COUNTS, HISTOGRAMS, MEASURES, OTHER, RATIOS, SIGNED, SnapshotError, snapshot_from_message,
                             snapshot_message)
-from rlctl.proto import SERVICE_NAME, controller_pb2 as pb
+from rlctl.online.proto import SERVICE_NAME, controller_pb2 as pb
 from env.workloads import bundled_trace
 from rlctl.replay import build_engine, load_requests
-from rlctl.sidecar import check_listen
+from rlctl.online.sidecar import check_listen
 from tests.sidecar_process import REPO, Sidecar, free_port
 
 DEPLOYMENT = EngineConfig(num_blocks=128, max_model_len=2048, restart_downtime_s=1.0)
@@ -84,7 +85,7 @@ def trained_policy_file(path: Path) -> Path:
     from agents.dqn import OvercommitDQN
     from agents.export import export_policy
     from env.overcommit_env import OvercommitEnv
-    from env.scenario import scenario_from_dict
+    from env.scenario_yaml import scenario_from_dict
 
     data = yaml.safe_load((REPO / "experiments/scenarios/burst.yaml").read_text())
     scenario = scenario_from_dict({**data, "name": "burst", "max_steps": 5})
@@ -138,7 +139,7 @@ def test_a_decision_is_checked_before_the_engine_applies_it():
 
 
 def test_serve_listens_beyond_loopback_only_with_tls():
-    from rlctl.sidecar import TLSFiles
+    from rlctl.online.sidecar import TLSFiles
 
     for ok in ("unix:///tmp/x.sock", "127.0.0.1:5000", "localhost:0", "[::1]:5000"):
         check_listen(ok, None)
@@ -211,10 +212,10 @@ def test_reload_policy_mid_replay_swaps_without_a_failed_decision(sidecars, tmp_
     swapped: dict = {}
 
     class ReloadingController(LiveController):
-        def step(self, engine):
+        def step(self, engine, until):
             if self.decisions == 10 and not swapped:
                 swapped["response"] = stub.ReloadPolicy(pb.ReloadPolicyRequest(policy=str(policy_file)))
-            return super().step(engine)
+            return super().step(engine, until)
 
     try:
         figures, _ = steered_replay(ReloadingController(s.address, deadline_s=2.0))
@@ -245,12 +246,12 @@ def test_mutual_tls_serves_a_client_with_a_certificate_and_refuses_one_without(s
                  str(pki["server.key"]), "--tls-client-ca", str(pki["ca"]), tls=tls)
     controller = LiveController(s.address, deadline_s=2.0, tls=tls)
     try:
-        assert controller.step(small_engine()) is not None
+        assert controller.step(small_engine(), INTERVAL_S) is not None
     finally:
         controller.close()
     anonymous = LiveController(s.address, deadline_s=2.0, tls=ClientTLS(str(pki["ca"]), server_name="localhost"))
     try:
-        assert anonymous.step(small_engine()) is None and anonymous.fallbacks["connection"] == 1
+        assert anonymous.step(small_engine(), INTERVAL_S) is None and anonymous.fallbacks["connection"] == 1
     finally:
         anonymous.close()
 
@@ -301,14 +302,14 @@ def test_the_sidecar_killed_mid_replay_falls_back_reconnects_and_loses_no_reques
     events: dict = {}
 
     class Chaos(LiveController):
-        def step(self, engine):
+        def step(self, engine, until):
             if self.decisions == 5 and "killed" not in events:
                 s.stop()
                 events["killed"] = self.decisions
             elif self.fallbacks["connection"] >= 3 and "restarted" not in events:
                 sidecars(address, "watermark")
                 events["restarted"] = self.decisions
-            return super().step(engine)
+            return super().step(engine, until)
 
     figures, _ = steered_replay(Chaos(address, deadline_s=2.0, backoff_s=0.001, backoff_max_s=0.01), interval_s=0.1)
     assert events["killed"] == events["restarted"] == 5

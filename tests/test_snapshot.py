@@ -1,10 +1,10 @@
-"""The snapshot reads what DESIGN.md says the controller sees, from the engine's own state."""
+"""The snapshot reads what docs/design.md says the controller sees, from the engine's own state."""
 from __future__ import annotations
 
 import math
 
 from engine.snapshot import HIST_EDGES
-from env.workloads.request import Request
+from engine.request import Request
 
 
 def test_snapshot_reports_utilisation_queue_reservation_and_histograms(make_engine):

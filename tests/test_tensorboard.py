@@ -12,14 +12,15 @@ import yaml
 from stable_baselines3.common.callbacks import BaseCallback, CallbackList
 from stable_baselines3.common.vec_env import DummyVecEnv
 
-from agents.baselines import make_policy
+from agents.spec import make_policy
 from agents.dqn import OvercommitDQN
-from env.overcommit_env import ACTIONS, OvercommitEnv
-from env.scenario import scenario_from_dict
-from rlctl.evaluate import EVAL_ROWS, evaluate
-from rlctl.replay import ROWS, format_table
-from rlctl.tensorboard import (TERMS, ReviewCallback, event_files, flatten_hparams, log_evaluation, log_hparams,
-                               read_hparams, read_scalars, read_text)
+from engine.control import ACTIONS
+from env.overcommit_env import OvercommitEnv
+from env.scenario_yaml import scenario_from_dict
+from rlctl.evaluate import evaluate
+from rlctl.report import EVAL_ROWS, ROWS, format_table
+from rlctl.tensorboard import TERMS, ReviewCallback, flatten_hparams, log_evaluation, log_hparams
+from tests.tensorboard_events import event_files, read_hparams, read_scalars, read_text
 
 
 def short(name: str, steps: int) -> dict:

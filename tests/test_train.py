@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from agents.baselines import make_policy
+from agents.spec import make_policy
 from env.scenario import ScenarioError
 from rlctl.cli import main
 from rlctl.train import load_train_config, train

@@ -13,7 +13,7 @@ from env.workloads.lengths import (
     ParetoLengths,
 )
 from env.workloads.replay import ReplaySpec, build_requests
-from env.workloads.request import Request
+from engine.request import Request
 from env.workloads.sizing import MaxTokensRule, clip_lengths
 from env.workloads.traces import FORMATS, Trace, TraceError, TraceRecord, bundled_trace, read_trace
 

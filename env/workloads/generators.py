@@ -11,7 +11,7 @@ import numpy as np
 from env.workloads._checks import positive, whole
 from env.workloads.arrivals import ArrivalProcess
 from env.workloads.lengths import LengthDistribution
-from env.workloads.request import Request
+from engine.request import Request
 from env.workloads.sizing import MaxTokensRule, sized_request
 
 

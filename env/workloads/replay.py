@@ -15,7 +15,7 @@ import numpy as np
 
 from env.workloads._checks import non_negative, positive, whole
 from env.workloads.arrivals import PoissonArrivals
-from env.workloads.request import Request
+from engine.request import Request
 from env.workloads.sizing import MaxTokensRule, sized_request
 from env.workloads.traces import Trace
 

@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 
-from env.workloads.request import Request
+from engine.request import Request
 
 
 @dataclass(frozen=True)

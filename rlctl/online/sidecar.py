@@ -1,6 +1,6 @@
-"""``rlctl serve``: a policy behind the controller's gRPC service, next to a live engine (DESIGN.md, "Online").
+"""``rlctl serve``: a policy behind the controller's gRPC service, next to a live engine (docs/design.md, "Online").
 
-Each decision: check the snapshot (rlctl/messages.py; a bad one is INVALID_ARGUMENT naming the
+Each decision: check the snapshot (rlctl/online/messages.py; a bad one is INVALID_ARGUMENT naming the
 field), build the observation the policy was trained on (a policy file's own scales and
 ``max_model_len``; for a baseline the default scales and the snapshot's ``max_model_len``), act,
 run the safety shield on the snapshot (agents/shield.py, overrides counted), answer a
@@ -24,11 +24,7 @@ action id on the wire); ``rlctl serve`` exposes it only through hidden ``--fault
 from __future__ import annotations
 
 import asyncio
-import dataclasses
-import hashlib
 import ipaddress
-import math
-import numbers
 import signal
 import threading
 import time
@@ -40,17 +36,21 @@ from typing import Callable
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
-from prometheus_client import CollectorRegistry, Counter, Histogram, Info, start_http_server
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    Info,
+    start_http_server,
+)
 
-from agents.baselines import Policy, make_policy
-from agents.export import ExportedPolicy, PolicyFileError
-from agents.shield import Shield
-from engine.snapshot import HIST_EDGES, Snapshot
-from env.observation import FEATURES, observe
-from env.overcommit_env import ACTIONS
-from env.scenario import Observation
-from rlctl.messages import SnapshotError, snapshot_from_message
-from rlctl.proto import SERVICE_NAME, controller_pb2 as pb, controller_pb2_grpc as pb_grpc
+from engine.control import ACTIONS
+from engine.snapshot import Snapshot
+from rlctl.online.messages import SnapshotError, snapshot_from_message
+from rlctl.online.proto import SERVICE_NAME
+from rlctl.online.proto import controller_pb2 as pb
+from rlctl.online.proto import controller_pb2_grpc as pb_grpc
+from rlctl.online.served import PolicyError, ServedPolicy, load_served_policy
 
 DECIDE_THREADS = 4
 # torch intra-op threads in the sidecar: a decision is one small matrix-vector product, and a
@@ -58,10 +58,6 @@ DECIDE_THREADS = 4
 # 2-core machine under load, 2 threads made a decision ~40x slower at the median than 1)
 TORCH_THREADS = 1
 LATENCY_BUCKETS = (5e-5, 1e-4, 2e-4, 5e-4, 1e-3, 2e-3, 5e-3, 1e-2, 2e-2, 5e-2, 0.1, 0.2, 0.5, 1.0, 2.0)
-
-
-class PolicyError(RuntimeError):
-    """The policy failed on a valid snapshot (it raised, or returned an action id outside ACTIONS)."""
 
 
 class _Late(Exception):
@@ -85,84 +81,6 @@ class TLSFiles:
     cert: str
     key: str
     client_ca: str | None = None
-
-
-# ---- the policy being served -------------------------------------------------------------------
-@dataclass(frozen=True)
-class ServedPolicy:
-    """A loaded policy with what a decision needs to use it as it was trained."""
-
-    spec: str
-    policy: Policy
-    scales: Observation
-    max_model_len: int | None    # a policy file's; None: each snapshot's
-    file_sha256: str             # "" for a baseline
-    pinned_overcommit: float | None
-    shield: Shield = Shield()
-
-    @property
-    def kind(self) -> str:
-        return "file" if self.file_sha256 else "baseline"
-
-    @property
-    def policy_hash(self) -> str:
-        return self.file_sha256 or hashlib.sha256(f"baseline:{self.spec}".encode()).hexdigest()
-
-    def decide(self, snapshot: Snapshot, max_model_len: int) -> tuple[int, int]:
-        """(the policy's action, the action after the shield) on a checked snapshot."""
-        obs = observe(snapshot, self.scales, self.max_model_len or max_model_len)
-        try:
-            chosen = self.policy.act(obs)
-        except Exception as exc:  # a policy bug must not take the server down with it
-            raise PolicyError(f"policy {self.policy.name} failed: {type(exc).__name__}: {exc}") from exc
-        if not isinstance(chosen, numbers.Integral) or not 0 <= chosen < len(ACTIONS):
-            raise PolicyError(f"policy {self.policy.name} returned action {chosen!r}, not one of 0..{len(ACTIONS) - 1}")
-        return int(chosen), self.shield.filter(int(chosen), snapshot)
-
-    def expected_overcommit(self, snapshot: Snapshot) -> float:
-        return self.pinned_overcommit if self.pinned_overcommit is not None else snapshot.overcommit
-
-    def info(self) -> pb.PolicyInfo:
-        header = getattr(self.policy, "header", {})
-        return pb.PolicyInfo(spec=self.spec, name=self.policy.name, kind=self.kind, file_sha256=self.file_sha256,
-                             policy_hash=self.policy_hash, features=list(FEATURES), actions=list(ACTIONS),
-                             scales={k: float(v) for k, v in dataclasses.asdict(self.scales).items()},
-                             max_model_len=self.max_model_len or 0, pinned_overcommit=self.pinned_overcommit or 0.0,
-                             source_commit=str(header.get("source_commit", "")))
-
-
-def _trial_snapshot() -> Snapshot:
-    bins = (0.0,) * (len(HIST_EDGES) - 1)
-    return Snapshot(time_s=0.0, alloc_ratio=0.0, alloc_slope=0.0, frag_entropy=0.0, queue_len=0, prefill_frac=0.0,
-                    len_mean=0.0, len_std=0.0, swapped=0, decode_ms=0.0, overcommit=1.0, reserved_ratio=0.0,
-                    device_free=1.0, queue_hist=bins, running_hist=bins)
-
-
-def load_served_policy(spec: str) -> ServedPolicy:
-    """Load ``spec`` (a baseline spec or a policy file) and check it can serve: a ``ValueError``
-    (``PolicyFileError`` for a file) says why not."""
-    spec = str(spec)
-    policy = make_policy(spec)
-    overrides = dict(policy.engine_overrides)
-    pinned = overrides.pop("overcommit", None)
-    if overrides or (pinned is not None and not math.isfinite(pinned)):
-        raise ValueError(f"policy {spec}: it pins engine settings a running engine cannot take from a sidecar "
-                         f"({policy.engine_overrides}); serve a policy that pins at most a finite overcommit factor")
-    if isinstance(policy, ExportedPolicy):
-        trained = policy.header["observation"]
-        try:
-            scales = Observation(**trained["scales"])
-        except TypeError as exc:
-            raise PolicyFileError(f"policy file {spec}: observation.scales {trained['scales']} do not fit this "
-                                  f"build's scales ({exc})") from None
-        served = ServedPolicy(spec, policy, scales, int(trained["max_model_len"]), policy.file_sha256, pinned)
-    else:
-        served = ServedPolicy(spec, policy, Observation(), None, "", pinned)
-    try:
-        served.decide(_trial_snapshot(), 1024)
-    except PolicyError as exc:
-        raise ValueError(f"policy {spec}: a trial decision failed: {exc}") from None
-    return served
 
 
 # ---- metrics -----------------------------------------------------------------------------------

@@ -1,14 +1,14 @@
 """Actuators: what a decision changes outside the policy, each saying what it did or why it could not.
 
-DESIGN.md's "Online" lists four ways to act on a live engine's memory:
+docs/design.md's "Online" lists four ways to act on a live engine's memory:
 
 * ``EngineQuota``: the engine's own KV quota and admission (``Engine.set_overcommit``), in process
   and immediate;
 * ``TorchMemoryFraction``: ``torch.cuda.set_per_process_memory_fraction`` in the engine's process
   (immediate, but it only limits new allocations);
-* ``rlctl.mps.MPSLimit``: NVIDIA MPS pinned device-memory limits, which bind only the MPS clients
+* ``rlctl.online.mps.MPSLimit``: NVIDIA MPS pinned device-memory limits, which bind only the MPS clients
   (engine processes) that start after they are set;
-* ``rlctl.nvml.NVMLTelemetry``: what the driver says about the devices (read only).
+* ``rlctl.online.nvml.NVMLTelemetry``: what the driver says about the devices (read only).
 
 None of them raises on a machine that lacks what it drives: each returns an ``ActuatorReport``
 with ``applied=False`` and the reason, so the live loop can log it and carry on.
@@ -39,9 +39,7 @@ class ActuatorReport:
 def engine_memory_bytes(engine) -> int:
     """Bytes the engine needs on its device at most: weights, a full batch's activation workspace
     and its whole KV capacity (every block it may hold), as the engine sizes its own budget."""
-    cfg = engine.config
-    workspace = engine.workspace_bytes(cfg.max_num_batched_tokens, cfg.num_blocks * cfg.block_size)
-    return engine.device.charged["weights"] + workspace + engine.kv.num_blocks * engine.pool.block_bytes
+    return engine.memory.total
 
 
 class EngineQuota:
@@ -57,14 +55,19 @@ class EngineQuota:
         factor in force."""
         eng = self.engine
         try:
-            in_force = eng.set_overcommit(float(factor))
+            eng.set_overcommit(float(factor))
         except (TypeError, ValueError) as exc:
             return ActuatorReport(self.name, False, f"overcommit not changed: {exc}", eng.overcommit)
-        cfg = eng.config
+        return self.report(asked=factor)
+
+    def report(self, asked: float | None = None) -> ActuatorReport:
+        """The factor in force (``asked``: what it was set to, when clamped)."""
+        eng = self.engine
+        cfg, in_force = eng.config, eng.overcommit
         detail = f"overcommit {in_force:g} in force"
-        if in_force != factor:
-            detail += f" ({factor:g} asked, clamped to [{cfg.overcommit_min:g}, {cfg.overcommit_max:g}])"
-        reserved, limit = eng.scheduler.reserved_blocks(), in_force * eng.kv.num_blocks
+        if asked is not None and in_force != asked:
+            detail += f" ({asked:g} asked, clamped to [{cfg.overcommit_min:g}, {cfg.overcommit_max:g}])"
+        reserved, limit = eng.reserved_blocks(), in_force * eng.num_blocks
         if reserved > limit:
             detail += (f"; admission paused until the held peak demand ({reserved} blocks) fits "
                        f"{limit:.0f} blocks")

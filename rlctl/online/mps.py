@@ -25,7 +25,7 @@ import re
 import shutil
 import subprocess
 
-from rlctl.actuators import ActuatorReport, engine_memory_bytes
+from rlctl.online.actuators import ActuatorReport, engine_memory_bytes
 
 DEFAULT_BINARY = "nvidia-cuda-mps-control"
 NOT_AVAILABLE = "MPS is not available"

@@ -13,7 +13,7 @@ import dataclasses
 import math
 
 from engine.snapshot import HIST_EDGES, Snapshot
-from rlctl.proto import controller_pb2 as pb
+from rlctl.online.proto import controller_pb2 as pb
 
 BINS = len(HIST_EDGES) - 1
 

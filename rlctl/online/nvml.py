@@ -8,7 +8,7 @@ never raises, so the live loop runs on without a GPU.
 """
 from __future__ import annotations
 
-from rlctl.actuators import ActuatorReport
+from rlctl.online.actuators import ActuatorReport
 
 
 def _text(value) -> str:

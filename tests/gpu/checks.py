@@ -34,7 +34,7 @@ import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 TOTAL_BUDGET_S = 470.0  # under the 8 minutes the whole check may take
 BUDGETS_S = {"cuda": 60, "torch_executor": 120, "oom_crash": 120, "copy_bandwidth": 90, "nvml": 30, "mps": 30}
 GPU_CHECKS = ("torch_executor", "oom_crash", "copy_bandwidth")
@@ -134,7 +134,7 @@ def check_cuda(sizes: Sizes, deadline: Deadline) -> dict:
 
 
 def _requests(n: int, prompt_len: int, output_len: int, prefix: str):
-    from env.workloads.request import Request
+    from engine.request import Request
 
     return [Request(f"{prefix}{i}", 0.0, prompt_len + 7 * i, output_len, output_len) for i in range(n)]
 
@@ -193,7 +193,6 @@ def check_oom_crash(sizes: Sizes, deadline: Deadline) -> dict:
     import torch
 
     from engine.config import EngineConfig
-    from engine.device import DeviceOOM
     from engine.engine import Engine
 
     mc = _model(**sizes.big_model)
@@ -201,25 +200,6 @@ def check_oom_crash(sizes: Sizes, deadline: Deadline) -> dict:
                        max_num_seqs=sizes.oom_requests, max_model_len=4096, restart_downtime_s=1.0)
     eng = Engine(mc, cfg, torch_device=sizes.device, keep_outputs=True)
     segment_bytes = cfg.segment_blocks * eng.pool.block_bytes
-    # where the OOM came from: the pool's growth (Device.alloc) or an iteration's activations
-    sources: list[str] = []
-    real_alloc, real_execute = eng.device.alloc, eng.executor.execute
-
-    def alloc(*args, **kw):
-        try:
-            return real_alloc(*args, **kw)
-        except DeviceOOM as exc:
-            sources.append("kv pool growth: " + (type(exc.__cause__).__name__ if exc.__cause__ else "device ledger"))
-            raise
-
-    def execute(*args, **kw):
-        try:
-            return real_execute(*args, **kw)
-        except torch.OutOfMemoryError:
-            sources.append("iteration activations: OutOfMemoryError")
-            raise
-
-    eng.device.alloc, eng.executor.execute = alloc, execute
     reqs = _requests(sizes.oom_requests, sizes.oom_prompt_len, sizes.oom_output_len, "oom")
     for r in reqs:
         eng.submit(r)
@@ -238,12 +218,12 @@ def check_oom_crash(sizes: Sizes, deadline: Deadline) -> dict:
         cotenant, margin = None, segment_bytes // 2
         cotenant_bytes = max(eng.device.free - margin, 0)
         eng.device.set_tenants(cotenant_bytes)
-    before = eng.counters.oom_events
+    before, logged = eng.counters.oom_events, len(eng.ooms)
     while eng.counters.oom_events == before and eng.step():
         deadline.check("waiting for the OOM")
     oom_events = eng.counters.oom_events - before
-    if oom_events and not sources:  # neither the pool nor the model: the ledger refused the workspace
-        sources.append("iteration workspace: device ledger")
+    # where the OOM came from, as the engine records it: the pool's growth or an iteration
+    sources = [str(o) for o in eng.ooms[logged:]]
     footprint_after_crash = eng.pool.footprint_bytes()
     del cotenant  # the co-tenant goes away; the engine restarts and serves everything
     if sizes.device == "cuda":
@@ -253,7 +233,7 @@ def check_oom_crash(sizes: Sizes, deadline: Deadline) -> dict:
     _serve(eng, deadline, "the replay after the OOM")
     records = [eng.records[r.request_id] for r in reqs]
     lost = [r.request_id for r in reqs if len(eng.outputs.get(r.request_id, ())) != r.output_len]
-    torch_oom = any("OutOfMemoryError" in s for s in sources)
+    torch_oom = any(o.cause == "OutOfMemoryError" for o in eng.ooms[logged:])
     report = {
         "segment_bytes": segment_bytes, "pool_bytes_before_cotenant": held, "cotenant_bytes": cotenant_bytes,
         "margin_bytes": margin, "oom_events": oom_events, "oom_sources": sources,
@@ -274,7 +254,7 @@ def check_oom_crash(sizes: Sizes, deadline: Deadline) -> dict:
 
 def _fragmented(sizes: Sizes, host_bytes: int):
     """rlctl bench's fragmented pool (every block stamped with its id) at the check's sizes."""
-    from rlctl.bench import fragmented_cache
+    from rlctl.bench.engine import fragmented_cache
 
     return fragmented_cache(_model(**sizes.kv_model), 16, sizes.kv_blocks, sizes.kv_segment_blocks,
                             sizes.seq_blocks, sizes.device, host_bytes)
@@ -283,7 +263,7 @@ def _fragmented(sizes: Sizes, host_bytes: int):
 def check_copy_bandwidth(sizes: Sizes, deadline: Deadline) -> dict:
     import torch
 
-    from rlctl.bench import block_stamp
+    from rlctl.bench.engine import block_stamp
 
     dev, pin = torch.device(sizes.device), sizes.device == "cuda"
     # compaction: best of ``repeats``, each on a freshly fragmented pool
@@ -353,7 +333,7 @@ def kv_block_bytes(sizes: Sizes) -> int:
 
 
 def check_nvml(sizes: Sizes, deadline: Deadline) -> dict:
-    from rlctl.nvml import NVMLTelemetry
+    from rlctl.online.nvml import NVMLTelemetry
 
     report = NVMLTelemetry().read()
     if not report.applied:
@@ -364,8 +344,8 @@ def check_nvml(sizes: Sizes, deadline: Deadline) -> dict:
 def check_mps(sizes: Sizes, deadline: Deadline) -> dict:
     """Set the default pinned-memory limit of device 0, read it back, and restore it; read each
     running server's limit. Nothing is set on a running server."""
-    from rlctl.mps import GiB, MPSLimit
-    from rlctl.nvml import NVMLTelemetry
+    from rlctl.online.mps import GiB, MPSLimit
+    from rlctl.online.nvml import NVMLTelemetry
 
     mps = MPSLimit(timeout_s=min(5.0, max(deadline.left() / 6, 1.0)))
     reason = mps.available()
@@ -407,7 +387,7 @@ def run_one(name: str, budget_s: float, dry_run: bool) -> dict:
 
 def _child(name: str, budget_s: float, dry_run: bool) -> dict:
     """Run one check in a child process, stopped at its budget."""
-    cmd = [sys.executable, "-m", "rlctl.gpu_check", "--check", name, "--budget", str(budget_s)]
+    cmd = [sys.executable, "-m", "tests.gpu.checks", "--check", name, "--budget", str(budget_s)]
     if dry_run:
         cmd.append("--cpu-dry-run")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))

@@ -1,13 +1,13 @@
 """Regenerate the controller protocol's Python stubs from its .proto (a developer's command).
 
-    .venv/bin/python -m rlctl.proto.generate          # rewrites rlctl/proto/rlctl/controller/v1/*_pb2*.py[i]
+    .venv/bin/python -m rlctl.online.proto.generate          # rewrites rlctl/online/proto/rlctl/controller/v1/*_pb2*.py[i]
 
 The stubs are committed so that rlctl runs without grpcio-tools; tests/test_proto_stubs.py
 regenerates them with the pinned grpcio-tools (pyproject.toml, the ``dev`` extra) and fails
 when the committed ones differ. protoc writes absolute imports of the proto package
 (``from rlctl.controller.v1 import controller_pb2``), which would resolve against this
 repository's own ``rlctl`` package; the one fix made here turns them into relative imports, so
-that the stubs import as ``rlctl.proto.rlctl.controller.v1``.
+that the stubs import as ``rlctl.online.proto.rlctl.controller.v1``.
 """
 from __future__ import annotations
 

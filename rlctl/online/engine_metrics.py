@@ -34,14 +34,14 @@ E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 4
                480.0, 960.0, 1920.0, 7680.0)
 LABELS = ("model_name", "engine")
 FINISHED_REASONS = ("stop", "length")
-# why the live loop (rlctl/live.py, which imports this list) took a decision from its safe static
+# why the live loop (rlctl/online/live.py, which imports this list) took a decision from its safe static
 # policy: a deadline miss, a lost connection, another RPC error, a decision that failed its check
 FALLBACK_REASONS = ("deadline", "connection", "error", "invalid")
 
 
 def _counters(engine) -> dict[str, int]:
     """The engine's cumulative values, by the counter that reports each."""
-    c, traffic, block = engine.counters, engine.kv.traffic, engine.pool.block_bytes
+    c, traffic, block = engine.counters, engine.traffic, engine.pool_block_bytes
     return {
         "preemptions": c.preemptions, "prompt_tokens": c.prefill_tokens, "generation_tokens": c.tokens_generated,
         "oom_events": c.oom_events, "swap_out_bytes": traffic.out_blocks * block,
@@ -114,20 +114,21 @@ class EngineMetrics:
         """Read ``engine`` now: gauges set, counters advanced, newly finished requests observed."""
         if engine is not self._engine:  # a new engine: its cumulative values start at zero
             self._engine, self._last, self._completed = engine, {}, 0
-        s, kv, dev = engine.scheduler, engine.kv, engine.device
-        self.running.set(len(s.running))
-        self.waiting.set(len(s.waiting))
-        self.swapped.set(len(s.swapped))
-        self.kv_usage.set(kv.blocks.usage())
-        self.footprint.set(engine.pool.footprint_bytes())
-        self.host_bytes.set(kv.host.used)
-        self.blocks_total.set(kv.num_blocks)
-        self.blocks_used.set(kv.blocks.num_used)
+        dev = engine.device
+        waiting, running, swapped = engine.queue_lengths()
+        self.running.set(running)
+        self.waiting.set(waiting)
+        self.swapped.set(swapped)
+        self.kv_usage.set(engine.kv_usage())
+        self.footprint.set(engine.footprint_bytes())
+        self.host_bytes.set(engine.host_bytes())
+        self.blocks_total.set(engine.num_blocks)
+        self.blocks_used.set(engine.blocks_used())
         self.overcommit.set(engine.overcommit)
-        self.reserved.set(s.reserved_blocks() / kv.num_blocks)
+        self.reserved.set(engine.reserved_blocks() / engine.num_blocks)
         self.device_free.set(max(dev.free, 0))
         self.device_capacity.set(dev.capacity)
-        self.frag.set(kv.blocks.frag_entropy())
+        self.frag.set(engine.frag_entropy())
         self.restarting.set(1 if engine.down_until is not None else 0)
         for key, value in _counters(engine).items():
             delta = value - self._last.get(key, 0)

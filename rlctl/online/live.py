@@ -2,8 +2,8 @@
 
 Every ``decision_interval_s`` of engine time the engine's snapshot goes to the sidecar (``Decide``
 with a deadline), and the decision that comes back is checked (the snapshot's sequence number,
-a known action id and name, a finite factor > 0) and applied with the environment's own
-``apply_action``: the same action, the same effect, online and offline.
+a known action id and name, a finite factor > 0) and applied by ``engine.control.run_interval``,
+the loop the environment runs too: the same action, the same effect, online and offline.
 
 A deadline miss, a lost connection, an RPC error or a decision that fails the check is a fault:
 the engine runs that interval under the safe static policy (factor ``safe_factor``, hold), the
@@ -12,11 +12,11 @@ that doubles up to ``backoff_max_s`` (decisions in between run under the safe po
 under the fault that started the backoff). The engine waits at most ``deadline_s`` on the
 sidecar per interval, and never while backing off.
 
-What a decision changes goes through the actuators (rlctl/actuators.py, rlctl/mps.py), and the
+What a decision changes goes through the actuators (rlctl/online/actuators.py, rlctl/online/mps.py), and the
 controller keeps the last report of each and counts the reports that changed something:
 
-* ``EngineQuota``: every decision's factor (the decision's base factor, then its action; a
-  fallback's safe factor), immediate;
+* ``EngineQuota``: the factor in force after every decision (moved by the action, set by a
+  policy that pins its factor, or a fallback's safe factor), immediate;
 * ``TorchMemoryFraction``: the fraction of its device this process's CUDA allocator may take,
   once per engine: it is the engine's weights, workspace and whole KV capacity over the device
   (``engine_memory_bytes``), which no overcommit factor changes (the factor changes how much
@@ -28,7 +28,7 @@ controller keeps the last report of each and counts the reports that changed som
 
 With ``metrics`` (an ``EngineMetrics``) every decision interval updates the engine's Prometheus
 metrics and every fallback counts there too, under the same reasons (``FALLBACK_REASONS``, one
-list, defined in rlctl/engine_metrics.py).
+list, defined in rlctl/online/engine_metrics.py).
 
 Why unary ``Decide`` and not the ``Live`` stream: each decision gets its own deadline, enforced
 and cancelled by gRPC on both sides, with no reader thread and no matching of late replies; a
@@ -49,23 +49,18 @@ import grpc
 
 from engine.engine import Engine
 from engine.metrics import summarize
-from env.overcommit_env import ACTIONS, apply_action
-from env.workloads.request import Request
-from rlctl.actuators import ActuatorReport, EngineQuota, TorchMemoryFraction
-from rlctl.engine_metrics import FALLBACK_REASONS, EngineMetrics
-from rlctl.messages import snapshot_message
-from rlctl.mps import MPSLimit
-from rlctl.proto import controller_pb2 as pb, controller_pb2_grpc as pb_grpc
+from engine.control import ACTIONS, HOLD, run_interval
+from engine.request import Request
+from rlctl.online.actuators import ActuatorReport, EngineQuota, TorchMemoryFraction
+from rlctl.online.engine_metrics import FALLBACK_REASONS, EngineMetrics
+from rlctl.online.messages import snapshot_message
+from rlctl.online.mps import MPSLimit
+from rlctl.online.proto import controller_pb2 as pb, controller_pb2_grpc as pb_grpc
 
 ACTUATORS = (EngineQuota.name, TorchMemoryFraction.name, MPSLimit.name)
 _REASON = {grpc.StatusCode.DEADLINE_EXCEEDED: "deadline", grpc.StatusCode.UNAVAILABLE: "connection",
            grpc.StatusCode.CANCELLED: "connection"}
 
-# rows rlctl replay adds to its table (rlctl/replay.py format_table)
-LIVE_ROWS = [("controller decisions", "controller_decisions", "{:.0f}")] + [
-    (f"fallbacks: {r}", f"fallbacks_{r}", "{:.0f}") for r in FALLBACK_REASONS] + [
-    ("reconnects", "reconnects", "{:.0f}"),
-    ("shield overrides", "shield_overrides", "{:.0f}")]
 
 
 @dataclass(frozen=True)
@@ -183,18 +178,26 @@ class LiveController:
         if report.applied if changed is None else changed:
             self.actuator_changes[report.name] += 1
 
-    def step(self, engine: Engine) -> pb.Decision | None:
-        """One decision: the sidecar's, applied, or the safe policy's (None) after a fault."""
+    def step(self, engine: Engine, until: float) -> pb.Decision | None:
+        """One decision interval steered by the sidecar: a decision on the engine's last snapshot
+        (the sidecar's, or the safe policy's after a fault: None), then ``run_interval`` to
+        ``until``, the same loop the environment runs."""
         if engine is not self._engine:
             self._attach(engine)
-        try:
-            return self._decide(engine)
-        finally:
-            if self.metrics is not None:
-                self.metrics.update(engine)
+        snap = engine.last_snapshot or engine.snapshot()
+        before = engine.overcommit
+        d = self._decide(engine, snap)
+        action = HOLD if d is None else d.action
+        run_interval(engine, action, until, evict_free_share=self.evict_free_share)
+        label = f"decision {self._seq}: {d.action_name} from {d.overcommit:g}" if d else f"fallback {self._seq}: {self._fault}"
+        report = self._quota.report()
+        self._record(dataclasses.replace(report, detail=f"{report.detail} ({label})"),
+                     changed=engine.overcommit != before)
+        if self.metrics is not None:
+            self.metrics.update(engine)
+        return d
 
-    def _decide(self, engine: Engine) -> pb.Decision | None:
-        snap = engine.snapshot()
+    def _decide(self, engine: Engine, snap) -> pb.Decision | None:
         self._seq += 1
         if self._fault is not None:
             if time.monotonic() < self._retry_at:
@@ -211,14 +214,8 @@ class LiveController:
         if problem:
             return self._faulted(engine, "invalid", problem)
         self._fault, self._backoff = None, self.backoff_s
-        before = engine.overcommit
-        report = self._quota.apply(d.overcommit)  # the decision's base factor (check_decision: finite, > 0)
-        apply_action(engine, d.action, self.evict_free_share)  # scale_up / back_off move it by a step
-        if report.applied and engine.overcommit != report.value:
-            report = self._quota.apply(engine.overcommit)  # the factor in force, as the actuator reports it
-        self._record(dataclasses.replace(report, detail=f"{report.detail} (decision {self._seq}: "
-                                         f"{d.action_name} from {d.overcommit:g})"),
-                     changed=report.applied and engine.overcommit != before)
+        if d.overcommit != snap.overcommit:  # a policy that pins its factor (check_decision: finite, > 0)
+            self._quota.apply(d.overcommit)
         self.decisions += 1
         self.actions[d.action_name] += 1
         self.shield_overrides += d.shield_override
@@ -237,10 +234,7 @@ class LiveController:
         self.fallbacks[reason] += 1
         if self.metrics is not None:
             self.metrics.fallback(reason)
-        before = engine.overcommit
-        report = self._quota.apply(self.safe_factor)  # the safe static policy: this factor, hold
-        self._record(dataclasses.replace(report, detail=f"{report.detail} (fallback {self._seq}: {reason})"),
-                     changed=report.applied and engine.overcommit != before)
+        self._quota.apply(self.safe_factor)  # the safe static policy: this factor, hold
         return None
 
     def report(self) -> dict:
@@ -264,18 +258,33 @@ def replay_live(requests: list[Request], engine: Engine, controller: LiveControl
         engine.submit(r)
     k = 0
     while engine.has_work():
-        controller.step(engine)
         k += 1
-        engine.run(until=k * decision_interval_s)
-    if controller.metrics is not None:
-        controller.metrics.update(engine)  # the end of the last interval
+        controller.step(engine, k * decision_interval_s)
     return {**summarize(engine), **controller.report(), "decision_interval_s": decision_interval_s}
 
 
-def format_actuators(figures: dict) -> str:
-    """The last report of each actuator and how many changed something, one line each."""
-    lines = ["actuators (last report; reports that changed something):"]
-    for name, r in figures["actuators"].items():
-        lines.append(f"  {name} ({figures['actuator_changes'].get(name, 0)}): "
-                     f"{'applied' if r['applied'] else 'not applied'}: {r['detail']}")
-    return "\n".join(lines)
+def steer(requests: list[Request], engine: Engine, address: str, decision_interval_s: float, deadline_s: float,
+          safe_factor: float, tls: ClientTLS | None = None, metrics_port: int | None = None,
+          model_name: str = "rlctl", mps_device: str | None = None, say: Callable[[str], None] = print) -> dict:
+    """``replay_live`` with everything around it: the engine's metrics served on 127.0.0.1
+    (``metrics_port``, 0: any free port) while it runs, the MPS limit for the next engine process on
+    ``mps_device`` when given, the channel and the metrics server closed at the end."""
+    metrics = server = None
+    if metrics_port is not None:
+        metrics = EngineMetrics(model_name=model_name)
+        try:
+            server, _ = metrics.start_http(metrics_port)
+        except OSError as exc:
+            raise ValueError(f"--metrics-port {metrics_port}: cannot serve on 127.0.0.1 "
+                             f"({exc.strerror or exc})") from None
+        say(f"metrics: http://127.0.0.1:{server.server_port}/metrics while the replay runs")
+    controller = LiveController(address, deadline_s, safe_factor, tls=tls, metrics=metrics,
+                                mps=MPSLimit() if mps_device is not None else None, mps_device=mps_device or 0)
+    try:
+        figures = replay_live(requests, engine, controller, decision_interval_s)
+    finally:
+        controller.close()
+        if server is not None:
+            server.shutdown()
+            server.server_close()
+    return {**figures, **({"metrics_port": server.server_port} if server is not None else {})}

@@ -1,0 +1,40 @@
+"""Policies by name: a baseline spec (``static:K``, ``watermark``, ``vllm``, ``random``) or a
+policy file, and the lists of baselines ``rlctl eval`` and training compare against."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from agents.baselines import VLLM, Random, Static, Watermark
+from agents.export import POLICY_SUFFIX, load_policy
+from agents.policy import Policy
+
+
+def baselines(best_static: float = 1.0) -> list[str]:
+    """Every baseline's spec; ``best_static`` is the scenario's tuned fixed factor."""
+    return list(dict.fromkeys(["static:1.0", f"static:{best_static:g}", "watermark", "vllm", "random"]))
+
+
+STATIC_SWEEP = [f"static:{k / 10:g}" for k in range(10, 26)]  # 1.0 to 2.5 in steps of 0.1
+
+
+def make_policy(spec: str) -> Policy:
+    """A policy from its spec: ``static:K``, ``watermark``, ``vllm``, ``random``, or the path of a
+    policy file (``*.rlpolicy``, agents/export.py) for a trained one."""
+    if isinstance(spec, Path):
+        spec = str(spec)
+    if not isinstance(spec, str) or not spec:
+        raise ValueError(f"policy: expected a spec such as static:1.0, watermark, vllm, random or a policy file; "
+                         f"got {spec!r}")
+    if spec.startswith("static:"):
+        try:
+            factor = float(spec.split(":", 1)[1])
+        except ValueError:
+            raise ValueError(f"policy {spec!r}: static:K needs a number K, e.g. static:1.5") from None
+        return Static(factor)
+    simple = {"watermark": Watermark, "vllm": VLLM, "random": Random}
+    if spec in simple:
+        return simple[spec]()
+    if Path(spec).is_file() or spec.endswith(POLICY_SUFFIX):
+        return load_policy(spec)  # a missing file: PolicyFileError naming the path
+    raise ValueError(f"policy {spec!r} does not exist: use static:K, watermark, vllm, random "
+                     f"or a policy file (*{POLICY_SUFFIX})")

@@ -1,0 +1,185 @@
+"""Loading scenarios: YAML files (``experiments/scenarios/``) into ``env/scenario.py``'s records.
+
+Every key is checked at load: an unknown key, a wrong type or a value out of range fails with the
+file and the dotted name of the field, before anything runs. ``from_mapping`` and ``read_yaml``
+read the training configurations the same way.
+"""
+from __future__ import annotations
+
+import math
+import types
+import typing
+from dataclasses import MISSING, fields, is_dataclass
+from pathlib import Path
+
+import yaml
+
+from engine.roofline import DEPLOYMENTS
+from env.scenario import Distribution, GeneratorWorkload, Scenario, ScenarioError, TraceWorkload
+from env.workload_builder import check_workload
+from env.workloads.sizing import MaxTokensRule
+
+_RANGES = {  # field -> (low, high, low inclusive)
+    "time_scale": (0, math.inf, False), "rate_rps": (0, math.inf, False), "mean_hold_s": (0, math.inf, False),
+    "decision_interval_s": (0, math.inf, False), "max_steps": (1, math.inf, True),
+    "evict_free_share": (0, 1, True), "alpha": (0, math.inf, True), "beta": (0, math.inf, True),
+    "gamma": (0, math.inf, True), "omega": (0, math.inf, True), "tokens_per_s_scale": (0, math.inf, False),
+    "queue_scale": (1, math.inf, True), "swapped_scale": (1, math.inf, True), "decode_ms_scale": (0, math.inf, False),
+    "slope_scale": (0, math.inf, False), "overcommit_scale": (0, math.inf, False), "best_static": (0, math.inf, False),
+}
+_ARRIVALS = {"poisson": {"rate"}, "gamma": {"rate", "cv"}, "mmpp": {"rates", "mean_dwell_s"}}
+_LENGTHS = {"lognormal": {"mean", "sigma", "low", "high"}, "pareto": {"alpha", "low", "high"},
+            "trace": {"trace", "column"}}
+_REQUIRED = {"poisson": {"rate"}, "gamma": {"rate", "cv"}, "mmpp": {"rates", "mean_dwell_s"},
+             "lognormal": {"mean", "sigma"}, "pareto": {"alpha", "low", "high"}, "trace": {"trace", "column"}}
+
+
+def _fail(where: str, path: str, problem: str) -> ScenarioError:
+    return ScenarioError(f"{where}: {path}: {problem}")
+
+
+def _number(where: str, path: str, value, integer: bool = False):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (integer and not isinstance(value, int)):
+        raise _fail(where, path, f"must be {'an integer' if integer else 'a number'}, got {value!r}")
+    if not math.isfinite(value):
+        raise _fail(where, path, f"must be finite, got {value!r}")
+    name = path.rsplit(".", 1)[-1]
+    if name in _RANGES:
+        low, high, inclusive = _RANGES[name]
+        if value < low or (value == low and not inclusive) or value > high:
+            bound = f">= {low}" if inclusive else f"> {low}"
+            raise _fail(where, path, f"must be {bound}" + (f" and <= {high}" if high != math.inf else "") + f", got {value!r}")
+    return value
+
+
+def from_mapping(cls, data, where: str, path: str = ""):
+    """``cls`` from a mapping, every key known and every value of the declared type."""
+    if not isinstance(data, dict):
+        raise _fail(where, path, f"must be a mapping, got {type(data).__name__}")
+    hints = typing.get_type_hints(cls)
+    known = {f.name: f for f in fields(cls)}
+    for key in data:
+        if key not in known:
+            raise _fail(where, f"{path}.{key}".lstrip("."), f"unknown key (known: {', '.join(known)})")
+    values = {}
+    for name, f in known.items():
+        sub = f"{path}.{name}".lstrip(".")
+        if name not in data:
+            if f.default is MISSING and f.default_factory is MISSING:
+                raise _fail(where, sub, "is required")
+            continue
+        values[name] = _value(hints[name], data[name], where, sub)
+    return cls(**values)
+
+
+def _value(hint, value, where: str, path: str):
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        options = [a for a in args if a is not type(None)]
+        if len(options) > 1:  # the workload: a trace or a generator
+            cls = TraceWorkload if isinstance(value, dict) and "trace" in value else GeneratorWorkload
+            return from_mapping(cls, value, where, path)
+        return _value(options[0], value, where, path)
+    if is_dataclass(hint):
+        if hint is Distribution:
+            return _distribution(value, where, path)
+        return from_mapping(hint, value, where, path)
+    if hint is bool:
+        if not isinstance(value, bool):
+            raise _fail(where, path, f"must be true or false, got {value!r}")
+        return value
+    if hint is str:
+        if not isinstance(value, str) or not value:
+            raise _fail(where, path, f"must be a non-empty string, got {value!r}")
+        return value
+    if hint in (int, float):
+        return _number(where, path, value, integer=hint is int)
+    if origin is tuple:
+        if not isinstance(value, list) or not value or (args[-1] is not Ellipsis and len(value) != len(args)):
+            raise _fail(where, path, f"must be a list of {len(args) if args[-1] is not Ellipsis else 'one or more'} numbers, got {value!r}")
+        return tuple(_number(where, f"{path}[{i}]", v) for i, v in enumerate(value))
+    if hint is dict:
+        if not isinstance(value, dict):
+            raise _fail(where, path, f"must be a mapping, got {type(value).__name__}")
+        return dict(value)
+    raise _fail(where, path, f"unsupported type {hint}")  # pragma: no cover - a bug in this file
+
+
+def _distribution(value, where: str, path: str) -> Distribution:
+    if not isinstance(value, dict) or "kind" not in value:
+        raise _fail(where, path, f"must be a mapping with a kind, got {value!r}")
+    kind, params = value["kind"], {k: v for k, v in value.items() if k != "kind"}
+    table = _ARRIVALS if path.endswith("arrivals") else _LENGTHS
+    if kind not in table:
+        raise _fail(where, f"{path}.kind", f"unknown kind {kind!r} (known: {', '.join(table)})")
+    for key in params:
+        if key not in table[kind]:
+            raise _fail(where, f"{path}.{key}", f"unknown key for {kind} (known: {', '.join(sorted(table[kind]))})")
+    for key in _REQUIRED[kind] - set(params):
+        raise _fail(where, f"{path}.{key}", f"is required for {kind}")
+    return Distribution(kind, params)
+
+
+def _check(s: Scenario, where: str) -> Scenario:
+    if s.deployment not in DEPLOYMENTS:
+        raise _fail(where, "deployment", f"unknown {s.deployment!r} (known: {', '.join(DEPLOYMENTS)})")
+    try:
+        s.engine_config()
+    except TypeError as exc:
+        raise _fail(where, "engine", f"not an engine setting ({exc})") from None
+    except ValueError as exc:
+        raise _fail(where, "engine", str(exc)) from None
+    w = s.workload
+    try:
+        MaxTokensRule.parse(w.max_tokens, name="workload.max_tokens")
+    except ValueError as exc:
+        raise _fail(where, "workload.max_tokens", str(exc)) from None
+    if isinstance(w, TraceWorkload) and w.starts is not None and not 0 <= w.starts[0] <= w.starts[1]:
+        raise _fail(where, "workload.starts", f"must be [low, high] with 0 <= low <= high, got {list(w.starts)}")
+    if s.cotenant is not None:
+        for i, level in enumerate(s.cotenant.levels):
+            if not 0 <= level < 1:
+                raise _fail(where, f"cotenant.levels[{i}]", f"must be a share of device memory in [0, 1), got {level}")
+    if isinstance(w, GeneratorWorkload) and w.sessions is not None:
+        unknown = set(w.sessions) - {"mean_turns", "mean_think_s", "first_prompt"}
+        if unknown:
+            raise _fail(where, f"workload.sessions.{sorted(unknown)[0]}", "unknown key (known: mean_turns, mean_think_s, first_prompt)")
+    try:
+        check_workload(w)
+    except (ValueError, FileNotFoundError) as exc:
+        raise _fail(where, "workload", str(exc)) from None
+    return s
+
+
+def scenario_from_dict(data: dict, where: str = "scenario") -> Scenario:
+    return _check(from_mapping(Scenario, data, where, ""), where)
+
+
+def load_scenario(path: str | Path) -> Scenario:
+    """Read a scenario YAML file; a bundled name (``burst``) reads ``experiments/scenarios/burst.yaml``."""
+    p = Path(path)
+    if not p.exists() and p.suffix == "" and (SCENARIOS / f"{p}.yaml").exists():
+        p = SCENARIOS / f"{p}.yaml"
+    data = read_yaml(p, f"scenario: {path}: no such file (bundled: {', '.join(bundled_scenarios())})")
+    if isinstance(data, dict) and "name" not in data:
+        data = {"name": p.stem, **data}
+    return scenario_from_dict(data, str(p))
+
+
+def read_yaml(path: Path, missing: str):
+    """The YAML document in ``path``; ``ScenarioError(missing)`` when there is no such file."""
+    if not path.exists():
+        raise ScenarioError(missing)
+    try:
+        return yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise ScenarioError(f"{path}: not valid YAML ({exc})") from None
+
+
+SCENARIOS = Path(__file__).resolve().parent.parent / "experiments" / "scenarios"
+
+
+def bundled_scenarios() -> list[str]:
+    return sorted(p.stem for p in SCENARIOS.glob("*.yaml"))

@@ -1,0 +1,1 @@
+"""Generated protocol stubs (see rlctl/online/proto/generate.py)."""

@@ -1,0 +1,104 @@
+"""The policy a sidecar serves: loaded and checked once, then used exactly as it was trained.
+
+A decision builds the observation the policy was trained on (a policy file's own scales and
+``max_model_len``; for a baseline the default scales and the snapshot's ``max_model_len``), acts,
+and runs the safety shield on the snapshot (agents/shield.py).
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import math
+import numbers
+from dataclasses import dataclass
+
+from agents.export import ExportedPolicy, PolicyFileError
+from agents.policy import Policy
+from agents.shield import Shield
+from agents.spec import make_policy
+from engine.control import ACTIONS
+from engine.snapshot import HIST_EDGES, Snapshot
+from env.observation import FEATURES, observe
+from env.scenario import Observation
+from rlctl.online.proto import controller_pb2 as pb
+
+
+class PolicyError(RuntimeError):
+    """The policy failed on a valid snapshot (it raised, or returned an action id outside ACTIONS)."""
+
+
+@dataclass(frozen=True)
+class ServedPolicy:
+    """A loaded policy with what a decision needs to use it as it was trained."""
+
+    spec: str
+    policy: Policy
+    scales: Observation
+    max_model_len: int | None    # a policy file's; None: each snapshot's
+    file_sha256: str             # "" for a baseline
+    pinned_overcommit: float | None
+    shield: Shield = Shield()
+
+    @property
+    def kind(self) -> str:
+        return "file" if self.file_sha256 else "baseline"
+
+    @property
+    def policy_hash(self) -> str:
+        return self.file_sha256 or hashlib.sha256(f"baseline:{self.spec}".encode()).hexdigest()
+
+    def decide(self, snapshot: Snapshot, max_model_len: int) -> tuple[int, int]:
+        """(the policy's action, the action after the shield) on a checked snapshot."""
+        obs = observe(snapshot, self.scales, self.max_model_len or max_model_len)
+        try:
+            chosen = self.policy.act(obs)
+        except Exception as exc:  # a policy bug must not take the server down with it
+            raise PolicyError(f"policy {self.policy.name} failed: {type(exc).__name__}: {exc}") from exc
+        if not isinstance(chosen, numbers.Integral) or not 0 <= chosen < len(ACTIONS):
+            raise PolicyError(f"policy {self.policy.name} returned action {chosen!r}, not one of 0..{len(ACTIONS) - 1}")
+        return int(chosen), self.shield.filter(int(chosen), snapshot)
+
+    def expected_overcommit(self, snapshot: Snapshot) -> float:
+        return self.pinned_overcommit if self.pinned_overcommit is not None else snapshot.overcommit
+
+    def info(self) -> pb.PolicyInfo:
+        header = getattr(self.policy, "header", {})
+        return pb.PolicyInfo(spec=self.spec, name=self.policy.name, kind=self.kind, file_sha256=self.file_sha256,
+                             policy_hash=self.policy_hash, features=list(FEATURES), actions=list(ACTIONS),
+                             scales={k: float(v) for k, v in dataclasses.asdict(self.scales).items()},
+                             max_model_len=self.max_model_len or 0, pinned_overcommit=self.pinned_overcommit or 0.0,
+                             source_commit=str(header.get("source_commit", "")))
+
+
+def _trial_snapshot() -> Snapshot:
+    bins = (0.0,) * (len(HIST_EDGES) - 1)
+    return Snapshot(time_s=0.0, alloc_ratio=0.0, alloc_slope=0.0, frag_entropy=0.0, queue_len=0, prefill_frac=0.0,
+                    len_mean=0.0, len_std=0.0, swapped=0, decode_ms=0.0, overcommit=1.0, reserved_ratio=0.0,
+                    device_free=1.0, queue_hist=bins, running_hist=bins)
+
+
+def load_served_policy(spec: str) -> ServedPolicy:
+    """Load ``spec`` (a baseline spec or a policy file) and check it can serve: a ``ValueError``
+    (``PolicyFileError`` for a file) says why not."""
+    spec = str(spec)
+    policy = make_policy(spec)
+    overrides = dict(policy.engine_overrides)
+    pinned = overrides.pop("overcommit", None)
+    if overrides or (pinned is not None and not math.isfinite(pinned)):
+        raise ValueError(f"policy {spec}: it pins engine settings a running engine cannot take from a sidecar "
+                         f"({policy.engine_overrides}); serve a policy that pins at most a finite overcommit factor")
+    if isinstance(policy, ExportedPolicy):
+        trained = policy.header["observation"]
+        try:
+            scales = Observation(**trained["scales"])
+        except TypeError as exc:
+            raise PolicyFileError(f"policy file {spec}: observation.scales {trained['scales']} do not fit this "
+                                  f"build's scales ({exc})") from None
+        served = ServedPolicy(spec, policy, scales, int(trained["max_model_len"]), policy.file_sha256, pinned)
+    else:
+        served = ServedPolicy(spec, policy, Observation(), None, "", pinned)
+    try:
+        served.decide(_trial_snapshot(), 1024)
+    except PolicyError as exc:
+        raise ValueError(f"policy {spec}: a trial decision failed: {exc}") from None
+    return served

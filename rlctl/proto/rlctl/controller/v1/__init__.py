@@ -1,1 +1,0 @@
-"""Generated protocol stubs (see rlctl/proto/generate.py)."""

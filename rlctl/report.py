@@ -1,0 +1,103 @@
+"""The plain-text tables rlctl prints: one row per figure, one column per run or policy."""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+
+from rlctl.online.engine_metrics import FALLBACK_REASONS
+
+ROWS = [
+    ("requests completed", "requests_completed", "{:.0f}"),
+    ("goodput (tok/s)", "goodput_tokens_per_s", "{:.1f}"),
+    ("tokens/s", "tokens_per_s", "{:.1f}"),
+    ("KV util mean", "kv_util_mean", "{:.1%}"),
+    ("KV util p99", "kv_util_p99", "{:.1%}"),
+    ("OOM events", "oom_events", "{:.0f}"),
+    ("preemptions", "preemptions", "{:.0f}"),
+    ("swap out/in (blocks)", None, None),
+    ("TTFT p50 (s)", "ttft_p50_s", "{:.3f}"),
+    ("TTFT p99 (s)", "ttft_p99_s", "{:.3f}"),
+    ("TPOT p50 (ms)", "tpot_p50_s", "ms"),
+    ("TPOT p99 (ms)", "tpot_p99_s", "ms"),
+    ("engine time (s)", "duration_s", "{:.1f}"),
+]
+
+
+def _cell(summary: dict, key: str | None, fmt: str | None) -> str:
+    if key is None:
+        return f"{summary['swap_out_blocks']:.0f}/{summary['swap_in_blocks']:.0f}"
+    value = summary.get(key)
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    return f"{1000 * value:.2f}" if fmt == "ms" else fmt.format(value)
+
+
+def format_table(columns: dict[str, dict], extra_rows: list | None = None) -> str:
+    """A plain-text table: one row per figure, one column per run."""
+    rows = ROWS + list(extra_rows or [])
+    names = list(columns)
+    width = max(len(r[0]) for r in rows)
+    cols = [max(12, len(n)) for n in names]
+    lines = [" " * width + "  " + "  ".join(n.rjust(w) for n, w in zip(names, cols))]
+    for label, key, fmt in rows:
+        cells = [_cell(columns[n], key, fmt).rjust(w) for n, w in zip(names, cols)]
+        lines.append(label.ljust(width) + "  " + "  ".join(cells))
+    return "\n".join(lines)
+
+EVAL_ROWS = [
+    ("shield overrides", "shield_overrides", "{:.0f}"),
+    ("episode reward", "episode_reward", "{:.1f}"),
+]
+
+# rows rlctl replay adds to its table when a sidecar steers the engine
+LIVE_ROWS = [("controller decisions", "controller_decisions", "{:.0f}")] + [
+    (f"fallbacks: {r}", f"fallbacks_{r}", "{:.0f}") for r in FALLBACK_REASONS] + [
+    ("reconnects", "reconnects", "{:.0f}"),
+    ("shield overrides", "shield_overrides", "{:.0f}")]
+
+def format_actuators(figures: dict) -> str:
+    """The last report of each actuator and how many changed something, one line each."""
+    lines = ["actuators (last report; reports that changed something):"]
+    for name, r in figures["actuators"].items():
+        lines.append(f"  {name} ({figures['actuator_changes'].get(name, 0)}): "
+                     f"{'applied' if r['applied'] else 'not applied'}: {r['detail']}")
+    return "\n".join(lines)
+
+
+def compare(runs: list[tuple[str, object, dict]]) -> tuple[str, dict]:
+    """One row per config: the held-out figures of its runs, mean +- std over seeds, and the
+    baselines of the first run (the same held-out episodes for every run)."""
+    keys = ("goodput_tokens_per_s", "tokens_per_s", "kv_util_mean", "kv_util_p99", "oom_events", "ttft_p99_s",
+            "episode_reward")
+    rows, data = [], {}
+    for path in dict.fromkeys(p for p, _, _ in runs):
+        mine = [(cfg, out) for p, cfg, out in runs if p == path]
+        figures = {k: [out["results"]["dqn"][k] for _, out in mine] for k in keys}
+        seeds = [cfg.seed for cfg, _ in mine]
+        data[Path(path).stem] = {"seeds": seeds, "runs": [out["run"] for _, out in mine],
+                                 **{k: {"mean": float(np.mean(v)), "std": float(np.std(v)), "values": v}
+                                    for k, v in figures.items()}}
+        rows.append((f"dqn {Path(path).stem}", f"{','.join(map(str, seeds))}", figures))
+    first = runs[0][2]["results"]
+    for name, r in first.items():
+        if name != "dqn":
+            rows.append((name, "-", {k: [r[k]] for k in keys}))
+            data[name] = {k: r[k] for k in keys}
+
+    def cell(values: list[float], pct: bool = False) -> str:
+        scale = 100 if pct else 1
+        m, sd = scale * float(np.mean(values)), scale * float(np.std(values))
+        return f"{m:.1f}" + (f" +- {sd:.1f}" if len(values) > 1 else "")
+
+    header = ["policy", "seeds", "goodput tok/s", "tokens/s", "KV util %", "KV p99 %", "OOMs", "TTFT p99 s", "reward"]
+    lines = [header]
+    for name, seeds, f in rows:
+        lines.append([name, seeds, cell(f["goodput_tokens_per_s"]), cell(f["tokens_per_s"]),
+                      cell(f["kv_util_mean"], True), cell(f["kv_util_p99"], True), cell(f["oom_events"]),
+                      cell(f["ttft_p99_s"]), cell(f["episode_reward"])])
+    widths = [max(len(r[i]) for r in lines) for i in range(len(header))]
+    text = "\n".join("  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
+                     for r in lines)
+    return text, data
