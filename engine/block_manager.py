@@ -34,8 +34,7 @@ class BlockManager:
         if n > self.num_free:
             raise OutOfBlocks(f"{n} blocks needed, {self.num_free} free")
         ids = [heapq.heappop(self._free) for _ in range(n)]
-        for b in ids:
-            self.ref_counts[b] = 1
+        self.ref_counts[ids] = 1
         self.num_used += n
         return ids
 
@@ -48,13 +47,17 @@ class BlockManager:
 
     def free(self, ids: list[int]) -> None:
         """Drop one reference to each block; a block whose count reaches zero is free again."""
-        for b in ids:
-            if self.ref_counts[b] <= 0:
-                raise AssertionError(f"block {b} freed twice")
-            self.ref_counts[b] -= 1
-            if self.ref_counts[b] == 0:
-                heapq.heappush(self._free, b)
-                self.num_used -= 1
+        if not ids:
+            return
+        idx = np.asarray(ids)  # a block table names each block once
+        counts = self.ref_counts[idx]
+        if (counts <= 0).any():
+            raise AssertionError(f"block {int(idx[np.argmax(counts <= 0)])} freed twice")
+        counts -= 1
+        self.ref_counts[idx] = counts
+        for b in idx[counts == 0].tolist():
+            heapq.heappush(self._free, b)
+        self.num_used -= int((counts == 0).sum())
 
     def highest_used(self) -> int:
         """The highest block id in use, or -1 when the pool is empty."""

@@ -48,8 +48,13 @@ class CostModel:
                 raise ValueError(f"cost model: {name} must be > 0")
 
     def iteration_s(self, shape: BatchShape) -> float:
-        return (self.fixed_s + self.per_token_s * shape.num_tokens
-                + self.per_context_token_s * shape.context_tokens + self.per_attended_s * shape.attended)
+        return float(self.iterations_s(shape.num_tokens, shape.context_tokens, shape.attended))
+
+    def iterations_s(self, num_tokens, context_tokens, attended):
+        """``iteration_s`` elementwise: each argument an int or an array of ints (a run of decode
+        iterations, engine/decode_run.py), with the same arithmetic, so the same durations."""
+        return (self.fixed_s + self.per_token_s * num_tokens
+                + self.per_context_token_s * context_tokens + self.per_attended_s * attended)
 
     def copy_s(self, nbytes: int, link: str = "device") -> float:
         if link not in LINKS:

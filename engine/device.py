@@ -54,7 +54,32 @@ class Device:
 
     @property
     def free(self) -> int:
+        """Bytes the ledger has not charged: what the engine's own allocations are checked against."""
         return self.capacity - self.used
+
+    def available(self) -> int:
+        """Free memory as the device itself sees it, for the controller's snapshot. On CUDA another
+        process's memory is in no ledger: the driver's free memory (``torch.cuda.mem_get_info``)
+        plus what this process's allocator holds but does not use, capped by the ledger's free
+        bytes. Elsewhere, the ledger's (a scenario's co-tenant is charged to it)."""
+        if self.torch_device.type != "cuda":
+            return self.free
+        driver_free, _ = torch.cuda.mem_get_info(self.torch_device)
+        cached = torch.cuda.memory_reserved(self.torch_device) - torch.cuda.memory_allocated(self.torch_device)
+        return min(self.free, driver_free + cached)
+
+    def held(self) -> int:
+        """Bytes this process really holds on the device: the CUDA allocator's reservation (the
+        ledger's charges elsewhere)."""
+        if self.torch_device.type != "cuda":
+            return self.used - self.charged["tenants"]
+        return torch.cuda.memory_reserved(self.torch_device)
+
+    def give_back(self) -> None:
+        """Return memory the engine released (KV segments) to the device, so that another process
+        (or the next segment) can have it: on CUDA the caching allocator would otherwise keep it."""
+        if self.torch_device.type == "cuda":
+            torch.cuda.empty_cache()
 
     def charge(self, kind: str, nbytes: int) -> None:
         if kind not in KINDS:
@@ -75,11 +100,22 @@ class Device:
             nbytes *= d
         self.charge(kind, nbytes)
         try:
-            # zeros, not empty: attention masks unwritten slots, but 0 * NaN would still be NaN
-            return torch.zeros(shape, dtype=dtype, device=self.torch_device)
-        except torch.OutOfMemoryError as exc:
+            with self.allocating(kind):
+                # zeros, not empty: attention masks unwritten slots, but 0 * NaN would still be NaN
+                return torch.zeros(shape, dtype=dtype, device=self.torch_device)
+        except DeviceOOM:
             self.release(kind, nbytes)
-            raise DeviceOOM(kind, nbytes, self.free) from exc
+            raise
+
+    @contextmanager
+    def allocating(self, site: str) -> Iterator[None]:
+        """Around every device allocation the engine makes outside the ledger (the forward pass,
+        compaction's copy, swap out and in): a CUDA out-of-memory error becomes ``DeviceOOM``
+        naming ``site``, so the engine handles it as an OOM event instead of dying."""
+        try:
+            yield
+        except torch.OutOfMemoryError as exc:
+            raise DeviceOOM(site, 0, self.free) from exc
 
     @contextmanager
     def transient(self, kind: str, nbytes: int) -> Iterator[None]:

@@ -21,12 +21,13 @@ import numpy as np
 import torch
 
 from engine.config import EngineConfig, ModelConfig, max_model_len, memory_plan
+from engine.decode_run import decode_run
 from engine.device import Device, DeviceOOM
 from engine.executor import ProfiledExecutor, TorchExecutor
 from engine.kv_cache import CopyReport, KVCache, NeedBlocks, SwapTraffic
 from engine.kv_pool import KVPool
 from engine.model import LlamaModel
-from engine.records import Counters, Iteration, OOMEvent, RequestRecord
+from engine.records import Counters, IterationLog, OOMEvent, RequestRecord
 from engine.request import Request, RequestError, check_request
 from engine.scheduler import Scheduler, Work, batch_tokens
 from engine.sequence import Sequence
@@ -43,9 +44,9 @@ def _oom_source(exc: BaseException) -> tuple[str, str]:
             return "kv blocks", "every block in use"
         torch_oom = isinstance(exc.cause.__cause__, torch.OutOfMemoryError)
         return "kv pool growth", "OutOfMemoryError" if torch_oom else "device ledger"
-    if isinstance(exc, torch.OutOfMemoryError):
-        return "iteration activations", "OutOfMemoryError"
-    return "iteration workspace", "device ledger"
+    if exc.what == "workspace":
+        return "iteration workspace", "device ledger"
+    return ("iteration activations" if exc.what == "forward" else exc.what), "OutOfMemoryError"
 
 
 @dataclass
@@ -58,6 +59,8 @@ class Engine:
     keep_outputs: bool = False  # keep each finished request's generated token ids in ``outputs``
     clock: float = 0.0
     counters: Counters = field(default_factory=Counters)
+    device: Device | None = None  # None: the torch device's own, or a CPU budget of the memory plan
+    fast_forward: bool = True  # a tensor-free engine advances runs of decodes at once (engine/decode_run.py)
 
     def __post_init__(self) -> None:
         cfg, mcfg = self.config, self.model_config
@@ -67,7 +70,8 @@ class Engine:
         if self.model is None and self.executor.materialize:
             self.model = LlamaModel.from_seed(mcfg, cfg.seed, self.torch_device)
         self.memory = memory_plan(mcfg, cfg, self.model.weight_bytes() if self.model is not None else None)
-        self.device = Device.for_torch(self.torch_device, cfg.device_bytes or self.memory.total)
+        if self.device is None:
+            self.device = Device.for_torch(self.torch_device, cfg.device_bytes or self.memory.total)
         self.device.charge("weights", self.memory.weights)
         self.pool = KVPool(mcfg, cfg.block_size, cfg.num_blocks, cfg.segment_blocks, self.device,
                            self.executor.materialize)
@@ -81,7 +85,7 @@ class Engine:
         self.outputs: dict[str, list[int]] = {}
         self.finished_lengths: deque[tuple[float, int]] = deque()  # (finish time, context length), last 60 s
         self.last_snapshot: Snapshot | None = None
-        self.iterations: list[Iteration] = []
+        self.iterations = IterationLog()
         self.ooms: list[OOMEvent] = []
         self.down_until: float | None = None
         self.free_target_blocks = 0  # evicted sequences return only while this many blocks stay free
@@ -90,6 +94,8 @@ class Engine:
     def _prompt_ids(self, req: Request) -> list[int]:
         if req.prompt_ids is not None:
             return list(req.prompt_ids)
+        if not self.executor.materialize:  # no tensors, no model: only the lengths matter
+            return [0] * req.prompt_len
         rng = np.random.default_rng([self.config.seed, zlib.crc32(req.request_id.encode())])
         return rng.integers(0, self.model_config.vocab_size, req.prompt_len).tolist()
 
@@ -157,24 +163,28 @@ class Engine:
         return [q.record.arrival_s for q in self.scheduler.waiting if q.record.first_token_s is None]
 
     # ---- the iteration -------------------------------------------------------------------------
-    def _schedule(self) -> list[Work] | None:
+    def _schedule(self, admit: bool) -> list[Work] | None:
+        """The iteration's work; None after a crash. Memory running out while scheduling (a running
+        sequence cannot grow even after reclaiming, a swap-in cannot be copied) is an OOM event;
+        in preempt mode the newest sequence is recomputed and nothing new is admitted."""
         while True:
             try:
-                return self.scheduler.schedule(self.overcommit, self.free_target_blocks)
-            except NeedBlocks as exc:  # a running sequence cannot grow, even after reclaiming
+                return self.scheduler.schedule(self.overcommit, self.free_target_blocks, admit)
+            except (NeedBlocks, DeviceOOM) as exc:
                 self._record_oom(exc)
                 if self.config.oom_mode == "crash":
                     self._crash()
                     return None
+                admit = False
                 if not self._preempt_newest():
                     return []
 
-    def _timed_schedule(self) -> list[Work] | None:
+    def _timed_schedule(self, admit: bool = True) -> list[Work] | None:
         """Schedule; swap-ins the scheduler makes cost their time over the host link."""
         swapped_in, box = self.kv.traffic.in_blocks, []
 
         def schedule() -> int:
-            box.append(self._schedule())
+            box.append(self._schedule(admit))
             return (self.kv.traffic.in_blocks - swapped_in) * self.pool.block_bytes
 
         self.clock += self.executor.timed(schedule, "host")
@@ -201,12 +211,11 @@ class Engine:
     def _record_oom(self, exc: BaseException) -> None:
         self.ooms.append(OOMEvent(self.clock, *_oom_source(exc), self.config.oom_mode))
 
-    def _out_of_memory(self, exc: BaseException) -> None:
-        self._record_oom(exc)
-        if self.config.oom_mode == "crash":
-            self._crash()
-        else:
-            self._preempt_newest()
+    def _wait(self) -> None:
+        """Nothing can run now (a co-tenant holds the memory, say): move the clock to the next
+        arrival or by a tick, so that the engine waits instead of looping."""
+        nxt = self.next_arrival()
+        self.clock += IDLE_TICK_S if nxt is None or nxt <= self.clock else min(IDLE_TICK_S, nxt - self.clock)
 
     def step(self) -> bool:
         """Run one iteration (or wait for the next event). Returns False when nothing is left."""
@@ -221,26 +230,32 @@ class Engine:
             self.clock = max(self.clock, s.next_arrival())
             s.arrive(self.clock)
         work = self._timed_schedule()
-        if work is None:
-            return True
-        if not work:  # the device has no room for anything now (a co-tenant holds it): wait
-            nxt = self.next_arrival()
-            self.clock += IDLE_TICK_S if nxt is None or nxt <= self.clock else min(IDLE_TICK_S, nxt - self.clock)
-            return True
-        num_tokens, context_tokens, _ = batch_tokens(work)
-        try:
-            with self.device.transient("workspace", self.model_config.workspace_bytes(num_tokens, context_tokens)):
-                next_tokens, duration = self.executor.execute(work)
-        except (DeviceOOM, torch.OutOfMemoryError) as exc:
-            self._out_of_memory(exc)
-            return True
+        while True:  # every pass runs the iteration, waits, crashes, or preempts and runs the rest
+            if work is None:
+                return True
+            if not work:  # the device has no room for anything now (a co-tenant holds it): wait
+                self._wait()
+                return True
+            num_tokens, context_tokens, _ = batch_tokens(work)
+            try:
+                with self.device.transient("workspace", self.model_config.workspace_bytes(num_tokens, context_tokens)), \
+                        self.device.allocating("forward"):
+                    next_tokens, duration = self.executor.execute(work)
+                break
+            except DeviceOOM as exc:  # the batch's activations do not fit the device
+                self._record_oom(exc)
+                if self.config.oom_mode == "crash":
+                    self._crash()
+                    return True
+                # the newest sequence is recomputed later and the rest runs now, nothing new admitted
+                work = self._timed_schedule(admit=False) if self._preempt_newest() else []
         self.clock += duration
         self._apply(work, next_tokens)
         decodes = sum(1 for w in work if w.num_tokens == 1 and w.produces_token)
         self.counters.iterations += 1
         self.counters.prefill_tokens += num_tokens - decodes
-        self.iterations.append(Iteration(self.clock, duration, decodes, num_tokens - decodes, self.kv.blocks.usage(),
-                                         len(next_tokens)))
+        self.iterations.append(self.clock, duration, decodes, num_tokens - decodes, self.kv.blocks.usage(),
+                               len(next_tokens))
         return True
 
     def _apply(self, work: list[Work], next_tokens: dict[str, int]) -> None:
@@ -282,6 +297,11 @@ class Engine:
                 if not s.busy() and nxt is not None and nxt >= until:
                     self.clock = until
                     break
+            if self.fast_forward and max_iterations is None:
+                ran = decode_run(self, until)
+                if ran:
+                    n += ran
+                    continue
             if not self.step():
                 break
             n += 1
@@ -300,6 +320,13 @@ class Engine:
         self.overcommit = min(max(factor, self.config.overcommit_min), self.config.overcommit_max)
         return self.overcommit
 
+    def _action_failed(self, exc: DeviceOOM) -> None:
+        """A controller action ran out of device memory: an OOM event. A crash-mode engine dies as
+        the process would; in preempt mode the action is abandoned, with every book intact."""
+        self._record_oom(exc)
+        if self.config.oom_mode == "crash":
+            self._crash()
+
     def compact(self) -> CopyReport:
         """Move blocks from the top of the pool into holes, rewrite the block tables, release the tail."""
         before = self.pool.footprint_bytes()
@@ -309,7 +336,11 @@ class Engine:
             moved.append(len(self.kv.compact(self.scheduler.holders())))
             return moved[0] * self.pool.block_bytes
 
-        seconds = self.executor.timed(move, "device")
+        try:
+            seconds = self.executor.timed(move, "device")
+        except DeviceOOM as exc:
+            self._action_failed(exc)
+            return CopyReport()
         report = CopyReport(moved[0], moved[0] * self.pool.block_bytes, seconds, before - self.pool.footprint_bytes())
         self.clock += seconds
         c = self.counters
@@ -326,13 +357,17 @@ class Engine:
             raise ValueError(f"target_free_share must be in [0, 1], got {target_free_share}")
         target = math.ceil(target_free_share * self.kv.num_blocks)
         self.free_target_blocks = target
-        box = []
+        box = [CopyReport()]
 
         def move() -> int:
-            box.append(self.scheduler.evict(target))
+            self.scheduler.evict(target, box[0])
             return box[0].bytes
 
-        seconds = self.executor.timed(move, "host")
+        try:
+            seconds = self.executor.timed(move, "host")
+        except DeviceOOM as exc:  # what moved before the failure stays moved; it cost no time we can tell
+            self._action_failed(exc)
+            return box[0]
         report = box[0]
         report.seconds = seconds
         self.clock += seconds

@@ -103,17 +103,26 @@ class KVCache:
         self.blocks.free(ids)
 
     def swap_out(self, ids: list[int]) -> torch.Tensor:
-        """Copy blocks to the host and free them on the device; ``HostFull`` leaves them in place."""
-        host = self.host.store(self.pool.read_blocks(ids))
+        """Copy blocks to the host and free them on the device; ``HostFull`` or ``DeviceOOM`` (the
+        copy could not be made) leaves them in place."""
+        with self.pool.device.allocating("swap out"):
+            host = self.host.store(self.pool.read_blocks(ids))
         self.blocks.free(ids)
         self.traffic.out_blocks += len(ids)
         self.traffic.bytes += len(ids) * self.pool.block_bytes
         return host
 
     def swap_in(self, host: torch.Tensor) -> list[int]:
-        """Bring blocks back from the host into newly allocated device blocks."""
+        """Bring blocks back from the host into newly allocated device blocks. ``NeedBlocks``
+        (no blocks) or ``DeviceOOM`` (the copy could not be made) leaves them on the host and
+        takes no block."""
         ids = self.allocate(host.shape[0])
-        self.pool.write_blocks(ids, host)
+        try:
+            with self.pool.device.allocating("swap in"):
+                self.pool.write_blocks(ids, host)
+        except DeviceOOM:
+            self.blocks.free(ids)
+            raise
         self.host.drop(host)
         self.traffic.in_blocks += len(ids)
         self.traffic.bytes += len(ids) * self.pool.block_bytes
@@ -124,7 +133,9 @@ class KVCache:
         holder (anything with a ``block_table``: this is the one place block ids change) and
         release the freed tail. Returns the moves as {old id: new id}."""
         moves = dict(self.blocks.compaction_plan())
-        self.pool.copy_blocks(list(moves.items()))
+        if moves:
+            with self.pool.device.allocating("compaction"):  # a failed copy changes no book: sources are intact
+                self.pool.copy_blocks(list(moves.items()))
         self.blocks.apply_moves(list(moves.items()))
         self.pool.release_tail(self.blocks.highest_used())
         if moves:

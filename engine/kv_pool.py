@@ -64,6 +64,8 @@ class KVPool:
             self.segments.pop()
             self.device.release("kv", nbytes)
             released += nbytes
+        if released and self.materialize:
+            self.device.give_back()
         return released
 
     def release_all(self) -> None:

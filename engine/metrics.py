@@ -30,8 +30,9 @@ def meets_slo(record, ttft_slo_s: float | None, tpot_slo_s: float | None) -> boo
     return True
 
 
-def _figures(engine, done: list, its: list, span: float) -> dict:
-    """What ``done`` (records finished in the span) and ``its`` (its iterations) say, per second of ``span``."""
+def _figures(engine, done: list, its: tuple[int, int], span: float) -> dict:
+    """What ``done`` (records finished in the span) and ``its`` (the index range of its iterations)
+    say, per second of ``span``."""
     cfg = engine.config
     good = [r for r in done if meets_slo(r, cfg.ttft_slo_s, cfg.tpot_slo_s)]
     ttft = [r.ttft_s for r in done]
@@ -40,7 +41,7 @@ def _figures(engine, done: list, its: list, span: float) -> dict:
         "requests_completed": len(done),
         "tokens_per_s": sum(r.output_len for r in done) / span,
         "goodput_tokens_per_s": sum(r.output_len for r in good) / span,
-        "generated_tokens_per_s": sum(it.generated for it in its) / span,
+        "generated_tokens_per_s": int(engine.iterations.column("generated", *its).sum()) / span,
         "slo_attainment": len(good) / len(done) if done else None,
         "slo_missed": len(done) - len(good),
         "ttft_p50_s": _pct(ttft, 50), "ttft_p99_s": _pct(ttft, 99),
@@ -48,12 +49,13 @@ def _figures(engine, done: list, its: list, span: float) -> dict:
     }
 
 
-def kv_utilisation(its: list) -> tuple[float, float] | None:
-    """(time-weighted mean, p99 over iterations) of KV utilisation, or None without iterations."""
-    if not its:
+def kv_utilisation(engine, its: tuple[int, int]) -> tuple[float, float] | None:
+    """(time-weighted mean, p99 over iterations) of KV utilisation over the iteration index range
+    ``its``, or None without iterations."""
+    if its[1] <= its[0]:
         return None
-    util = np.array([it.alloc_ratio for it in its])
-    weights = np.array([it.duration_s for it in its])
+    util = engine.iterations.column("alloc_ratio", *its)
+    weights = engine.iterations.column("duration_s", *its)
     mean = float(np.average(util, weights=weights)) if weights.sum() > 0 else float(util.mean())
     return mean, float(np.percentile(util, 99))
 
@@ -63,8 +65,8 @@ def summarize(engine, start_s: float = 0.0, end_s: float | None = None) -> dict:
     end_s = engine.clock if end_s is None else end_s
     span = max(end_s - start_s, 1e-9)
     done = [r for r in engine.completed if start_s <= r.finish_s <= end_s]
-    its = [it for it in engine.iterations if start_s < it.end_s <= end_s]
-    util_mean, util_p99 = kv_utilisation(its) or (0.0, 0.0)
+    its = (engine.iterations.find(start_s), engine.iterations.find(end_s))  # ending in (start_s, end_s]
+    util_mean, util_p99 = kv_utilisation(engine, its) or (0.0, 0.0)
     traffic = engine.traffic
     figures = _figures(engine, done, its, span)
     return {
@@ -112,9 +114,9 @@ def since(engine, start: Mark) -> dict:
     span = max(engine.clock - start.time_s, 1e-9)
     cfg = engine.config
     done = engine.completed[start.completed:]
-    its = engine.iterations[start.iterations:]
+    its = (start.iterations, len(engine.iterations))
     figures = _figures(engine, done, its, span)
-    util = kv_utilisation(its)
+    util = kv_utilisation(engine, its)
     late = 0
     if cfg.ttft_slo_s is not None:
         late = sum(1 for t in engine.waiting_since() if engine.clock - t > cfg.ttft_slo_s)

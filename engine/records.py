@@ -4,7 +4,9 @@ Every figure a run reports (engine/metrics.py) is computed from these.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+
+import numpy as np
 
 
 @dataclass
@@ -74,3 +76,71 @@ class OOMEvent:
 
     def __str__(self) -> str:
         return f"{self.source}: {self.cause}"
+
+
+class IterationLog:
+    """Every iteration, column by column: end time, duration, decode and prefill tokens, KV
+    utilisation after it, tokens generated. The engine appends one iteration at a time and a
+    run of decodes at once (engine/decode_run.py); the figures read whole columns (``column``) over
+    an index range, and ``find`` turns a time into an index. Read one at a time, it gives
+    ``Iteration`` records. (Columns, not a list of records: a long run logs hundreds of thousands
+    of iterations, and as objects they cost more to make and to garbage-collect than to simulate.)"""
+
+    COLUMNS = tuple(f.name for f in fields(Iteration))
+    _DTYPES = {"end_s": np.float64, "duration_s": np.float64, "decode_tokens": np.int64, "prefill_tokens": np.int64,
+               "alloc_ratio": np.float64, "generated": np.int64}
+
+    def __init__(self, capacity: int = 1024) -> None:
+        self._n = 0
+        self._cols = {name: np.empty(capacity, dtype=self._DTYPES[name]) for name in self.COLUMNS}
+
+    def __len__(self) -> int:
+        return self._n
+
+    def _reserve(self, extra: int) -> None:
+        need = self._n + extra
+        size = len(self._cols["end_s"])
+        if need > size:
+            size = max(need, 2 * size)
+            for name, col in self._cols.items():
+                grown = np.empty(size, dtype=col.dtype)
+                grown[:self._n] = col[:self._n]
+                self._cols[name] = grown
+
+    def append(self, end_s: float, duration_s: float, decode_tokens: int, prefill_tokens: int, alloc_ratio: float,
+               generated: int) -> None:
+        self._reserve(1)
+        n, c = self._n, self._cols
+        c["end_s"][n], c["duration_s"][n], c["decode_tokens"][n] = end_s, duration_s, decode_tokens
+        c["prefill_tokens"][n], c["alloc_ratio"][n], c["generated"][n] = prefill_tokens, alloc_ratio, generated
+        self._n += 1
+
+    def extend(self, **columns) -> None:
+        """Many iterations at once: each column an array (or a value for all of them)."""
+        k = len(columns["end_s"])
+        self._reserve(k)
+        for name in self.COLUMNS:
+            self._cols[name][self._n:self._n + k] = columns[name]
+        self._n += k
+
+    def column(self, name: str, start: int = 0, stop: int | None = None) -> np.ndarray:
+        """A read-only view of one column over iterations [start, stop)."""
+        stop = self._n if stop is None else min(stop, self._n)
+        view = self._cols[name][start:stop]
+        view.flags.writeable = False
+        return view
+
+    def find(self, time_s: float) -> int:
+        """The index of the first iteration that ends after ``time_s``."""
+        return int(np.searchsorted(self._cols["end_s"][:self._n], time_s, side="right"))
+
+    def __getitem__(self, i: int) -> Iteration:
+        if i < 0:
+            i += self._n
+        if not 0 <= i < self._n:
+            raise IndexError(f"iteration {i} of {self._n}")
+        return Iteration(*(self._cols[name][i].item() for name in self.COLUMNS))
+
+    def __iter__(self):
+        for i in range(self._n):
+            yield self[i]

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+import numpy as np
+
 from engine.config import EngineConfig, ModelConfig
 from engine.cost_model import LINKS
 from engine.scheduler import BatchShape
@@ -62,13 +64,18 @@ class RooflineCostModel:
             raise ValueError("overhead_s and copy_fixed_s must be >= 0")
 
     def iteration_s(self, shape: BatchShape) -> float:
+        return float(self.iterations_s(shape.num_tokens, shape.context_tokens, shape.attended))
+
+    def iterations_s(self, num_tokens, context_tokens, attended):
+        """``iteration_s`` elementwise: each argument an int or an array of ints (a run of decode
+        iterations, engine/decode_run.py), with the same arithmetic, so the same durations."""
         m = self.model
         matmul_params = m.param_count() - m.vocab_size * m.hidden_size * (0 if m.tie_word_embeddings else 1)
-        flops = 2 * matmul_params * shape.num_tokens + 4 * m.num_layers * m.hidden_size * shape.attended
-        nbytes = m.weight_bytes() + m.kv_bytes_per_token() * (shape.context_tokens + shape.num_tokens)
+        flops = 2 * matmul_params * num_tokens + 4 * m.num_layers * m.hidden_size * attended
+        nbytes = m.weight_bytes() + m.kv_bytes_per_token() * (context_tokens + num_tokens)
         compute = flops / (self.gpu.peak_flops * self.flops_efficiency)
         memory = nbytes / (self.gpu.memory_bytes_per_s * self.memory_efficiency)
-        return self.overhead_s + max(compute, memory)
+        return self.overhead_s + np.maximum(compute, memory)
 
     def copy_s(self, nbytes: int, link: str = "device") -> float:
         if link not in LINKS:

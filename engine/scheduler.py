@@ -143,13 +143,15 @@ class Scheduler:
             self.running.append(seq)
             self.running.sort(key=lambda s: s.admit_order)
 
-    def schedule(self, overcommit: float, swap_in_reserve: int = 0) -> list[Work]:
-        """The next iteration's work. Raises ``NeedBlocks`` when a running sequence cannot grow;
-        blocks taken before that stay with their sequences, so calling again is safe.
+    def schedule(self, overcommit: float, swap_in_reserve: int = 0, admit: bool = True) -> list[Work]:
+        """The next iteration's work. Raises ``NeedBlocks`` when a running sequence cannot grow
+        (``DeviceOOM`` when a swap-in cannot be copied); blocks taken before that stay with their
+        sequences, so calling again is safe.
 
         Swapped sequences come back only while ``swap_in_reserve`` blocks stay free (the free
         share an eviction asked for), unless nothing else runs. A waiting turn of a session starts
-        only when its session is idle, and takes the session's context and KV.
+        only when its session is idle, and takes the session's context and KV. With ``admit``
+        False nothing new is admitted: as in vLLM, an iteration that had to preempt admits none.
         """
         budget = self.max_num_batched_tokens
         self._swap_in(swap_in_reserve)
@@ -166,7 +168,7 @@ class Scheduler:
                 work.append(Work(seq, n))
                 budget -= n
 
-        if self.swapped:
+        if self.swapped or not admit:
             return work  # nothing new is admitted while admitted work waits on the host
         limit = overcommit * self.kv.num_blocks
         reserved = self.reserved_blocks()
@@ -232,10 +234,11 @@ class Scheduler:
             self.sessions.keep(seq, now)
         seq.block_table = []
 
-    def evict(self, target_free: int) -> CopyReport:
+    def evict(self, target_free: int, report: CopyReport) -> None:
         """Move idle session contexts (least recently used first), then the newest running
-        sequences, to host memory until ``target_free`` blocks are free or the host is full."""
-        report = CopyReport()
+        sequences, to host memory until ``target_free`` blocks are free or the host is full;
+        ``report`` counts what moved. ``DeviceOOM`` (a copy could not be made) stops it with the
+        victim in place and what moved before it moved."""
         running = [q for q in self.running if q.block_table]
         for v in self.sessions.idle() + sorted(running, key=lambda q: -q.admit_order):
             if self.kv.blocks.num_free >= target_free:
@@ -255,4 +258,3 @@ class Scheduler:
                 report.sequences += 1
             else:
                 report.contexts += 1
-        return report

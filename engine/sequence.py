@@ -29,9 +29,9 @@ class Sequence:
                  record: RequestRecord, max_model_len: int) -> None:
         self.request = request
         self.token_ids = token_ids
-        self.context_len = context_len  # tokens that came from the session before this turn
         self.block_size = block_size
         self.max_model_len = max_model_len
+        self.context_len = context_len  # tokens that came from the session before this turn
         self.record = record
         self.num_computed = 0
         self.num_generated = 0
@@ -49,11 +49,16 @@ class Sequence:
         return len(self.token_ids)
 
     @property
-    def peak_blocks(self) -> int:
-        """Blocks this request may need at most: its context and prompt plus ``max_tokens``, up to
-        the model length where generation stops anyway."""
-        peak = min(self.context_len + self.request.prompt_len + self.request.max_tokens, self.max_model_len)
-        return math.ceil(peak / self.block_size)
+    def context_len(self) -> int:
+        return self._context_len
+
+    @context_len.setter
+    def context_len(self, tokens: int) -> None:
+        self._context_len = tokens
+        # blocks this request may need at most: its context and prompt plus ``max_tokens``, up to
+        # the model length where generation stops anyway (read on every admission: kept, not derived)
+        peak = min(tokens + self.request.prompt_len + self.request.max_tokens, self.max_model_len)
+        self.peak_blocks = math.ceil(peak / self.block_size)
 
     @property
     def num_uncomputed(self) -> int:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from itertools import takewhile
 
 import numpy as np
 
@@ -58,8 +57,9 @@ def take_snapshot(engine, previous: Snapshot | None) -> Snapshot:
     since = previous.time_s if previous else 0.0
     dt = now - since
     slope = (alloc - previous.alloc_ratio) / dt if previous and dt > 0 else 0.0
-    interval = takewhile(lambda it: it.end_s > since, reversed(engine.iterations))
-    decodes = [it.duration_s for it in interval if it.decode_tokens]
+    log = engine.iterations
+    first = log.find(since)  # the iterations of the last interval
+    decodes = log.column("duration_s", first)[log.column("decode_tokens", first) > 0]
     recent = [n for t, n in engine.finished_lengths if t >= now - LENGTH_WINDOW_S]
     on_host = len(s.swapped) + engine.sessions.on_host()
     dev = engine.device
@@ -67,9 +67,9 @@ def take_snapshot(engine, previous: Snapshot | None) -> Snapshot:
         time_s=now, alloc_ratio=alloc, alloc_slope=slope, frag_entropy=kv.blocks.frag_entropy(),
         queue_len=len(s.waiting), prefill_frac=(sum(q.in_prefill for q in s.running) / len(s.running)) if s.running else 0.0,
         len_mean=float(np.mean(recent)) if recent else 0.0, len_std=float(np.std(recent)) if recent else 0.0,
-        swapped=on_host, decode_ms=1000.0 * float(np.mean(decodes)) if decodes else 0.0,
+        swapped=on_host, decode_ms=1000.0 * float(np.mean(decodes)) if decodes.size else 0.0,
         overcommit=engine.overcommit, reserved_ratio=s.reserved_blocks() / kv.num_blocks,
-        device_free=max(dev.free, 0) / dev.capacity,
+        device_free=max(dev.available(), 0) / dev.capacity,
         queue_hist=histogram([len(q) for q in s.waiting]), running_hist=histogram([len(q) for q in s.running]),
         running=len(s.running), kv_blocks_used=kv.blocks.num_used, kv_blocks_total=kv.num_blocks,
         kv_footprint_bytes=engine.pool.footprint_bytes(), oom_events=engine.counters.oom_events,

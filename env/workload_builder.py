@@ -58,8 +58,13 @@ def _lengths(d: Distribution):
         return ParetoLengths(float(p["alpha"]), int(p["low"]), int(p["high"]))
     if p["column"] not in ("prompt", "output"):
         raise ValueError(f"column must be prompt or output, got {p['column']!r}")
-    t = _trace(trace_path(p["trace"]))
-    return EmpiricalLengths([r.prompt_len if p["column"] == "prompt" else r.output_len for r in t.records])
+    return _empirical(trace_path(p["trace"]), p["column"])
+
+
+@lru_cache(maxsize=16)
+def _empirical(path: Path, column: str) -> EmpiricalLengths:
+    """A trace's recorded lengths, built once per trace and column (every episode draws from them)."""
+    return EmpiricalLengths([r.prompt_len if column == "prompt" else r.output_len for r in _trace(path).records])
 
 
 def _first_prompt(sessions: dict):

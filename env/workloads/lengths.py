@@ -85,6 +85,7 @@ class EmpiricalLengths(LengthDistribution):
             raise ValueError("values must not be empty")
         if min(self.values) < 0:
             raise ValueError(f"values must be >= 0, got {min(self.values)}")
+        object.__setattr__(self, "_array", np.asarray(self.values, dtype=np.int64))  # drawn from every episode
 
     def sample(self, count: int, rng: np.random.Generator) -> np.ndarray:
-        return rng.choice(np.asarray(self.values, dtype=np.int64), whole("count", count, 0))
+        return rng.choice(self._array, whole("count", count, 0))

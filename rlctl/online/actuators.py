@@ -106,6 +106,14 @@ class TorchMemoryFraction:
             return f"{self.device} is not a CUDA device"
         return None
 
+    def _index(self):
+        """The engine's CUDA device with its index ("cuda" alone means the current device):
+        ``set_per_process_memory_fraction`` refuses a device without one."""
+        import torch
+
+        dev = torch.device(self.device)
+        return dev if dev.index is not None else torch.device("cuda", torch.cuda.current_device())
+
     def apply(self, fraction: float) -> ActuatorReport:
         reason = self._cuda()
         if reason is not None:
@@ -115,13 +123,13 @@ class TorchMemoryFraction:
         if not (isinstance(fraction, (int, float)) and math.isfinite(fraction) and 0 < fraction <= 1):
             return ActuatorReport(self.name, False, f"memory fraction must be in (0, 1], got {fraction!r}")
         try:
-            torch.cuda.set_per_process_memory_fraction(float(fraction), torch.device(self.device))
+            torch.cuda.set_per_process_memory_fraction(float(fraction), self._index())
         except (RuntimeError, ValueError) as exc:
             return ActuatorReport(self.name, False, f"set_per_process_memory_fraction failed: {exc}")
-        total = torch.cuda.get_device_properties(torch.device(self.device)).total_memory
+        total = torch.cuda.get_device_properties(self._index()).total_memory
         return ActuatorReport(
             self.name, True,
-            f"{self.device}: this process may allocate {fraction:.4f} of {total / 2**30:.1f} GiB "
+            f"{self._index()}: this process may allocate {fraction:.4f} of {total / 2**30:.1f} GiB "
             f"({fraction * total / 2**30:.2f} GiB); only new allocations are limited, memory already "
             f"reserved stays", float(fraction))
 
@@ -132,7 +140,7 @@ class TorchMemoryFraction:
             return ActuatorReport(self.name, False, reason)
         import torch
 
-        total = torch.cuda.get_device_properties(torch.device(self.device)).total_memory
+        total = torch.cuda.get_device_properties(self._index()).total_memory
         report = self.apply(self.fraction_for(engine, total))
         if report.applied:
             report = ActuatorReport(report.name, True, report.detail + (
