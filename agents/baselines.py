@@ -10,6 +10,9 @@ and returns an action id; ``engine_overrides`` are engine settings it pins for i
   only once usage is below 75 % (hysteresis).
 - ``vllm``: no reservation of max_tokens (factor inf), preempt the newest sequence for
   recomputation when blocks run out.
+- ``sglang``: SGLang's adaptive reservation (engine/scheduler.py ``NewTokenRatio``) with its
+  default settings, retracting the newest requests for recomputation when decode runs out of
+  blocks.
 - ``random``: a uniformly random action, from the seed given at ``reset``.
 """
 from __future__ import annotations
@@ -51,7 +54,7 @@ class Watermark(Policy):
     engine_overrides: dict = field(default_factory=dict)
     _stopped: bool = False
 
-    def reset(self, seed: int | None = None) -> None:
+    def reset(self, seed: int | None = None, env=None) -> None:
         self._stopped = False
 
     def act(self, obs: np.ndarray) -> int:
@@ -80,6 +83,15 @@ class VLLM(Policy):
 
 
 @dataclass
+class SGLang(Policy):
+    name: str = "sglang"
+    engine_overrides: dict = field(default_factory=lambda: {"admission": "sglang", "oom_mode": "preempt"})
+
+    def act(self, obs: np.ndarray) -> int:
+        return HOLD
+
+
+@dataclass
 class Random(Policy):
     name: str = "random"
     engine_overrides: dict = field(default_factory=dict)
@@ -87,7 +99,7 @@ class Random(Policy):
     def __post_init__(self) -> None:
         self._rng = np.random.default_rng(0)
 
-    def reset(self, seed: int | None = None) -> None:
+    def reset(self, seed: int | None = None, env=None) -> None:
         self._rng = np.random.default_rng(seed)
 
     def act(self, obs: np.ndarray) -> int:

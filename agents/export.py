@@ -5,9 +5,10 @@ A policy file (``*.rlpolicy``) is a safetensors file: the online Q-network's wei
 safetensors ``__metadata__`` under the key ``"rlctl"``, one JSON header:
 
 ```
-format, version       "rlctl-policy", 1
+format, version       "rlctl-policy", 2
 observation           features (env/observation.py FEATURES), low, high, scales (the scenario's
-                      ``observation:``), max_model_len (the length tokens are divided by)
+                      ``observation:``); version 2's features are deployment-free (shares of the
+                      KV capacity), so a policy is not bound to the deployment it trained on
 actions               engine/control.py ACTIONS
 network               obs_dim, n_actions, net_arch, dueling: enough to rebuild the network
 training              the training configuration, as given
@@ -40,12 +41,10 @@ from safetensors.torch import save_file
 from agents.policy import Policy
 from agents.networks import q_network
 from env.observation import FEATURES, HIGH, LOW
-from engine import config
 from engine.control import ACTIONS
-from engine.roofline import DEPLOYMENTS
 
 FORMAT = "rlctl-policy"
-VERSION = 1
+VERSION = 2
 POLICY_SUFFIX = ".rlpolicy"
 HEADER_KEY = "rlctl"  # the key of the JSON header in the safetensors __metadata__
 _REPO = Path(__file__).resolve().parent.parent
@@ -63,11 +62,6 @@ def git_commit(repo: Path = _REPO) -> str:
     except (OSError, subprocess.SubprocessError):
         return "unknown"
     return out.stdout.strip() if out.returncode == 0 and out.stdout.strip() else "unknown"
-
-
-def max_model_len(scenario) -> int:
-    """The length the observation divides token counts by: the episode engine's, as observe() gets it."""
-    return config.max_model_len(DEPLOYMENTS[scenario.deployment].model, scenario.engine_config())
 
 
 def _sha256(t: torch.Tensor) -> str:
@@ -94,7 +88,6 @@ def export_policy(model, path: str | Path, *, scenario, training_config: dict,
             "low": [float(x) for x in LOW],
             "high": [float(x) for x in HIGH],
             "scales": dataclasses.asdict(scenario.observation),
-            "max_model_len": max_model_len(scenario),
         },
         "actions": list(ACTIONS),
         "network": {"obs_dim": int(qnet.features_dim), "n_actions": int(qnet.action_space.n),
@@ -146,17 +139,14 @@ class ExportedPolicy(Policy):
         return int(np.argmax(self.q_values(obs)))
 
     def check_scenario(self, scenario) -> None:
-        """Refuse a scenario whose observation scales (or max_model_len) differ from the ones it trained on:
-        the same features would then mean other numbers."""
+        """Refuse a scenario whose observation scales differ from the ones it trained on: the same
+        features would then mean other numbers."""
         trained = self.header["observation"]
         scales = dataclasses.asdict(scenario.observation)
         for key in sorted(set(trained["scales"]) | set(scales)):
             if trained["scales"].get(key) != scales.get(key):
                 raise PolicyFileError(f"policy file {self.path}: trained with observation.{key} = "
                                       f"{trained['scales'].get(key)}, scenario {scenario.name} has {scales.get(key)}")
-        if trained["max_model_len"] != max_model_len(scenario):
-            raise PolicyFileError(f"policy file {self.path}: trained with max_model_len {trained['max_model_len']}, "
-                                  f"scenario {scenario.name} has {max_model_len(scenario)}")
 
 
 def _first_difference(theirs: list, ours: list) -> str | None:
@@ -206,7 +196,7 @@ def _policy_header(path: Path, raw: dict) -> dict:
         raise fail(f"not an rlctl policy file (format {got!r}, expected {FORMAT!r})")
     if header.get("version") != VERSION:
         raise fail(f"unsupported format version {header.get('version')!r} (this build reads version {VERSION})")
-    for key, sub in (("observation", ("features", "low", "high", "scales", "max_model_len")), ("actions", ()),
+    for key, sub in (("observation", ("features", "low", "high", "scales")), ("actions", ()),
                      ("network", ("obs_dim", "n_actions", "net_arch", "dueling")), ("weights", ("dtype", "sha256")),
                      ("training", ()), ("scenario", ()), ("source_commit", ())):
         if key not in header:

@@ -12,8 +12,9 @@ class Policy:
     name: str = "policy"
     engine_overrides: dict = {}
 
-    def reset(self, seed: int | None = None) -> None:
-        """A new episode starts."""
+    def reset(self, seed: int | None = None, env=None) -> None:
+        """A new episode starts (``env``: the environment it runs in, for a policy that looks
+        inside it, such as the lookahead oracle; every other policy sees only observations)."""
 
     def act(self, obs: np.ndarray) -> int:
         raise NotImplementedError

@@ -1,20 +1,26 @@
-"""Policies by name: a baseline spec (``static:K``, ``watermark``, ``vllm``, ``random``) or a
-policy file, and the lists of baselines ``rlctl eval`` and training compare against."""
+"""Policies by name: a baseline spec (``static:K``, ``watermark``, ``vllm``, ``sglang``, ``random``,
+``oracle``) or a policy file, and the lists of baselines ``rlctl eval`` and training compare against."""
 from __future__ import annotations
 
 from pathlib import Path
 
-from agents.baselines import VLLM, Random, Static, Watermark
+from agents.baselines import VLLM, Random, SGLang, Static, Watermark
+from agents.oracle import Oracle
 from agents.export import POLICY_SUFFIX, load_policy
 from agents.policy import Policy
 
 
 def baselines(best_static: float = 1.0) -> list[str]:
     """Every baseline's spec; ``best_static`` is the scenario's tuned fixed factor."""
-    return list(dict.fromkeys(["static:1.0", f"static:{best_static:g}", "watermark", "vllm", "random"]))
+    return list(dict.fromkeys(["static:1.0", f"static:{best_static:g}", "watermark", "vllm", "sglang", "random"]))
 
 
-STATIC_SWEEP = [f"static:{k / 10:g}" for k in range(10, 26)]  # 1.0 to 2.5 in steps of 0.1
+SWEEP_FACTORS = (1.0, 1.25, 1.5, 2.0, 2.5, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0)
+
+
+def static_sweep(max_factor: float) -> list[str]:
+    """``static:K`` for every factor of a multiplicative grid from 1 up to ``max_factor``."""
+    return [f"static:{k:g}" for k in SWEEP_FACTORS if k <= max_factor]
 
 
 def make_policy(spec: str) -> Policy:
@@ -23,7 +29,7 @@ def make_policy(spec: str) -> Policy:
     if isinstance(spec, Path):
         spec = str(spec)
     if not isinstance(spec, str) or not spec:
-        raise ValueError(f"policy: expected a spec such as static:1.0, watermark, vllm, random or a policy file; "
+        raise ValueError(f"policy: expected a spec such as static:1.0, watermark, vllm, sglang, random, oracle or a policy file; "
                          f"got {spec!r}")
     if spec.startswith("static:"):
         try:
@@ -31,10 +37,10 @@ def make_policy(spec: str) -> Policy:
         except ValueError:
             raise ValueError(f"policy {spec!r}: static:K needs a number K, e.g. static:1.5") from None
         return Static(factor)
-    simple = {"watermark": Watermark, "vllm": VLLM, "random": Random}
+    simple = {"watermark": Watermark, "vllm": VLLM, "sglang": SGLang, "random": Random, "oracle": Oracle}
     if spec in simple:
         return simple[spec]()
     if Path(spec).is_file() or spec.endswith(POLICY_SUFFIX):
         return load_policy(spec)  # a missing file: PolicyFileError naming the path
-    raise ValueError(f"policy {spec!r} does not exist: use static:K, watermark, vllm, random "
+    raise ValueError(f"policy {spec!r} does not exist: use static:K, watermark, vllm, sglang, random, oracle "
                      f"or a policy file (*{POLICY_SUFFIX})")

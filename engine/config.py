@@ -96,14 +96,21 @@ class EngineConfig:
     oom_mode: str = "crash"  # "crash" | "preempt"
     restart_downtime_s: float = 10.0
     overcommit: float = 1.0
-    overcommit_step: float = 0.1
+    overcommit_step: float = 1.25  # scale up multiplies the factor by this, back off divides by it
     overcommit_min: float = 1.0
-    overcommit_max: float = 2.0
+    overcommit_max: float = 4.0
     device_bytes: int | None = None
     host_bytes: int = 1 << 30
     seed: int = 0
     ttft_slo_s: float | None = None
     tpot_slo_s: float | None = None
+    # admission: "overcommit" (peak demand within the factor x capacity) or "sglang" (SGLang's
+    # adaptive reservation, below; the factor is not used). SGLang's documented defaults, by name:
+    admission: str = "overcommit"
+    sglang_init_new_token_ratio: float = 0.7         # SGLANG_INIT_NEW_TOKEN_RATIO
+    sglang_min_new_token_ratio_factor: float = 0.14  # SGLANG_MIN_NEW_TOKEN_RATIO_FACTOR (of the initial ratio)
+    sglang_new_token_ratio_decay_steps: int = 600    # SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS
+    sglang_clip_max_new_tokens: int = 4096           # SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION
 
     def __post_init__(self) -> None:
         for name in ("block_size", "num_blocks", "segment_blocks", "max_num_seqs",
@@ -118,10 +125,16 @@ class EngineConfig:
             raise ValueError(f"overcommit range [{self.overcommit_min}, {self.overcommit_max}] is empty or not positive")
         if not (self.overcommit_min <= self.overcommit <= self.overcommit_max or math.isinf(self.overcommit)):
             raise ValueError(f"overcommit {self.overcommit} is outside [{self.overcommit_min}, {self.overcommit_max}]")
-        if self.overcommit_step <= 0:
-            raise ValueError(f"overcommit_step must be > 0, got {self.overcommit_step}")
+        if not self.overcommit_step > 1:
+            raise ValueError(f"overcommit_step must be a multiplier > 1, got {self.overcommit_step}")
         if self.host_bytes < 0:
             raise ValueError(f"host_bytes must be >= 0, got {self.host_bytes}")
+        if self.admission not in ("overcommit", "sglang"):
+            raise ValueError(f"admission must be 'overcommit' or 'sglang', got {self.admission!r}")
+        if not 0 < self.sglang_init_new_token_ratio <= 1 or not 0 < self.sglang_min_new_token_ratio_factor <= 1:
+            raise ValueError("sglang_init_new_token_ratio and sglang_min_new_token_ratio_factor must be in (0, 1]")
+        if self.sglang_new_token_ratio_decay_steps <= 0 or self.sglang_clip_max_new_tokens <= 0:
+            raise ValueError("sglang_new_token_ratio_decay_steps and sglang_clip_max_new_tokens must be > 0")
 
     def pinned(self, factor: float) -> "EngineConfig":
         """This configuration at a fixed ``factor``, its range widened to admit it (a static policy)."""

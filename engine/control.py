@@ -29,10 +29,10 @@ def apply_due(engine: Engine, events: deque[Event]) -> None:
 
 def apply_action(engine: Engine, action: int, evict_free_share: float) -> dict:
     """Apply one of ``ACTIONS`` to ``engine`` now (between iterations); what it did."""
-    if action == SCALE_UP:
-        engine.set_overcommit(engine.overcommit + engine.config.overcommit_step)
+    if action == SCALE_UP:  # multiplicative: a few decisions cross the useful range from 1 to 4
+        engine.set_overcommit(engine.overcommit * engine.config.overcommit_step)
     elif action == BACK_OFF:
-        engine.set_overcommit(engine.overcommit - engine.config.overcommit_step)
+        engine.set_overcommit(engine.overcommit / engine.config.overcommit_step)
     elif action == DEFRAG:
         r = engine.compact()
         return {"compacted_blocks": r.blocks, "copy_s": r.seconds}

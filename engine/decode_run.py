@@ -10,10 +10,11 @@ the counters, and the sequences that finish at the run's last iteration.
 
 A run stops before anything an iteration-by-iteration engine would do differently: an arrival
 due, the caller's time limit, an allocation that could fail (no free block, a pool segment the
-device cannot hold), a workspace the device cannot hold, and it ends with the first iteration in
-which a sequence finishes (the next iteration may admit). It starts only when nothing could be
-admitted before one of those: the waiting queue is empty, or its head is held back by the
-overcommit factor, by ``max_num_seqs``, or by free blocks with nothing to reclaim. Otherwise
+device cannot hold), a workspace the device cannot hold, the iteration in which SGLang's falling
+ratio would admit the queue's head, and it ends with the first iteration in which a sequence
+finishes (the next iteration may admit). It starts only when nothing could be admitted now: the
+waiting queue is empty, or its head is held back by the overcommit factor (or SGLang's rule), by
+``max_num_seqs``, or by free blocks with nothing to reclaim. Otherwise
 (prefill chunks, swapped sequences, session turns, a restart) the engine steps one iteration.
 ``tests/test_decode_run.py`` checks the books are identical either way.
 """
@@ -25,20 +26,42 @@ import numpy as np
 
 
 
-def _admission_held(engine) -> bool:
-    """Whether no waiting sequence can be admitted until a sequence finishes (or the factor moves)."""
+def _admission_held(engine) -> int | None:
+    """For how many iterations from now no waiting sequence can be admitted (until one finishes):
+    None for as long as the run lasts, 0 when one may be admitted now. Under SGLang's rule the
+    ratio falls every iteration, so the head may fit after a while: ``_sglang_held`` says when."""
     s, kv = engine.scheduler, engine.kv
     if not s.waiting:
-        return True
+        return None
     if any(q.request.session_id is not None or q.block_table for q in s.waiting):
-        return False  # session turns skip and reclaim: step them exactly
+        return 0  # session turns skip and reclaim: step them exactly
     if len(s.running) >= s.max_num_seqs:
-        return True
+        return None
     head = s.waiting[0]
-    if s.reserved_blocks() + head.peak_blocks > engine.overcommit * kv.num_blocks:
-        return True
     nothing_to_reclaim = not any(c.block_table and c.owner is None for c in engine.sessions.values())
-    return nothing_to_reclaim and head.blocks_for(len(head)) > kv.blocks.num_free
+    if nothing_to_reclaim and head.blocks_for(len(head)) > kv.blocks.num_free:
+        return None  # free blocks only fall during the run
+    if s.ratio is None:
+        return None if s.reserved_blocks() + head.peak_blocks > engine.overcommit * kv.num_blocks else 0
+    return -1  # SGLang's rule: counted over the run by ``_sglang_held``
+
+
+def _sglang_held(engine, k: int) -> int:
+    """How many of the next ``k`` iterations SGLang's rule holds the head back: at iteration j the
+    running sequences hold j - 1 more tokens each, may generate j - 1 fewer, and the ratio has
+    decayed j - 1 more times (the same sums, in the same arithmetic, as the scheduler's)."""
+    s = engine.scheduler
+    ratio, head = s.ratio, s.waiting[0]
+    held, _ = s.sglang_books()
+    nd = len(s.running)
+    remaining = np.array([q.request.max_tokens - q.num_generated for q in s.running], dtype=np.int64)
+    value = ratio.value
+    for j in range(k):
+        future = int(np.minimum(remaining - j, ratio.clip).sum())
+        if not s.sglang_over_at(held + nd * j + len(head), future + ratio.future(head), value):
+            return j
+        value = max(value - ratio.step, ratio.min)
+    return k
 
 
 def decode_run(engine, until: float | None) -> int:
@@ -51,7 +74,10 @@ def decode_run(engine, until: float | None) -> int:
     nxt = s.next_arrival()
     if nxt is not None and nxt <= engine.clock:
         return 0
-    if any(q.in_prefill or q.record.first_token_s is None for q in running) or not _admission_held(engine):
+    if any(q.in_prefill or q.record.first_token_s is None for q in running):
+        return 0
+    held = _admission_held(engine)
+    if held == 0:
         return 0
     bs, mml = engine.config.block_size, engine.max_model_len
     nd = len(running)
@@ -69,6 +95,8 @@ def decode_run(engine, until: float | None) -> int:
     limit = min(x for x in (until, nxt, math.inf) if x is not None)
     k = int(np.searchsorted(starts, limit, side="left"))  # iterations that start before the limit
     k = min(k, horizon)
+    if held == -1:
+        k = _sglang_held(engine, k)
     if k < 1:
         return 0
     # the blocks each sequence needs, at the iteration it needs them, in the scheduler's order
@@ -125,6 +153,9 @@ def _apply(engine, k: int, needs: list[tuple[int, int]], durations, ends, nd: in
         q.token_ids.extend([0] * k)
         q.num_computed += k
         q.num_generated += k
+    if engine.scheduler.ratio is not None:
+        for _ in range(k):  # one decay per decode iteration, as the engine steps them
+            engine.scheduler.ratio.decay()
     c = engine.counters
     c.iterations += k
     c.tokens_generated += nd * k

@@ -29,7 +29,7 @@ from engine.kv_pool import KVPool
 from engine.model import LlamaModel
 from engine.records import Counters, IterationLog, OOMEvent, RequestRecord
 from engine.request import Request, RequestError, check_request
-from engine.scheduler import Scheduler, Work, batch_tokens
+from engine.scheduler import NewTokenRatio, Scheduler, Work, batch_tokens
 from engine.sequence import Sequence
 from engine.sessions import Sessions
 from engine.snapshot import LENGTH_WINDOW_S, Snapshot, take_snapshot
@@ -77,13 +77,17 @@ class Engine:
                            self.executor.materialize)
         self.kv = KVCache(self.pool, cfg.host_bytes)
         self.sessions = Sessions(self.kv, self.counters, self.max_model_len)
-        self.scheduler = Scheduler(self.kv, self.sessions, cfg.max_num_seqs, cfg.max_num_batched_tokens)
+        ratio = NewTokenRatio(cfg.sglang_init_new_token_ratio, cfg.sglang_min_new_token_ratio_factor,
+                              cfg.sglang_new_token_ratio_decay_steps, cfg.sglang_clip_max_new_tokens)
+        self.scheduler = Scheduler(self.kv, self.sessions, cfg.max_num_seqs, cfg.max_num_batched_tokens,
+                                   ratio if cfg.admission == "sglang" else None)
         self.executor.bind(self.model, self.pool)
         self.overcommit = cfg.overcommit
         self.records: dict[str, RequestRecord] = {}
         self.completed: list[RequestRecord] = []  # in completion order
         self.outputs: dict[str, list[int]] = {}
-        self.finished_lengths: deque[tuple[float, int]] = deque()  # (finish time, context length), last 60 s
+        # (finish time, context length, output tokens, declared max_tokens) of the last 60 s' requests
+        self.finished_lengths: deque[tuple[float, int, int, int]] = deque()
         self.last_snapshot: Snapshot | None = None
         self.iterations = IterationLog()
         self.ooms: list[OOMEvent] = []
@@ -176,6 +180,8 @@ class Engine:
                     self._crash()
                     return None
                 admit = False
+                if self.scheduler.ratio is not None and isinstance(exc, NeedBlocks):
+                    self.scheduler.ratio.reset()  # SGLang retracts, then reserves as at the start
                 if not self._preempt_newest():
                     return []
 
@@ -191,10 +197,10 @@ class Engine:
         return box[0]
 
     def _preempt_newest(self) -> bool:
-        seq = self.scheduler.preempt_newest()
-        if seq is None:
+        lost = self.scheduler.preempt_newest()
+        if lost is None:
             return False
-        seq.record.preemptions += 1
+        self.counters.recomputed_tokens += lost
         self.counters.preemptions += 1
         return True
 
@@ -202,6 +208,8 @@ class Engine:
         """A real OOM: the process dies, all KV (device and host) is lost, the engine restarts
         after the downtime, and every request it held is queued again, oldest first."""
         self.counters.oom_events += 1
+        s = self.scheduler
+        self.counters.recomputed_tokens += sum(q.num_computed for q in s.running) + sum(q.num_computed for q in s.swapped)
         for seq in self.scheduler.lose_all():
             seq.record.restarts += 1
         self.sessions.lose_all()
@@ -252,6 +260,8 @@ class Engine:
         self.clock += duration
         self._apply(work, next_tokens)
         decodes = sum(1 for w in work if w.num_tokens == 1 and w.produces_token)
+        if decodes and self.scheduler.ratio is not None:
+            self.scheduler.ratio.decay()
         self.counters.iterations += 1
         self.counters.prefill_tokens += num_tokens - decodes
         self.iterations.append(self.clock, duration, decodes, num_tokens - decodes, self.kv.blocks.usage(),
@@ -276,7 +286,7 @@ class Engine:
         seq.record.finish_s = self.clock
         seq.record.output_len = seq.num_generated
         self.completed.append(seq.record)
-        self.finished_lengths.append((self.clock, len(seq)))
+        self.finished_lengths.append((self.clock, len(seq), seq.num_generated, seq.request.max_tokens))
         while self.finished_lengths[0][0] < self.clock - LENGTH_WINDOW_S:
             self.finished_lengths.popleft()
         if self.keep_outputs:

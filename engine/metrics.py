@@ -40,6 +40,7 @@ def _figures(engine, done: list, its: tuple[int, int], span: float) -> dict:
     return {
         "requests_completed": len(done),
         "tokens_per_s": sum(r.output_len for r in done) / span,
+        "goodput_tokens": sum(r.output_len for r in good),
         "goodput_tokens_per_s": sum(r.output_len for r in good) / span,
         "generated_tokens_per_s": int(engine.iterations.column("generated", *its).sum()) / span,
         "slo_attainment": len(good) / len(done) if done else None,
@@ -82,6 +83,7 @@ def summarize(engine, start_s: float = 0.0, end_s: float | None = None) -> dict:
         "kv_util_p99": util_p99,
         "oom_events": engine.counters.oom_events,
         "preemptions": engine.counters.preemptions,
+        "recomputed_tokens": engine.counters.recomputed_tokens,
         "swap_out_blocks": traffic.out_blocks,
         "swap_in_blocks": traffic.in_blocks,
         "swap_bytes": traffic.bytes,
@@ -99,11 +101,13 @@ class Mark:
     iterations: int
     oom_events: int
     preemptions: int
+    recomputed_tokens: int
 
 
 def mark(engine) -> Mark:
     c = engine.counters
-    return Mark(engine.clock, len(engine.completed), len(engine.iterations), c.oom_events, c.preemptions)
+    return Mark(engine.clock, len(engine.completed), len(engine.iterations), c.oom_events, c.preemptions,
+                c.recomputed_tokens)
 
 
 def since(engine, start: Mark) -> dict:
@@ -126,5 +130,6 @@ def since(engine, start: Mark) -> dict:
         duration_s=span, kv_util=util[0] if util else engine.kv_usage(),
         slo_violation=(figures["slo_missed"] + late) / judged if slo_set and judged else 0.0,
         oom_events=engine.counters.oom_events - start.oom_events,
-        preemptions=engine.counters.preemptions - start.preemptions)
+        preemptions=engine.counters.preemptions - start.preemptions,
+        recomputed_tokens=engine.counters.recomputed_tokens - start.recomputed_tokens)
     return figures

@@ -48,6 +48,7 @@ class Counters:
     contexts_dropped: int = 0
     tokens_generated: int = 0
     prefill_tokens: int = 0
+    recomputed_tokens: int = 0  # tokens whose KV was lost (preemption, crash) and must be computed again
     iterations: int = 0
 
 

@@ -37,6 +37,7 @@ class GPU:
 H100_SXM_80GB = GPU("NVIDIA H100 SXM 80GB", 80 * GB, 3.35e12, 989e12, 64e9)     # HBM3, PCIe Gen5 x16
 H200_SXM_141GB = GPU("NVIDIA H200 SXM 141GB", 141 * GB, 4.8e12, 989e12, 64e9)   # HBM3e, PCIe Gen5 x16
 A10_24GB = GPU("NVIDIA A10 24GB", 24 * GB, 600e9, 125e12, 32e9)                # GDDR6, PCIe Gen4 x16
+L40S_48GB = GPU("NVIDIA L40S 48GB", 48 * GB, 864e9, 362e12, 32e9)              # GDDR6, PCIe Gen4 x16
 
 
 @dataclass(frozen=True)
@@ -143,12 +144,18 @@ LLAMA_7B = ModelConfig(vocab_size=32000, hidden_size=4096, intermediate_size=110
 LLAMA3_8B = ModelConfig(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_layers=32, num_heads=32,
                         num_kv_heads=8, max_position=131072, rope_theta=500000.0, dtype="float16")
 
+LLAMA3_70B_FP8 = ModelConfig(vocab_size=128256, hidden_size=8192, intermediate_size=28672, num_layers=80, num_heads=64,
+                             num_kv_heads=8, max_position=131072, rope_theta=500000.0, dtype="float16", weight_bits=8)
+
 DEPLOYMENTS = {
     d.name: d for d in (
         Deployment("llama70b-4bit-h100", H100_SXM_80GB, LLAMA_70B, max_num_batched_tokens=2048),
         Deployment("llama7b-fp16-a10", A10_24GB, LLAMA_7B, max_num_seqs=128, max_num_batched_tokens=4096,
                    max_model_len=4096, restart_downtime_s=30.0),
         Deployment("llama3-8b-h200", H200_SXM_141GB, LLAMA3_8B, max_num_batched_tokens=16384, max_model_len=32768),
+        Deployment("llama3-8b-l40s", L40S_48GB, LLAMA3_8B, max_num_batched_tokens=4096, max_model_len=32768),
+        Deployment("llama70b-fp8-h200", H200_SXM_141GB, LLAMA3_70B_FP8, max_num_batched_tokens=4096,
+                   max_model_len=32768),
     )
 }
 

@@ -49,12 +49,38 @@ def batch_tokens(work: list[Work]) -> BatchShape:
     return BatchShape(num_tokens, context, attended)
 
 
+class NewTokenRatio:
+    """SGLang's adaptive reservation. A request is admitted while the tokens held by the running
+    requests and the new one, plus ``value`` x the tokens they may still generate (each clipped at
+    ``clip``), fit the KV capacity. ``value`` starts at ``init``, falls linearly to ``init x
+    min_factor`` over ``decay_steps`` decode iterations, and goes back to ``init`` whenever a
+    decode iteration finds no free block and retracts requests."""
+
+    def __init__(self, init: float, min_factor: float, decay_steps: int, clip: int) -> None:
+        self.init, self.clip = init, clip
+        self.min = init * min_factor
+        self.step = (init - self.min) / decay_steps
+        self.value = init
+
+    def decay(self) -> None:
+        self.value = max(self.value - self.step, self.min)
+
+    def reset(self) -> None:
+        self.value = self.init
+
+    def future(self, seq: Sequence) -> int:
+        """Tokens ``seq`` may still generate, clipped."""
+        return min(seq.request.max_tokens - seq.num_generated, self.clip)
+
+
 class Scheduler:
     """Before any allocation fails, blocks that no running sequence needs are reclaimed
-    (``reclaim``): blocks a waiting turn took, then idle session contexts."""
+    (``reclaim``): blocks a waiting turn took, then idle session contexts. ``ratio`` (SGLang's
+    admission rule) replaces the overcommit rule when given."""
 
-    def __init__(self, kv: KVCache, sessions: Sessions, max_num_seqs: int, max_num_batched_tokens: int) -> None:
-        self.kv, self.sessions = kv, sessions
+    def __init__(self, kv: KVCache, sessions: Sessions, max_num_seqs: int, max_num_batched_tokens: int,
+                 ratio: NewTokenRatio | None = None) -> None:
+        self.kv, self.sessions, self.ratio = kv, sessions, ratio
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.pending: list[tuple[float, int, Sequence]] = []  # a heap of (arrival time, submission order, seq)
@@ -172,14 +198,18 @@ class Scheduler:
             return work  # nothing new is admitted while admitted work waits on the host
         limit = overcommit * self.kv.num_blocks
         reserved = self.reserved_blocks()
+        held, future = self.sglang_books() if self.ratio is not None else (0, 0)
         for seq in list(self.waiting):
             if len(self.running) >= self.max_num_seqs or budget <= 0:
                 break
             if not self.sessions.admissible(seq):
                 continue
-            # with nothing held the head is admitted whatever the factor, so the engine never stalls
-            if reserved + seq.peak_blocks > limit and (self.running or self.swapped):
-                break
+            # with nothing held the head is admitted whatever the rule, so the engine never stalls
+            if self.running or self.swapped:
+                if self.ratio is None and reserved + seq.peak_blocks > limit:
+                    break
+                if self.ratio is not None and self.sglang_over(held + len(seq), future + self.ratio.future(seq)):
+                    break
             try:
                 self.sessions.attach(seq)
                 self._grow(seq, len(seq))  # the whole prompt's blocks must be free now
@@ -187,10 +217,24 @@ class Scheduler:
                 break
             self._admit(seq)
             reserved += seq.peak_blocks
+            if self.ratio is not None:
+                held, future = held + len(seq), future + self.ratio.future(seq)
             n = min(seq.num_uncomputed, budget)
             work.append(Work(seq, n))
             budget -= n
         return work
+
+    def sglang_books(self) -> tuple[int, int]:
+        """(tokens the running sequences hold, tokens they may still generate, clipped): the two
+        sums of SGLang's admission rule."""
+        return sum(len(q) for q in self.running), sum(self.ratio.future(q) for q in self.running)
+
+    def sglang_over(self, held: int, future: int) -> bool:
+        """Whether ``held`` tokens plus the ratio of ``future`` ones exceed the KV capacity."""
+        return self.sglang_over_at(held, future, self.ratio.value)
+
+    def sglang_over_at(self, held: int, future: int, ratio: float) -> bool:
+        return held + ratio * future > self.kv.num_blocks * self.kv.pool.block_size
 
     # ---- leaving the running queue ---------------------------------------------------------------
     def requeue(self, seq: Sequence) -> None:
@@ -201,16 +245,18 @@ class Scheduler:
         seq.status = Status.WAITING
         self.waiting.appendleft(seq)
 
-    def preempt_newest(self) -> Sequence | None:
+    def preempt_newest(self) -> int | None:
         """vLLM's preemption: the newest running sequence frees its blocks and waits to be
-        recomputed. None when nothing runs."""
+        recomputed. The tokens whose KV it lost, or None when nothing runs."""
         if not self.running:
             return None
         seq = max(self.running, key=lambda s: s.admit_order)
+        lost = seq.num_computed
         self.running.remove(seq)
         self.kv.free(seq.block_table)
         self.requeue(seq)
-        return seq
+        seq.record.preemptions += 1
+        return lost
 
     def lose_all(self) -> list[Sequence]:
         """A crash: every held sequence (running or swapped) goes back to the front of the queue,

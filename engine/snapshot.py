@@ -40,6 +40,15 @@ class Snapshot:
     preemptions: int = 0
     tokens_generated: int = 0
     restarting: bool = False
+    # what memory the running requests hold and may still ask for, and how much of what they
+    # declare requests really use: the overcommit decision's evidence
+    kv_tokens_total: int = 0      # KV capacity in tokens
+    max_num_seqs: int = 0
+    preempt_mode: bool = False    # an OOM preempts (True) or crashes the engine (False)
+    tokens_held: int = 0          # tokens of the running sequences (context, prompt, output so far)
+    future_declared: int = 0      # tokens the running sequences may still generate by their max_tokens
+    waiting_tokens: int = 0       # tokens of the waiting sequences
+    out_ratio: float = 1.0        # output / declared max_tokens of requests finished in the last 60 s (1 without any)
 
 
 def histogram(lengths: list[int]) -> tuple[float, ...]:
@@ -60,7 +69,8 @@ def take_snapshot(engine, previous: Snapshot | None) -> Snapshot:
     log = engine.iterations
     first = log.find(since)  # the iterations of the last interval
     decodes = log.column("duration_s", first)[log.column("decode_tokens", first) > 0]
-    recent = [n for t, n in engine.finished_lengths if t >= now - LENGTH_WINDOW_S]
+    finished = [f for f in engine.finished_lengths if f[0] >= now - LENGTH_WINDOW_S]
+    recent = [f[1] for f in finished]
     on_host = len(s.swapped) + engine.sessions.on_host()
     dev = engine.device
     return Snapshot(
@@ -74,4 +84,9 @@ def take_snapshot(engine, previous: Snapshot | None) -> Snapshot:
         running=len(s.running), kv_blocks_used=kv.blocks.num_used, kv_blocks_total=kv.num_blocks,
         kv_footprint_bytes=engine.pool.footprint_bytes(), oom_events=engine.counters.oom_events,
         preemptions=engine.counters.preemptions, tokens_generated=engine.counters.tokens_generated,
-        restarting=engine.down_until is not None)
+        restarting=engine.down_until is not None, kv_tokens_total=kv.num_blocks * engine.pool.block_size,
+        max_num_seqs=s.max_num_seqs, preempt_mode=engine.config.oom_mode == "preempt",
+        tokens_held=sum(len(q) for q in s.running),
+        future_declared=sum(max(q.request.max_tokens - q.num_generated, 0) for q in s.running),
+        waiting_tokens=sum(len(q) for q in s.waiting),
+        out_ratio=float(np.mean([f[2] / f[3] for f in finished])) if finished else 1.0)

@@ -6,18 +6,21 @@ engine time (the tensor-free ``ProfiledExecutor`` on the deployment's roofline c
 cost model), and return the observation of the snapshot taken then.
 
 Reward, each term over the interval just ended (``engine.metrics.since``), weights from the
-scenario's ``reward``:
+scenario's ``reward`` (env/scenario.py ``Reward``):
 
-    r = alpha * throughput + beta * alloc - gamma * slo_violation - omega * ooms
+    r = alpha * goodput - gamma * slo_violation - omega * ooms - rho * recompute + beta * alloc
 
-- throughput: output tokens of requests that finished in the interval and met the SLO (every
-  finished one when no SLO is set), per second, over ``tokens_per_s_scale`` (default: the
-  deployment's full-batch decode rate, so about 1 at best). A request counts once, when it
-  finishes, so tokens recomputed after a crash earn nothing twice.
-- alloc: mean KV utilisation over the interval's iterations, in [0, 1].
+- goodput: output tokens of requests that finished in the interval and met the SLO (every
+  finished one when no SLO is set), per ``decision_interval_s``, over ``tokens_per_s_scale`` (default: the
+  scenario's offered output tokens per second, measured on one draw of its workload, so a step
+  that serves all that is asked is about 1 on every deployment). A request counts once, when it
+  finishes, so the rewards of an episode add up to its goodput (``tests/test_reward.py``).
 - slo_violation: share of the requests that finished in the interval or are waiting at its end
   that missed (or, waiting, already exceed) the TTFT/TPOT target, in [0, 1]; 0 without an SLO.
-- ooms: OOM events in the interval. With omega = 10 one OOM costs more than any interval can earn.
+- ooms: OOM events in the interval.
+- recompute: tokens whose KV was lost to preemption or a crash in the interval (to be computed
+  again), over what a step of the normaliser produces.
+- alloc: mean KV utilisation over the interval's iterations, in [0, 1]; weight 0 by default.
 
 Episodes end when the workload is served (terminated), at an OOM if ``terminate_on_oom``
 (terminated), or after ``max_steps`` (truncated). ``info`` carries the raw figures of the step,
@@ -39,15 +42,15 @@ from engine.engine import Engine
 from engine.executor import ProfiledExecutor
 from engine.metrics import summarize
 from engine.roofline import DEPLOYMENTS
-from engine.scheduler import BatchShape
+from engine.config import max_model_len
 from env.observation import FEATURES, HIGH, LOW, observe
 from env.scenario import Scenario
 from env.scenario_yaml import load_scenario
 from env.workload_builder import episode_requests
 
 # reward term -> (weight of the scenario's ``reward``, sign)
-REWARD_TERMS = {"throughput": ("alpha", 1.0), "alloc": ("beta", 1.0), "slo_violation": ("gamma", -1.0),
-                "ooms": ("omega", -1.0)}
+REWARD_TERMS = {"goodput": ("alpha", 1.0), "slo_violation": ("gamma", -1.0), "ooms": ("omega", -1.0),
+                "recompute": ("rho", -1.0), "alloc": ("beta", 1.0)}
 
 
 class OvercommitEnv(gym.Env):
@@ -67,10 +70,7 @@ class OvercommitEnv(gym.Env):
         self.observation_space = spaces.Box(LOW, HIGH, dtype=np.float32)
         self.action_space = spaces.Discrete(len(ACTIONS))
         self.feature_names = FEATURES
-        cfg = self.scenario.engine_config()
-        r = self.scenario.reward
-        full = BatchShape(cfg.max_num_seqs, cfg.max_num_seqs * 1024, cfg.max_num_seqs * 1024)
-        self.tokens_per_s_scale = r.tokens_per_s_scale or cfg.max_num_seqs / self.cost.iteration_s(full)
+        self.tokens_per_s_scale = self.scenario.reward.tokens_per_s_scale or offered_output_rate(self.scenario)
         self.engine: Engine | None = None
 
     # ---- episode -------------------------------------------------------------------------------
@@ -86,14 +86,14 @@ class OvercommitEnv(gym.Env):
         requests, self.workload_line = episode_requests(sc.workload, sc.episode_s, self.engine.max_model_len, rng)
         for req in requests:
             self.engine.submit(req)
-        self._events = self._cotenant_events(rng)
+        self.events = self._cotenant_events(rng)
         self._steps = 0
         self.shield_overrides = 0
         self.actions_taken = [0] * len(ACTIONS)
-        while self._events and self._events[0][0] <= 0.0:
-            self._events.popleft()[1](self.engine)
+        while self.events and self.events[0][0] <= 0.0:
+            self.events.popleft()[1](self.engine)
         snap = self.engine.snapshot()
-        return observe(snap, sc.observation, self.engine.max_model_len), {
+        return observe(snap, sc.observation), {
             "time_s": 0.0, "workload": self.workload_line, "requests": len(requests), "overcommit": self.engine.overcommit}
 
     def _cotenant_events(self, rng: np.random.Generator) -> deque[Event]:
@@ -121,13 +121,17 @@ class OvercommitEnv(gym.Env):
         self.actions_taken[applied] += 1
         start = metrics.mark(e)
         self._steps += 1
-        interval = run_interval(e, applied, self._steps * sc.decision_interval_s, self._events, sc.evict_free_share)
-        obs = observe(interval.snapshot, sc.observation, e.max_model_len)
+        interval = run_interval(e, applied, self._steps * sc.decision_interval_s, self.events, sc.evict_free_share)
+        obs = observe(interval.snapshot, sc.observation)
         figures = metrics.since(e, start)
-        terms = {"throughput": figures["goodput_tokens_per_s"] / self.tokens_per_s_scale, "alloc": figures["kv_util"],
-                 "slo_violation": figures["slo_violation"], "ooms": figures["oom_events"]}
+        scale = self.tokens_per_s_scale
+        # per nominal interval, so that an episode's rewards add up to its goodput tokens exactly
+        terms = {"goodput": figures["goodput_tokens"] / (scale * sc.decision_interval_s),
+                 "slo_violation": figures["slo_violation"],
+                 "ooms": figures["oom_events"], "recompute": figures["recomputed_tokens"] / (scale * sc.decision_interval_s),
+                 "alloc": figures["kv_util"]}
         weighted = {k: sign * getattr(sc.reward, w) * terms[k] for k, (w, sign) in REWARD_TERMS.items()}
-        reward = weighted["throughput"] + weighted["alloc"] + weighted["slo_violation"] + weighted["ooms"]
+        reward = sum(weighted.values())
         waiting, running, swapped = e.queue_lengths()
         info = {
             "time_s": e.clock, "step": self._steps, "action": ACTIONS[requested], "applied_action": ACTIONS[applied],
@@ -152,6 +156,16 @@ class OvercommitEnv(gym.Env):
                 "actions": dict(zip(ACTIONS, self.actions_taken)), "final_overcommit": e.overcommit,
                 "workload": self.workload_line, "scenario": self.scenario.name,
                 "clock": "cost model: " + self.cost.describe()}
+
+
+def offered_output_rate(scenario: Scenario) -> float:
+    """Output tokens per second the scenario's workload asks for (each request's real output, up
+    to its max_tokens), on one reference draw: the goodput normaliser."""
+    cfg = scenario.engine_config()
+    mml = max_model_len(DEPLOYMENTS[scenario.deployment].model, cfg)
+    requests, _ = episode_requests(scenario.workload, scenario.episode_s, mml, np.random.default_rng(0))
+    total = sum(min(r.output_len, r.max_tokens) for r in requests)
+    return max(total / scenario.episode_s, 1e-9)
 
 
 def make_env(scenario: Scenario | str | Path = "burst", **kwargs) -> OvercommitEnv:

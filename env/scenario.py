@@ -23,7 +23,7 @@ reward: {alpha: 1.0, beta: 0.5, gamma: 1.0, omega: 10.0}
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from engine.config import EngineConfig
 from engine.roofline import DEPLOYMENTS
@@ -65,6 +65,29 @@ class GeneratorWorkload:
 
 
 @dataclass(frozen=True)
+class Phase:
+    """One phase of a workload whose mix moves: its arrivals and lengths, and its mean dwell time."""
+
+    arrivals: Distribution
+    prompt: Distribution
+    output: Distribution
+    mean_dwell_s: float
+    name: str = ""
+
+
+@dataclass(frozen=True)
+class PhasedWorkload:
+    """Phases that follow each other in order (from a phase drawn at random), each for an
+    exponential dwell time of its mean: chat-like short outputs, then reasoning-like long ones."""
+
+    phases: tuple[Phase, ...]
+    max_tokens: str = "fixed:2048"
+
+
+Workload = TraceWorkload | GeneratorWorkload | PhasedWorkload
+
+
+@dataclass(frozen=True)
 class Cotenant:
     """Another process on the device: its share of device memory, redrawn from ``levels`` after
     an exponential hold of mean ``mean_hold_s``."""
@@ -75,13 +98,17 @@ class Cotenant:
 
 @dataclass(frozen=True)
 class Reward:
-    """r = alpha*throughput + beta*alloc_ratio - gamma*slo_violation - omega*oom (see env/overcommit_env.py)."""
+    """r = alpha*goodput - gamma*slo_violation - omega*ooms - rho*recompute + beta*alloc
+    (env/overcommit_env.py). Goodput is what operators are paid for; an OOM's downtime and lost
+    work already cost goodput, and omega makes one OOM cost more than taking the risk could
+    earn; KV utilisation is reported, not paid for (beta 0)."""
 
     alpha: float = 1.0
-    beta: float = 0.5
-    gamma: float = 1.0
-    omega: float = 10.0
-    tokens_per_s_scale: float | None = None  # throughput normaliser; None: the deployment's full-batch decode rate
+    beta: float = 0.0
+    gamma: float = 0.0
+    omega: float = 20.0
+    rho: float = 0.0
+    tokens_per_s_scale: float | None = None  # goodput normaliser; None: the scenario's offered output tokens/s
 
 
 @dataclass(frozen=True)
@@ -90,15 +117,14 @@ class Observation:
 
     queue_scale: int = 1024
     swapped_scale: int = 256
-    decode_ms_scale: float = 500.0
     slope_scale: float = 0.05
-    overcommit_scale: float = 4.0
+    overcommit_scale: float = 16.0
 
 
 @dataclass(frozen=True)
 class Scenario:
     name: str
-    workload: TraceWorkload | GeneratorWorkload
+    workload: Workload
     deployment: str = "llama70b-4bit-h100"
     engine: dict = field(default_factory=dict)
     cotenant: Cotenant | None = None
@@ -117,3 +143,26 @@ class Scenario:
 
     def engine_config(self, **overrides) -> EngineConfig:
         return DEPLOYMENTS[self.deployment].engine_config(**{**self.engine, **overrides})
+
+    def at_load(self, load: float) -> "Scenario":
+        """This scenario with its arrivals ``load`` times as frequent (a trace replayed faster)."""
+        if not load > 0:
+            raise ValueError(f"load must be > 0, got {load}")
+        return replace(self, workload=_scaled(self.workload, load), name=f"{self.name}@{load:g}")
+
+
+def _rates(d: Distribution, load: float) -> Distribution:
+    p = dict(d.params)
+    if "rate" in p:
+        p["rate"] = p["rate"] * load
+    if "rates" in p:
+        p["rates"] = [r * load for r in p["rates"]]
+    return Distribution(d.kind, p)
+
+
+def _scaled(w: Workload, load: float) -> Workload:
+    if isinstance(w, TraceWorkload):
+        return replace(w, time_scale=w.time_scale * load, rate_rps=None if w.rate_rps is None else w.rate_rps * load)
+    if isinstance(w, PhasedWorkload):
+        return replace(w, phases=tuple(replace(p, arrivals=_rates(p.arrivals, load)) for p in w.phases))
+    return replace(w, arrivals=_rates(w.arrivals, load))

@@ -15,16 +15,16 @@ from pathlib import Path
 import yaml
 
 from engine.roofline import DEPLOYMENTS
-from env.scenario import Distribution, GeneratorWorkload, Scenario, ScenarioError, TraceWorkload
+from env.scenario import Distribution, GeneratorWorkload, PhasedWorkload, Scenario, ScenarioError, TraceWorkload
 from env.workload_builder import check_workload
 from env.workloads.sizing import MaxTokensRule
 
 _RANGES = {  # field -> (low, high, low inclusive)
     "time_scale": (0, math.inf, False), "rate_rps": (0, math.inf, False), "mean_hold_s": (0, math.inf, False),
-    "decision_interval_s": (0, math.inf, False), "max_steps": (1, math.inf, True),
+    "decision_interval_s": (0, math.inf, False), "max_steps": (1, math.inf, True), "mean_dwell_s": (0, math.inf, False),
     "evict_free_share": (0, 1, True), "alpha": (0, math.inf, True), "beta": (0, math.inf, True),
-    "gamma": (0, math.inf, True), "omega": (0, math.inf, True), "tokens_per_s_scale": (0, math.inf, False),
-    "queue_scale": (1, math.inf, True), "swapped_scale": (1, math.inf, True), "decode_ms_scale": (0, math.inf, False),
+    "gamma": (0, math.inf, True), "omega": (0, math.inf, True), "rho": (0, math.inf, True), "tokens_per_s_scale": (0, math.inf, False),
+    "queue_scale": (1, math.inf, True), "swapped_scale": (1, math.inf, True),
     "slope_scale": (0, math.inf, False), "overcommit_scale": (0, math.inf, False), "best_static": (0, math.inf, False),
 }
 _ARRIVALS = {"poisson": {"rate"}, "gamma": {"rate", "cv"}, "mmpp": {"rates", "mean_dwell_s"}}
@@ -78,8 +78,9 @@ def _value(hint, value, where: str, path: str):
         if value is None and type(None) in args:
             return None
         options = [a for a in args if a is not type(None)]
-        if len(options) > 1:  # the workload: a trace or a generator
-            cls = TraceWorkload if isinstance(value, dict) and "trace" in value else GeneratorWorkload
+        if len(options) > 1:  # the workload: a trace, phases, or a generator
+            kind = next((k for k in ("trace", "phases") if isinstance(value, dict) and k in value), None)
+            cls = {"trace": TraceWorkload, "phases": PhasedWorkload}.get(kind, GeneratorWorkload)
             return from_mapping(cls, value, where, path)
         return _value(options[0], value, where, path)
     if is_dataclass(hint):
@@ -96,6 +97,10 @@ def _value(hint, value, where: str, path: str):
         return value
     if hint in (int, float):
         return _number(where, path, value, integer=hint is int)
+    if origin is tuple and is_dataclass(args[0]):  # a list of records (a workload's phases)
+        if not isinstance(value, list) or not value:
+            raise _fail(where, path, f"must be a list of one or more mappings, got {value!r}")
+        return tuple(from_mapping(args[0], v, where, f"{path}[{i}]") for i, v in enumerate(value))
     if origin is tuple:
         if not isinstance(value, list) or not value or (args[-1] is not Ellipsis and len(value) != len(args)):
             raise _fail(where, path, f"must be a list of {len(args) if args[-1] is not Ellipsis else 'one or more'} numbers, got {value!r}")

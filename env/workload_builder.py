@@ -12,10 +12,11 @@ from pathlib import Path
 
 import numpy as np
 
-from env.scenario import Distribution, GeneratorWorkload, TraceWorkload
+from env.scenario import Distribution, PhasedWorkload, TraceWorkload, Workload
 from env.workloads import (
     EmpiricalLengths, GammaArrivals, LogNormalLengths, MarkovModulatedArrivals, ParetoLengths, PoissonArrivals,
-    ReplaySpec, Request, Trace, build_requests, bundled_trace, generate, generate_sessions, read_trace)
+    ReplaySpec, Request, Trace, build_requests, bundled_trace, generate, generate_phases, generate_sessions,
+    read_trace)
 
 def trace_path(name: str) -> Path:
     """A bundled trace by file name, or a path."""
@@ -31,6 +32,11 @@ def trace_path(name: str) -> Path:
 @lru_cache(maxsize=16)
 def _trace(path: Path) -> Trace:
     return read_trace(path)
+
+
+def load_trace(name: str) -> Trace:
+    """A bundled trace by file name, or the trace at a path; read once."""
+    return _trace(trace_path(name))
 
 
 def trace_span(w: TraceWorkload) -> float:
@@ -73,8 +79,14 @@ def _first_prompt(sessions: dict):
     return _lengths(Distribution(first["kind"], {k: v for k, v in first.items() if k != "kind"})) if first else None
 
 
-def check_workload(w: TraceWorkload | GeneratorWorkload) -> None:
+def check_workload(w: Workload) -> None:
     """Build everything a workload names once, so that a bad one fails at load."""
+    if isinstance(w, PhasedWorkload):
+        for p in w.phases:
+            _arrivals(p.arrivals)
+            _lengths(p.prompt)
+            _lengths(p.output)
+        return
     if isinstance(w, TraceWorkload):
         t = _trace(trace_path(w.trace))
         if t.has_arrivals and w.rate_rps is not None:
@@ -92,9 +104,15 @@ def check_workload(w: TraceWorkload | GeneratorWorkload) -> None:
         _first_prompt(s)
 
 
-def episode_requests(w: TraceWorkload | GeneratorWorkload, episode_s: float, max_model_len: int,
+def episode_requests(w: Workload, episode_s: float, max_model_len: int,
                      rng: np.random.Generator) -> tuple[list[Request], str]:
     """The requests of one episode and a line saying how they were made."""
+    if isinstance(w, PhasedWorkload):
+        phases = [(_arrivals(p.arrivals), _lengths(p.prompt), _lengths(p.output), p.mean_dwell_s) for p in w.phases]
+        requests = generate_phases(phases=phases, max_tokens_rule=w.max_tokens, duration_s=episode_s, rng=rng,
+                                   max_model_len=max_model_len)
+        names = "/".join(p.name or str(i) for i, p in enumerate(w.phases))
+        return requests, f"generated: phases {names}, max_tokens {w.max_tokens}, {len(requests)} requests"
     if isinstance(w, TraceWorkload):
         window = episode_s * w.time_scale
         low, high = w.starts if w.starts is not None else (0.0, max(trace_span(w) - window, 0.0))

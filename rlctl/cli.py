@@ -144,12 +144,12 @@ def cmd_demo(a: argparse.Namespace) -> int:
 
     config = Path(__file__).resolve().parent.parent / DEMO_CONFIG
     cfg = load_train_config(config, timesteps=a.timesteps, seed=a.seed)
-    print(f"demo: training the DQN on scenario {cfg.scenario} for {cfg.timesteps} steps ({config.name}), then "
+    print(f"demo: training the DQN on {', '.join(cfg.scenarios)} for {cfg.timesteps} steps ({config.name}), then "
           f"evaluating it and every baseline on {cfg.eval_episodes} held-out trace windows (starts {list(cfg.eval_starts)} s)")
     out = train(cfg, a.logdir, progress_bar=not a.no_progress)
     print(format_table(out["results"], extra_rows=EVAL_ROWS))
     plot = Path(out["run"]) / "evaluation.png"
-    draw(out["results"], str(plot), title=f"{cfg.scenario}: held-out episode 1 (seed {cfg.eval_seed})")
+    draw(out["results"], str(plot), title=f"{cfg.scenarios[0]}: held-out episode 1 (seed {cfg.eval_seed})")
     print(f"run: {out['run']} ({out['timesteps']} steps, {out['wall_s']:.0f} s)\npolicy: {out['policy']}\n"
           f"plot: {plot}\nreview: tensorboard --logdir {a.logdir}")
     return 0
@@ -206,12 +206,12 @@ def cmd_profile(a: argparse.Namespace) -> int:
 
 
 def cmd_eval(a: argparse.Namespace) -> int:
-    from agents.spec import STATIC_SWEEP, baselines, make_policy
+    from agents.spec import baselines, make_policy, static_sweep
     from rlctl.evaluate import eval_scenario, run_eval
 
-    sc = eval_scenario(a.scenario, a.trace, a.time_scale, a.max_tokens, a.steps)
-    specs = list(dict.fromkeys(a.policy + (baselines(sc.best_static) if a.baselines else [])
-                               + (STATIC_SWEEP if a.static_sweep else [])))
+    sc = eval_scenario(a.scenario, a.trace, a.time_scale, a.max_tokens, a.steps, a.load, a.deployment)
+    sweep = static_sweep(sc.engine_config().overcommit_max) if a.static_sweep else []
+    specs = list(dict.fromkeys(a.policy + (baselines(sc.best_static) if a.baselines else []) + sweep))
     if not specs:
         raise ValueError("give --policy SPEC (one or more), --baselines or --static-sweep")
     policies = {spec: make_policy(spec) for spec in specs}  # every spec is checked before anything runs
@@ -222,7 +222,7 @@ def cmd_eval(a: argparse.Namespace) -> int:
     print(f"workload (episode 1): {first['workload']}\nclock: {first['clock']}")
     print(format_table(results, extra_rows=EVAL_ROWS))
     if a.static_sweep:
-        best = max((results[policies[s].name] for s in STATIC_SWEEP), key=lambda r: r["goodput_tokens_per_s"])
+        best = max((results[policies[s].name] for s in sweep), key=lambda r: r["goodput_tokens_per_s"])
         print(f"best fixed factor: {best['policy']} (goodput {best['goodput_tokens_per_s']:.1f} tok/s, "
               f"{best['oom_events']:g} OOM events) on seeds {a.seed}..{a.seed + a.episodes - 1}")
     if a.json:
@@ -236,6 +236,20 @@ def cmd_eval(a: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_sweep(a: argparse.Namespace) -> int:
+    from env.scenario_yaml import load_scenario
+    from rlctl.sweep import format_sweep, sweep
+
+    if a.episodes <= 0:
+        raise ValueError(f"--episodes must be > 0, got {a.episodes}")
+    out = sweep(load_scenario(a.scenario), a.episodes, a.seed, oracle=not a.no_oracle)
+    print(format_sweep(out))
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(out, f, indent=2, default=str)
+    return 0
+
+
 def cmd_train(a: argparse.Namespace) -> int:
     from rlctl.train import load_train_config, train
 
@@ -244,7 +258,7 @@ def cmd_train(a: argparse.Namespace) -> int:
                for path in a.config for s in seeds]  # every config is checked before anything runs
     runs = []
     for path, cfg in configs:
-        print(f"train: {path}: scenario {cfg.scenario}, {cfg.timesteps} steps, seed {cfg.seed}, "
+        print(f"train: {path}: scenarios {', '.join(cfg.scenarios)} x loads {list(cfg.loads)}, {cfg.timesteps} steps, seed {cfg.seed}, "
               f"double={cfg.double} dueling={cfg.dueling} prioritized={cfg.prioritized} n_steps={cfg.n_steps}")
         out = train(cfg, a.logdir, a.resume, progress_bar=not a.no_progress,
                     baseline_specs=None if not runs else [])
@@ -313,10 +327,18 @@ def parser() -> argparse.ArgumentParser:
     e.add_argument("--policy", action="append", default=[], help="static:K, watermark, vllm, random (repeatable)")
     e.add_argument("--baselines", action="store_true", help="add every baseline to the table")
     e.add_argument("--static-sweep", action="store_true",
-                   help="add static:1.0 .. static:2.5 and name the best (tune a scenario's best_static on training seeds)")
-    e.add_argument("--scenario", default=None, help="scenario YAML or bundled name (default steady)")
+                   help="add static:K for a grid of K from 1 to the scenario's overcommit_max and name the best "
+                        "(tune a scenario's best_static on training seeds; rlctl sweep does more)")
+    e.add_argument("--scenario", default=None,
+                   help="scenario YAML or bundled name (default steady; with --trace the bundled 'trace' scenario's "
+                        "deployment and settings)")
     e.add_argument("--trace", default=None, help="replay this trace on the scenario's deployment instead")
     e.add_argument("--time-scale", type=float, default=None, help="with --trace: arrival compression")
+    e.add_argument("--load", type=float, default=None,
+                   help="with --trace: replay it at this multiple of what the deployment sustains (the time scale is "
+                        "computed from the trace's demand and the deployment's cost model, and printed)")
+    e.add_argument("--deployment", default=None,
+                   help="with --trace: the deployment to replay it on (default: the scenario's; engine/roofline.py)")
     e.add_argument("--max-tokens", default=None, help="with --trace: declared max_tokens rule")
     e.add_argument("--episodes", type=int, default=1)
     e.add_argument("--steps", type=int, default=None, help="decisions per episode (default: the scenario's)")
@@ -325,6 +347,15 @@ def parser() -> argparse.ArgumentParser:
     e.add_argument("--json", default=None, help="write every figure and time series to this JSON file")
     e.add_argument("--plot", default=None, help="draw utilisation, factor, queue and OOMs over time to this PNG")
     e.set_defaults(fn=cmd_eval)
+
+    w = sub.add_parser("sweep", help="every fixed factor, the rules, the peers and the oracle on a scenario: does it "
+                                     "need a controller")
+    w.add_argument("--scenario", required=True, help="scenario YAML or bundled name")
+    w.add_argument("--episodes", type=int, default=3)
+    w.add_argument("--seed", type=int, default=100, help="episode k uses seed + k (default: the training seeds 100..)")
+    w.add_argument("--no-oracle", action="store_true", help="leave the (slow) lookahead oracle out")
+    w.add_argument("--json", default=None, help="write every figure and the verdict to this JSON file")
+    w.set_defaults(fn=cmd_sweep)
 
     t = sub.add_parser("train", help="train the DQN on a scenario; TensorBoard logs, checkpoints, exported policy")
     t.add_argument("--config", required=True, nargs="+", help="training YAML(s) (experiments/train/*.yaml)")

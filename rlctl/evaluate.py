@@ -17,7 +17,7 @@ SERIES = ("time_s", "kv_util", "overcommit", "queue_len", "oom_events", "preempt
 def run_episode(env: OvercommitEnv, policy: Policy, seed: int) -> tuple[dict, dict[str, list]]:
     """One episode of ``policy``; its summary and its time series."""
     obs, info = env.reset(seed=seed, options={"engine": policy.engine_overrides})
-    policy.reset(seed)
+    policy.reset(seed, env=env)
     series = {k: [] for k in SERIES}
     rewards = []
     while True:
@@ -45,26 +45,45 @@ def evaluate(env: OvercommitEnv, policy: Policy, episodes: int = 1, seed: int = 
 
 
 
+TRACE_BASE = "trace"  # the bundled scenario a bare --trace replays on: its deployment, SLOs and settings
+
+
 def eval_scenario(scenario: str | None, trace: str | None, time_scale: float | None, max_tokens: str | None,
-                  steps: int | None):
+                  steps: int | None, load: float | None = None, deployment: str | None = None, say=print):
     """The scenario ``rlctl eval`` runs: a scenario file (or bundled name), or a trace replayed on
-    a scenario's deployment and settings (default ``steady``)."""
+    a scenario's deployment and settings (``--scenario``, default the bundled ``trace`` scenario),
+    at a time scale given, or computed for ``--load`` (rlctl/load.py) on ``--deployment``."""
     import dataclasses
 
+    from engine.roofline import deployment as find_deployment
     from env.scenario import TraceWorkload
     from env.scenario_yaml import load_scenario
+    from env.workload_builder import check_workload, load_trace
+    from rlctl.load import trace_load
 
-    sc = load_scenario(scenario or "steady")
+    sc = load_scenario(scenario or (TRACE_BASE if trace is not None else "steady"))
+    if deployment is not None:
+        if trace is None:
+            raise ValueError("--deployment applies to --trace")
+        find_deployment(deployment)  # an unknown name is refused, naming the known ones
+        sc = dataclasses.replace(sc, deployment=deployment)
     if trace is not None:
-        from env.workload_builder import check_workload
-
+        if load is not None and time_scale is not None:
+            raise ValueError("give --load or --time-scale, not both")
         base = sc.workload if isinstance(sc.workload, TraceWorkload) else None
+        rule = max_tokens or sc.workload.max_tokens
+        if load is not None:
+            fit = trace_load(trace, find_deployment(sc.deployment), rule, load)
+            say(fit.describe(trace, sc.deployment))
+            time_scale = fit.time_scale
+        # a length-only trace gets Poisson arrivals, one per trace second
+        rate = None if load_trace(trace).has_arrivals else 1.0
         workload = TraceWorkload(trace=trace, time_scale=time_scale or (base.time_scale if base else 1.0),
-                                 max_tokens=max_tokens or sc.workload.max_tokens)
+                                 max_tokens=rule, rate_rps=rate)
         check_workload(workload)
-        sc = dataclasses.replace(sc, workload=workload, name=f"{sc.name} on {trace}")
-    elif time_scale is not None or max_tokens is not None:
-        raise ValueError("--time-scale and --max-tokens apply to --trace")
+        sc = dataclasses.replace(sc, workload=workload, name=f"{trace}" + (f" at load {load:g}" if load else ""))
+    elif time_scale is not None or max_tokens is not None or load is not None:
+        raise ValueError("--time-scale, --max-tokens and --load apply to --trace")
     if steps is not None:
         if steps <= 0:
             raise ValueError(f"--steps must be > 0, got {steps}")

@@ -16,8 +16,8 @@ the event files back).
 - ``log_hparams``: hyperparameters and final figures for the HPARAMS tab.
 
 Reward terms: ``episode/reward_terms/<term>`` is the term's signed, weighted contribution summed
-over the episode (``alpha*throughput``, ``beta*alloc``, ``-gamma*slo_violation``,
-``-omega*ooms``, as each step's ``info["weighted_reward_terms"]`` gives them), so the four add up
+over the episode (``alpha*goodput``, ``-gamma*slo_violation``, ``-omega*ooms``,
+``-rho*recompute``, ``beta*alloc``, as each step's ``info["weighted_reward_terms"]`` gives them), so the four add up
 to the environment's episode reward; ``episode/raw_terms/<term>`` is the unweighted sum. An
 environment whose ``info`` has no weighted terms gets the raw sums only.
 """
@@ -32,8 +32,9 @@ import numpy as np
 from stable_baselines3.common.callbacks import BaseCallback
 
 from engine.control import ACTIONS
+from env.overcommit_env import REWARD_TERMS
 
-TERMS = ("throughput", "alloc", "slo_violation", "ooms")
+TERMS = tuple(REWARD_TERMS)
 # summary key -> tag under episode/ (figures of engine.metrics.summarize and the env's summary)
 EPISODE_FIGURES = {
     "goodput_tokens_per_s": "goodput_tokens_per_s",

@@ -26,6 +26,7 @@ from agents.policy import Policy
 from agents.spec import baselines, make_policy
 from agents.dqn import OvercommitDQN
 from agents.shield import Shield
+from env.mixture import MixtureEnv
 from env.overcommit_env import OvercommitEnv
 from env.scenario import Scenario, ScenarioError, TraceWorkload
 from env.scenario_yaml import from_mapping, load_scenario, read_yaml
@@ -34,8 +35,9 @@ from rlctl.evaluate import evaluate
 
 @dataclass(frozen=True)
 class TrainConfig:
-    scenario: str
+    scenarios: tuple[str, ...]                       # trained on all of them, each episode one drawn at random
     name: str = ""
+    loads: tuple[float, ...] = (1.0,)                # ... at each of these loads (arrival rate multipliers)
     eval_starts: tuple[float, float] | None = None  # held-out trace windows (trace scenarios)
     eval_episodes: int = 3
     eval_seed: int = 1000                            # held-out seeds: never used in training
@@ -95,18 +97,34 @@ def load_train_config(path: str | Path, **overrides) -> TrainConfig:
         cfg = from_mapping(TrainConfig, data, str(p))
     except ValueError as exc:
         raise ScenarioError(str(exc) if str(exc).startswith(str(p)) else f"{p}: {exc}") from None
-    load_scenario(cfg.scenario)  # a bad scenario fails now, not after the first checkpoint
+    try:  # a bad scenario or load fails now, not after the first checkpoint
+        MixtureEnv(training_scenarios(cfg))
+        held_out(cfg)
+    except ValueError as exc:
+        raise ScenarioError(f"{p}: {exc}") from None
     return cfg
 
 
-def held_out(cfg: TrainConfig) -> Scenario:
-    """The evaluation scenario: the training one with the held-out trace windows."""
-    sc = load_scenario(cfg.scenario)
-    if cfg.eval_starts is not None:
-        if not isinstance(sc.workload, TraceWorkload):
-            raise ScenarioError(f"eval_starts: scenario {cfg.scenario} is not a trace replay")
-        sc = dataclasses.replace(sc, workload=dataclasses.replace(sc.workload, starts=tuple(cfg.eval_starts)))
-    return sc
+def training_scenarios(cfg: TrainConfig) -> list[Scenario]:
+    """Every training scenario at every load."""
+    out = []
+    for name in cfg.scenarios:
+        sc = load_scenario(name)
+        out += [sc if load == 1.0 else sc.at_load(load) for load in cfg.loads]
+    return out
+
+
+def held_out(cfg: TrainConfig) -> list[Scenario]:
+    """The evaluation scenarios: the training ones at their own load, with the held-out trace windows."""
+    out = []
+    for name in cfg.scenarios:
+        sc = load_scenario(name)
+        if cfg.eval_starts is not None:
+            if not isinstance(sc.workload, TraceWorkload):
+                raise ScenarioError(f"eval_starts: scenario {name} is not a trace replay")
+            sc = dataclasses.replace(sc, workload=dataclasses.replace(sc.workload, starts=tuple(cfg.eval_starts)))
+        out.append(sc)
+    return out
 
 
 class AgentPolicy(Policy):
@@ -120,21 +138,28 @@ class AgentPolicy(Policy):
 
 
 class HeldOutEval(BaseCallback):
-    """Every ``every`` steps: the greedy agent on the held-out episodes, logged under eval/dqn/."""
+    """Every ``every`` steps: the greedy agent on the held-out episodes of each scenario, logged
+    under eval/dqn/ (the mean over scenarios) and eval/<scenario>/dqn/."""
 
-    def __init__(self, scenario: Scenario, cfg: TrainConfig) -> None:
+    def __init__(self, scenarios: list[Scenario], cfg: TrainConfig) -> None:
         super().__init__()
-        self.env = OvercommitEnv(scenario, shield=Shield() if cfg.shield else None)
+        self.envs = [OvercommitEnv(sc, shield=Shield() if cfg.shield else None) for sc in scenarios]
         self.cfg, self.last = cfg, 0
         self.history: list[dict] = []
 
     def _on_step(self) -> bool:
         if self.num_timesteps - self.last >= self.cfg.eval_every:
             self.last = self.num_timesteps
-            r = evaluate(self.env, AgentPolicy(self.model), self.cfg.eval_episodes, self.cfg.eval_seed)
-            self.history.append({"timesteps": self.num_timesteps, **{k: r[k] for k in FIGURES}})
+            runs = {env.scenario.name: evaluate(env, AgentPolicy(self.model), self.cfg.eval_episodes,
+                                                self.cfg.eval_seed) for env in self.envs}
+            mean = {k: float(np.mean([r[k] for r in runs.values() if r[k] is not None] or [0.0])) for k in FIGURES}
+            self.history.append({"timesteps": self.num_timesteps, **mean})
             for k in FIGURES:
-                self.logger.record(f"eval/dqn/{k}", r[k])
+                self.logger.record(f"eval/dqn/{k}", mean[k])
+                if len(runs) > 1:
+                    for name, r in runs.items():
+                        if r[k] is not None:
+                            self.logger.record(f"eval/{name}/dqn/{k}", r[k])
         return True
 
 
@@ -142,9 +167,11 @@ FIGURES = ("goodput_tokens_per_s", "tokens_per_s", "kv_util_mean", "kv_util_p99"
            "ttft_p50_s", "ttft_p99_s", "episode_reward", "shield_overrides")
 
 
-def _make_env(scenario: Scenario, shield: bool):
+def _make_env(scenarios: list[Scenario], shield: bool):
     def make():
-        return OvercommitEnv(scenario, shield=Shield() if shield else None)
+        if len(scenarios) == 1:
+            return OvercommitEnv(scenarios[0], shield=Shield() if shield else None)
+        return MixtureEnv(scenarios, shield=Shield() if shield else None)
     return make
 
 
@@ -165,12 +192,12 @@ def train(cfg: TrainConfig, logdir: str | Path = "runs", resume: str | None = No
     from agents.export import export_policy
     from rlctl.tensorboard import ReviewCallback, log_evaluation, log_hparams
 
-    scenario = load_scenario(cfg.scenario)
+    scenarios = training_scenarios(cfg)
     evaluation = held_out(cfg)
     n_envs = cfg.n_envs or os.cpu_count() or 1
     run = _run_dir(Path(logdir), cfg.name, resume)
     run.mkdir(parents=True, exist_ok=True)
-    makers = [_make_env(scenario, cfg.shield) for _ in range(n_envs)]
+    makers = [_make_env(scenarios, cfg.shield) for _ in range(n_envs)]
     venv = SubprocVecEnv(makers, start_method="forkserver") if n_envs > 1 else DummyVecEnv(makers)
     venv.seed(cfg.seed)
     t0 = time.time()
@@ -192,22 +219,29 @@ def train(cfg: TrainConfig, logdir: str | Path = "runs", resume: str | None = No
         remaining = cfg.timesteps - model.num_timesteps
         if remaining > 0:
             model.learn(remaining, callback=callbacks, reset_num_timesteps=not resume, progress_bar=progress_bar)
-        header = export_policy(model, run / "policy.rlpolicy", scenario=scenario,
+        header = export_policy(model, run / "policy.rlpolicy", scenario=scenarios[0],
                                training_config=dataclasses.asdict(cfg))
-        specs = baseline_specs if baseline_specs is not None else baselines(scenario.best_static)
-        eval_env = OvercommitEnv(evaluation, shield=Shield() if cfg.shield else None)
-        results = {"dqn": evaluate(eval_env, make_policy(str(run / "policy.rlpolicy")), cfg.eval_episodes, cfg.eval_seed)}
-        results["dqn"]["policy"] = "dqn"
-        for spec in specs:
-            policy = make_policy(spec)
-            results[policy.name] = evaluate(eval_env, policy, cfg.eval_episodes, cfg.eval_seed)
-        log_evaluation(run, results, model.num_timesteps)
-        final = {k: results["dqn"][k] for k in FIGURES}
-        log_hparams(run, {**cfg.agent_kwargs(), "scenario": cfg.scenario, "seed": cfg.seed, "n_envs": n_envs}, final)
+        tables = {}
+        for sc in evaluation:
+            specs = baseline_specs if baseline_specs is not None else baselines(sc.best_static)
+            eval_env = OvercommitEnv(sc, shield=Shield() if cfg.shield else None)
+            table = {"dqn": evaluate(eval_env, make_policy(str(run / "policy.rlpolicy")), cfg.eval_episodes,
+                                     cfg.eval_seed)}
+            table["dqn"]["policy"] = "dqn"
+            for spec in specs:
+                policy = make_policy(spec)
+                table[policy.name] = evaluate(eval_env, policy, cfg.eval_episodes, cfg.eval_seed)
+            tables[sc.name] = table
+            log_evaluation(run, table, model.num_timesteps, tag="eval" if len(evaluation) == 1 else f"eval/{sc.name}")
+        results = tables[evaluation[0].name]
+        final = {k: float(np.mean([t["dqn"][k] for t in tables.values() if t["dqn"][k] is not None] or [0.0]))
+                 for k in FIGURES}
+        log_hparams(run, {**cfg.agent_kwargs(), "scenarios": ",".join(cfg.scenarios), "seed": cfg.seed,
+                          "n_envs": n_envs}, final)
     finally:
         venv.close()
     summary = {"run": str(run), "policy": str(run / "policy.rlpolicy"), "timesteps": model.num_timesteps,
                "wall_s": time.time() - t0, "n_envs": n_envs, "held_out": held.history, "results": results,
-               "header": header}
+               "by_scenario": tables, "header": header}
     (run / "evaluation.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
     return summary

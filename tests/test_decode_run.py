@@ -62,10 +62,10 @@ COST = CostModel(fixed_s=2e-3, per_token_s=3e-5, per_context_token_s=4e-8, per_a
                  copy_bytes_per_s=2e9)
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=60, deadline=None)
 @given(st.integers(0, 2**31), st.sampled_from(["crash", "preempt"]), st.sampled_from([1.0, 1.5, 2.5]),
-       st.integers(8, 96), st.floats(0.0, 0.9))
-def test_random_engines_keep_the_same_books(seed, mode, factor, num_blocks, tenant_share):
+       st.integers(8, 96), st.floats(0.0, 0.9), st.sampled_from(["overcommit", "sglang"]))
+def test_random_engines_keep_the_same_books(seed, mode, factor, num_blocks, tenant_share, admission):
     rng = np.random.default_rng(seed)
     reqs = [Request(f"r{i}", float(rng.uniform(0, 3)), int(rng.integers(1, 200)), int(rng.integers(1, 300)),
                     int(rng.integers(300, 600))) for i in range(int(rng.integers(1, 30)))]
@@ -74,7 +74,8 @@ def test_random_engines_keep_the_same_books(seed, mode, factor, num_blocks, tena
     def books(fast: bool):
         cfg = EngineConfig(num_blocks=num_blocks, segment_blocks=4, max_num_seqs=12, max_num_batched_tokens=256,
                            max_model_len=min(1024, num_blocks * 16), oom_mode=mode, restart_downtime_s=0.3,
-                           overcommit_max=3.0, overcommit=factor)
+                           overcommit_max=3.0, overcommit=factor, admission=admission,
+                           sglang_new_token_ratio_decay_steps=40)
         eng = Engine(ModelConfig(), cfg, executor=ProfiledExecutor(COST), fast_forward=fast)
         for r in reqs:
             if r.prompt_len < eng.max_model_len:

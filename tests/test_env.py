@@ -82,8 +82,8 @@ def test_info_carries_the_raw_figures_and_the_episode_summary_is_the_engines():
         assert env.observation_space.contains(obs)
         t = info["reward_terms"]
         w = env.scenario.reward
-        assert reward == pytest.approx(w.alpha * t["throughput"] + w.beta * t["alloc"] - w.gamma * t["slo_violation"]
-                                       - w.omega * t["ooms"])
+        assert reward == pytest.approx(w.alpha * t["goodput"] + w.beta * t["alloc"] - w.gamma * t["slo_violation"]
+                                       - w.omega * t["ooms"] - w.rho * t["recompute"])
         for key in ("generated_tokens_per_s", "goodput_tokens_per_s", "kv_util", "oom_events", "ttft_p50_s", "overcommit"):
             assert key in info
     assert truncated and not terminated

@@ -5,7 +5,7 @@ from env.workloads.arrivals import (
     MarkovModulatedArrivals,
     PoissonArrivals,
 )
-from env.workloads.generators import generate, generate_sessions
+from env.workloads.generators import generate, generate_phases, generate_sessions
 from env.workloads.lengths import (
     EmpiricalLengths,
     LengthDistribution,
@@ -37,6 +37,7 @@ __all__ = [
     "bundled_trace",
     "clip_lengths",
     "generate",
+    "generate_phases",
     "generate_sessions",
     "read_trace",
 ]

@@ -6,6 +6,8 @@ passed in, drawn in a fixed order, so one seed gives one workload.
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from env.workloads._checks import positive, whole
@@ -39,6 +41,35 @@ def generate(
         sized_request(f"{id_prefix}-{i}", t, p, o, rule, max_model_len)
         for i, (t, p, o) in enumerate(zip(times, prompts, outputs))
     ]
+
+
+def generate_phases(
+    *,
+    phases: list[tuple[ArrivalProcess, LengthDistribution, LengthDistribution, float]],
+    max_tokens_rule: str,
+    duration_s: float,
+    rng: np.random.Generator,
+    max_model_len: int | None = None,
+    id_prefix: str = "ph",
+) -> list[Request]:
+    """Requests whose mix moves between phases, each (arrivals, prompt lengths, output lengths,
+    mean dwell time): the phases follow each other in order from one drawn at random, each for an
+    exponential dwell time, and within a phase requests are drawn as ``generate`` draws them."""
+    if not phases:
+        raise ValueError("phases: give at least one phase")
+    for i, (_, _, _, dwell) in enumerate(phases):
+        positive(f"phases[{i}].mean_dwell_s", dwell)
+    t, k, n, out = 0.0, int(rng.integers(len(phases))), 0, []
+    while t < duration_s:
+        arrivals, prompts, outputs, dwell = phases[k]
+        span = min(float(rng.exponential(dwell)), duration_s - t)
+        if span > 0:
+            segment = generate(arrivals=arrivals, prompt_lengths=prompts, output_lengths=outputs,
+                               max_tokens_rule=max_tokens_rule, duration_s=span, rng=rng, max_model_len=max_model_len,
+                               id_prefix=f"{id_prefix}{n}")
+            out += [replace(r, arrival_s=r.arrival_s + t) for r in segment]
+        t, k, n = t + span, (k + 1) % len(phases), n + 1
+    return out
 
 
 def generate_sessions(

@@ -1,0 +1,81 @@
+"""``oracle``: a lookahead reference that may see the future. It measures headroom; it is never served.
+
+Every ``every_s`` of engine time it copies the episode's engine (engine/clone.py: the queues, the
+requests still to arrive with their true output lengths, the co-tenant's schedule) once per
+candidate overcommit factor, runs each copy ``horizon_s`` ahead (the candidate factor until the
+next plan, then the scenario's tuned fixed factor, ``best_static``: a detour from a known-safe
+setting, judged by where it leads), and sets the factor whose copy scored best. The horizon is meant to cover request lifetimes (tens of seconds),
+so that admitting a long request is judged by what it does to the memory later, not in the next
+interval. The score is the environment's reward over the horizon: output tokens of requests that
+finished within their SLO, plus the tokens still-running requests produced (work under way counts,
+or the last seconds of every horizon would look idle), over the reward's normaliser, less omega per
+OOM event. Candidates: ``levels``, and no reservation at all (factor inf) on a preempting engine.
+
+A controller's share of headroom is ``(controller - best incumbent) / (oracle - best incumbent)``.
+"""
+from __future__ import annotations
+
+import math
+from collections import deque
+
+import numpy as np
+
+from agents.policy import Policy
+from engine import metrics
+from engine.clone import clone
+from engine.control import HOLD, advance
+
+LEVELS = (1.0, 1.25, 1.5, 2.0, 2.5, 3.0, 4.0, 6.0)
+
+
+class Oracle(Policy):
+    def __init__(self, horizon_s: float = 120.0, every_s: float = 10.0, levels: tuple[float, ...] = LEVELS) -> None:
+        if not (horizon_s > 0 and every_s > 0) or not levels or min(levels) <= 0:
+            raise ValueError(f"oracle: horizon and period must be > 0 s and levels > 0, got {horizon_s}, {every_s}, "
+                             f"{levels}")
+        self.horizon_s, self.every_s, self.levels = horizon_s, every_s, tuple(levels)
+        self.name = "oracle"
+        self.engine_overrides = {"overcommit_min": min(levels), "overcommit_max": math.inf}
+        self.env = None
+        self._next = 0.0
+        self.chosen: list[tuple[float, float]] = []  # (engine time, factor)
+
+    def reset(self, seed: int | None = None, env=None) -> None:
+        if env is None:
+            raise ValueError("the oracle looks inside its environment: rlctl eval gives it one")
+        self.env, self._next, self.chosen = env, 0.0, []
+
+    def candidates(self) -> tuple[float, ...]:
+        preempting = self.env.engine.config.oom_mode == "preempt"
+        return self.levels + ((math.inf,) if preempting else ())
+
+    def score(self, factor: float) -> float:
+        """The reward a copy of the engine earns holding ``factor`` over the horizon."""
+        env = self.env
+        e = clone(env.engine)
+        e.set_overcommit(factor)
+        start = metrics.mark(e)
+        generated = e.counters.tokens_generated
+        events = deque(env.events)
+        advance(e, e.clock + self.every_s, events)
+        e.set_overcommit(env.scenario.best_static)
+        advance(e, start.time_s + self.horizon_s, events)
+        figures = metrics.since(e, start)
+        span = figures["duration_s"]
+        finished_tokens = sum(r.output_len for r in e.completed[start.completed:])
+        under_way = e.counters.tokens_generated - generated - finished_tokens
+        good = figures["goodput_tokens_per_s"] * span + max(under_way, 0)
+        w, interval = env.scenario.reward, env.scenario.decision_interval_s
+        return w.alpha * good / (env.tokens_per_s_scale * interval) - w.omega * figures["oom_events"]
+
+    def act(self, obs: np.ndarray) -> int:
+        e = self.env.engine
+        if e.clock >= self._next:
+            self._next = e.clock + self.every_s
+            scores = {f: self.score(f) for f in self.candidates()}
+            # a tie means the factor does not bind within the horizon: the larger one admits what
+            # arrives before the next plan without changing what the horizon showed
+            best = max(scores, key=lambda f: (scores[f], f))
+            e.set_overcommit(best)
+            self.chosen.append((e.clock, best))
+        return HOLD

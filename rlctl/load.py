@@ -1,0 +1,75 @@
+"""Putting any trace at a chosen load of a deployment: ``rlctl eval --trace FILE --load X``.
+
+A trace records its own arrival rate, which says nothing about the GPU it is replayed on. The
+time scale that puts it at ``X`` times what the deployment sustains is computed, not guessed:
+
+- the trace's demand: its arrival rate (requests per trace second; a length-only trace is given
+  Poisson arrivals at 1 request per trace second) and its mean prompt and output lengths (each
+  output up to the declared ``max_tokens``);
+- what the deployment sustains, from its cost model: B requests decode together, B the smaller of
+  ``max_num_seqs`` and how many requests of mean length fit its KV cache, at the mean context
+  (prompt plus half the output); each request also needs its prompt's prefill. The engine serves
+  ``1 / (prefill time + output x decode iteration time / B)`` requests per second at most;
+- the time scale = X x that rate / the trace's rate.
+
+The line it prints states each of these, so a result names the load it was measured at.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from engine.config import max_model_len
+from engine.roofline import Deployment
+from engine.scheduler import BatchShape
+from env.workload_builder import load_trace
+from env.workloads import MaxTokensRule
+
+
+@dataclass(frozen=True)
+class Load:
+    trace_rps: float
+    mean_prompt: float
+    mean_output: float
+    batch: int
+    sustainable_rps: float
+    load: float
+
+    @property
+    def time_scale(self) -> float:
+        return self.load * self.sustainable_rps / self.trace_rps
+
+    def describe(self, trace: str, deployment: str) -> str:
+        return (f"load: {trace} asks {self.trace_rps:.3g} req/s of trace time (prompt {self.mean_prompt:.0f}, "
+                f"output {self.mean_output:.0f} tokens on average); {deployment} sustains {self.sustainable_rps:.3g} "
+                f"req/s ({self.batch} decoding together); time scale {self.time_scale:.4g} puts it at "
+                f"{self.load:g}x that")
+
+
+def trace_load(trace: str, deployment: Deployment, max_tokens: str, load: float) -> Load:
+    """The demand of ``trace`` and what ``deployment`` sustains of it (see the module docstring)."""
+    if not load > 0:
+        raise ValueError(f"--load must be > 0 (a multiple of what the deployment sustains), got {load}")
+    t = load_trace(trace)
+    cfg = deployment.engine_config()
+    mml = max_model_len(deployment.model, cfg)
+    rule = MaxTokensRule.parse(max_tokens, name="--max-tokens")
+    prompts = np.array([min(r.prompt_len, mml - 1) for r in t.records], dtype=float)
+    outputs = np.array([min(r.output_len, rule.declare(int(p), r.output_len, mml), mml - int(p))
+                        for r, p in zip(t.records, prompts)], dtype=float)
+    if t.has_arrivals:
+        times = [r.arrival_s for r in t.records]
+        rps = (len(times) - 1) / max(max(times) - min(times), 1e-9)
+    else:
+        rps = 1.0
+    p, o = float(prompts.mean()), float(outputs.mean())
+    cost = deployment.cost_model()
+    kv_tokens = cfg.num_blocks * cfg.block_size
+    batch = int(max(1, min(cfg.max_num_seqs, kv_tokens // max(p + o, 1))))
+    context = int(p + o / 2)
+    decode = cost.iteration_s(BatchShape(batch, batch * context, batch * context))
+    chunk = int(min(p, cfg.max_num_batched_tokens))
+    prefill = cost.iteration_s(BatchShape(chunk, chunk, chunk * (chunk + 1) // 2)) * p / max(chunk, 1)
+    sustainable = 1.0 / (prefill + o * decode / batch)
+    return Load(rps, p, o, batch, sustainable, load)

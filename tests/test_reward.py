@@ -1,0 +1,50 @@
+"""The reward pays for what operators are paid for: output that meets its SLO.
+
+An episode's rewards add up to its goodput (the SLO-meeting output tokens, over the normaliser),
+less what OOM events and recomputation cost; and on every bundled scenario, ranking the baselines
+by their episode reward ranks them as their goodput does, among those with no OOM event.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+from itertools import permutations
+
+import pytest
+
+from agents.spec import baselines, make_policy
+from env.overcommit_env import OvercommitEnv, offered_output_rate
+from env.scenario_yaml import bundled_scenarios, load_scenario
+from rlctl.evaluate import evaluate, run_episode
+
+
+def test_an_episodes_rewards_add_up_to_its_goodput_tokens():
+    sc = replace(load_scenario("long_outputs"), max_steps=40)
+    env = OvercommitEnv(sc)
+    summary, _ = run_episode(env, make_policy("static:2.0"), seed=5)
+    good = sum(r.output_len for r in env.engine.completed
+               if r.ttft_s <= sc.engine["ttft_slo_s"] and (r.tpot_s is None or r.tpot_s <= sc.engine["tpot_slo_s"]))
+    assert good > 0 and summary["oom_events"] == 0 and sc.reward.rho == 0 and sc.reward.beta == 0
+    assert summary["episode_reward"] == pytest.approx(good / (env.tokens_per_s_scale * sc.decision_interval_s))
+
+
+def test_the_normaliser_is_the_output_the_workload_asks_for():
+    sc = load_scenario("long_outputs")
+    rate = offered_output_rate(sc)
+    # Poisson 0.7 req/s, lognormal outputs of mean ~2,500 tokens: ~1,750 tokens/s asked
+    assert 1000 < rate < 2500
+    assert offered_output_rate(sc.at_load(2.0)) == pytest.approx(2 * rate, rel=0.25)
+
+
+@pytest.mark.parametrize("name", bundled_scenarios())
+def test_ranking_by_reward_is_ranking_by_goodput_among_policies_without_oom(name):
+    sc = load_scenario(name)
+    env = OvercommitEnv(sc)
+    rows = {}
+    for spec in baselines(sc.best_static):
+        r = evaluate(env, make_policy(spec), episodes=1, seed=1000)
+        rows[r["policy"]] = r
+    safe = {n: r for n, r in rows.items() if r["oom_events"] == 0}
+    assert len(safe) >= 2
+    for a, b in permutations(safe, 2):
+        if safe[a]["goodput_tokens_per_s"] > safe[b]["goodput_tokens_per_s"] * (1 + 1e-3):
+            assert safe[a]["episode_reward"] > safe[b]["episode_reward"], (a, b)
