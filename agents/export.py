@@ -38,7 +38,7 @@ from safetensors.torch import load as load_tensors
 from safetensors.torch import save_file
 
 from agents.policy import Policy
-from agents.networks import q_network
+from agents.networks import NumpyQNetwork, q_network
 from env.observation import FEATURES, HIGH, LOW
 from engine import config
 from engine.control import ACTIONS
@@ -123,6 +123,8 @@ class ExportedPolicy(Policy):
 
     def __init__(self, path: Path, header: dict, network: torch.nn.Sequential, file_sha256: str) -> None:
         self.path, self.header, self.network, self.file_sha256 = path, header, network, file_sha256
+        self.forward = NumpyQNetwork(network)  # what acts: the same Q-values without torch's per-call cost
+        self.parameters = sum(p.numel() for p in network.parameters())
         self.name = path.stem
         self.engine_overrides = {}
         self.obs_dim = header["network"]["obs_dim"]
@@ -135,8 +137,7 @@ class ExportedPolicy(Policy):
                              f"or (n, {self.obs_dim}), got {x.shape}")
         if not np.isfinite(x).all():
             raise ValueError(f"policy {self.name}: observation has non-finite entries")
-        with torch.no_grad():
-            q = self.network(torch.from_numpy(np.atleast_2d(x))).numpy()
+        q = self.forward(np.atleast_2d(x))
         return q[0] if x.ndim == 1 else q
 
     def act(self, obs: np.ndarray) -> int:
