@@ -30,6 +30,7 @@ import os
 import struct
 import subprocess
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 import torch
@@ -47,6 +48,9 @@ from engine.roofline import DEPLOYMENTS
 FORMAT = "rlctl-policy"
 VERSION = 1
 POLICY_SUFFIX = ".rlpolicy"
+# a policy file is a small MLP (the default 128x128 network: ~0.2 MB); the cap only keeps a
+# wrong or hostile file from being read into memory whole
+MAX_POLICY_BYTES = 64 << 20
 HEADER_KEY = "rlctl"  # the key of the JSON header in the safetensors __metadata__
 _REPO = Path(__file__).resolve().parent.parent
 
@@ -254,14 +258,33 @@ def _check_layout(path: Path, header: dict) -> None:
                    f"{len(FEATURES)} features and {len(ACTIONS)} actions")
 
 
-def load_policy(path: str | Path) -> ExportedPolicy:
-    """Read and check a policy file; never unpickles. Raises ``PolicyFileError`` naming the file and the problem."""
+def read_capped(f: BinaryIO, path: Path, max_bytes: int) -> bytes:
+    """The bytes of the open file ``f``, refused before reading when its size passes ``max_bytes``;
+    at most ``max_bytes + 1`` are read, in case it grows meanwhile."""
+    size = os.fstat(f.fileno()).st_size
+    data = f.read(max_bytes + 1) if size <= max_bytes else b""
+    if size > max_bytes or len(data) > max_bytes:
+        raise PolicyFileError(f"policy file {path}: {max(size, len(data))} bytes, over the {max_bytes}-byte cap "
+                              f"on a policy file")
+    return data
+
+
+def load_policy(path: str | Path, max_bytes: int = MAX_POLICY_BYTES, opened: BinaryIO | None = None) -> ExportedPolicy:
+    """Read and check a policy file; never unpickles. Raises ``PolicyFileError`` naming the file and the problem.
+
+    A file over ``max_bytes`` is refused unread. With ``opened``, the file is read from there
+    (the sidecar opens a reload's file itself, confined to its directory) and ``path`` only names
+    it in messages and in ``ExportedPolicy.path``."""
     path = Path(path)
-    if not path.exists():
-        raise PolicyFileError(f"policy file {path}: no such file")
-    if not path.is_file():
-        raise PolicyFileError(f"policy file {path}: not a file")
-    data = path.read_bytes()
+    if opened is None:
+        if not path.exists():
+            raise PolicyFileError(f"policy file {path}: no such file")
+        if not path.is_file():
+            raise PolicyFileError(f"policy file {path}: not a file")
+        with path.open("rb") as f:
+            data = read_capped(f, path, max_bytes)
+    else:
+        data = read_capped(opened, path, max_bytes)
     fail = lambda problem: PolicyFileError(f"policy file {path}: {problem}")  # noqa: E731
     header = _policy_header(path, _raw_header(path, data))
     _check_layout(path, header)

@@ -202,10 +202,11 @@ def test_the_replay_command_prints_the_controllers_figures(watermark_sidecar, tm
 
 
 def test_reload_policy_mid_replay_swaps_without_a_failed_decision(sidecars, tmp_path):
-    policy_file = trained_policy_file(tmp_path / "burst.rlpolicy")
-    not_a_policy = tmp_path / "notes.txt"
-    not_a_policy.write_text("not a policy\n")
-    s = sidecars(f"unix://{tmp_path}/s.sock", "static:1.0", metrics=True)
+    policies = tmp_path / "policies"
+    policies.mkdir()
+    trained_policy_file(policies / "burst.rlpolicy")
+    (policies / "notes.rlpolicy").write_text("not a policy\n")
+    s = sidecars(f"unix://{tmp_path}/s.sock", "static:1.0", "--policy-dir", str(policies), metrics=True)
     channel = open_channel(s.address)
     stub = s.stub(channel)
     first = stub.GetPolicy(pb.GetPolicyRequest())
@@ -214,14 +215,14 @@ def test_reload_policy_mid_replay_swaps_without_a_failed_decision(sidecars, tmp_
     class ReloadingController(LiveController):
         def step(self, engine, until):
             if self.decisions == 10 and not swapped:
-                swapped["response"] = stub.ReloadPolicy(pb.ReloadPolicyRequest(policy=str(policy_file)))
+                swapped["response"] = stub.ReloadPolicy(pb.ReloadPolicyRequest(policy="burst"))
             return super().step(engine, until)
 
     try:
         figures, _ = steered_replay(ReloadingController(s.address, deadline_s=2.0))
         now = stub.GetPolicy(pb.GetPolicyRequest())
         with pytest.raises(grpc.RpcError) as err:
-            stub.ReloadPolicy(pb.ReloadPolicyRequest(policy=str(not_a_policy)))
+            stub.ReloadPolicy(pb.ReloadPolicyRequest(policy="notes"))
         kept = stub.GetPolicy(pb.GetPolicyRequest())
     finally:
         channel.close()
@@ -230,6 +231,7 @@ def test_reload_policy_mid_replay_swaps_without_a_failed_decision(sidecars, tmp_
     assert response.previous.policy_hash == first.policy_hash and response.current.kind == "file"
     assert figures["policy_hashes"] == [first.policy_hash, response.current.policy_hash]
     assert now.policy_hash == response.current.policy_hash == now.file_sha256 and now.max_model_len > 0
+    assert now.spec == "burst.rlpolicy" and now.name == "burst"  # the name in the directory, not its path
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "still serving" in err.value.details() and "not an rlctl policy file" in err.value.details()
     assert kept.policy_hash == now.policy_hash

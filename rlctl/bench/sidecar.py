@@ -21,6 +21,7 @@ import torch
 
 from agents.dqn import OvercommitDQN
 from agents.export import export_policy
+from agents.spec import is_baseline
 from engine.config import EngineConfig
 from engine.cost_model import CostModel
 from engine.executor import ProfiledExecutor
@@ -28,6 +29,7 @@ from env.overcommit_env import OvercommitEnv
 from env.scenario_yaml import load_scenario
 from env.workloads import ReplaySpec, bundled_trace
 from rlctl.bench.machine import machine, sig
+from rlctl.online.confine import Confinement
 from rlctl.online.live import open_channel, wait_serving
 from rlctl.online.messages import snapshot_message
 from rlctl.online.proto import controller_pb2_grpc as pb_grpc
@@ -102,8 +104,9 @@ def _over_the_wire(address: str, policy: str, msgs: list, sizes: SidecarBenchSiz
     the Live stream, one snapshot in flight) from this process."""
 
 
-    proc = subprocess.Popen([sys.executable, "-m", "rlctl.cli", "serve", "--policy", policy, "--listen", address],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    baseline = ["--allow-baselines"] if is_baseline(policy) else []
+    proc = subprocess.Popen([sys.executable, "-m", "rlctl.cli", "serve", "--policy", policy, "--listen", address,
+                             *baseline], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         wait_serving(address, 120.0, alive=lambda: proc.poll() is None)
         with open_channel(address) as ch:
@@ -141,7 +144,7 @@ def bench_sidecar(sizes: SidecarBenchSizes | None = None) -> dict:
     snaps, max_model_len = _bench_snapshots(sizes.snapshots)
     with tempfile.TemporaryDirectory(prefix="rlctl-bench-") as folder:
         policy = sizes.policy or _bench_policy_file(Path(folder))
-        served = load_served_policy(policy)
+        served = load_served_policy(policy, Confinement(allow_baselines=True))
         threads = torch.get_num_threads()
         torch.set_num_threads(TORCH_THREADS)  # as rlctl serve runs it
         try:

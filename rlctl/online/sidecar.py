@@ -14,7 +14,9 @@ on a decision, so health checks, reflection, ``GetPolicy`` and ``ReloadPolicy`` 
 slow one computes, and a long-lived ``Live`` stream holds no thread. (A sync server would hold
 one pool thread per open stream, so a few engines' streams could starve ``Decide``.)
 
-``ReloadPolicy`` loads and checks the new policy completely (the file loader's checks, then one
+``ReloadPolicy`` takes a policy name inside ``--policy-dir`` and nothing else, baseline specs only
+with ``--allow-baselines`` (rlctl/online/confine.py: what a client may ask for, and the status of
+each refusal). It loads and checks the new policy completely (the file loader's checks, then one
 trial decision) off the event loop, then swaps one reference under a lock: a decision uses the
 old policy or the new one, never half of each, and a failed reload leaves the old one serving.
 
@@ -46,11 +48,17 @@ from prometheus_client import (
 
 from engine.control import ACTIONS
 from engine.snapshot import Snapshot
+from rlctl.online.confine import BaselineRefused, Confinement, NoSuchPolicy, ReloadOff
 from rlctl.online.messages import SnapshotError, snapshot_from_message
 from rlctl.online.proto import SERVICE_NAME
 from rlctl.online.proto import controller_pb2 as pb
 from rlctl.online.proto import controller_pb2_grpc as pb_grpc
-from rlctl.online.served import PolicyError, ServedPolicy, load_served_policy
+from rlctl.online.served import (
+    PolicyError,
+    ServedPolicy,
+    load_served_policy,
+    reload_served_policy,
+)
 
 DECIDE_THREADS = 4
 # torch intra-op threads in the sidecar: a decision is one small matrix-vector product, and a
@@ -58,6 +66,13 @@ DECIDE_THREADS = 4
 # 2-core machine under load, 2 threads made a decision ~40x slower at the median than 1)
 TORCH_THREADS = 1
 LATENCY_BUCKETS = (5e-5, 1e-4, 2e-4, 5e-4, 1e-3, 2e-3, 5e-3, 1e-2, 2e-2, 5e-2, 0.1, 0.2, 0.5, 1.0, 2.0)
+
+
+# a refused reload's status; any other failure (a file in the directory that is not a servable policy)
+# is INVALID_ARGUMENT
+_RELOAD_REFUSALS = ((ReloadOff, grpc.StatusCode.FAILED_PRECONDITION),
+                    (BaselineRefused, grpc.StatusCode.PERMISSION_DENIED),
+                    (NoSuchPolicy, grpc.StatusCode.NOT_FOUND))
 
 
 class _Late(Exception):
@@ -115,8 +130,9 @@ class SidecarMetrics:
 # ---- the service -------------------------------------------------------------------------------
 class ControllerService(pb_grpc.ControllerServicer):
     def __init__(self, served: ServedPolicy, metrics: SidecarMetrics, pool: ThreadPoolExecutor,
-                 fault: Fault | None = None) -> None:
+                 confinement: Confinement, fault: Fault | None = None) -> None:
         self._served, self.metrics, self.pool, self.fault = served, metrics, pool, fault or Fault()
+        self.confinement = confinement
         self._lock = threading.Lock()
         metrics.serving(served)
 
@@ -174,11 +190,12 @@ class ControllerService(pb_grpc.ControllerServicer):
 
     async def ReloadPolicy(self, request, context):
         try:
-            new = await asyncio.get_running_loop().run_in_executor(self.pool, load_served_policy, request.policy)
+            new = await asyncio.get_running_loop().run_in_executor(self.pool, reload_served_policy, request.policy,
+                                                                   self.confinement)
         except Exception as exc:  # whatever the cause, the old policy keeps serving and the caller learns why
             self.metrics.reloads.labels(result="failed").inc()
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                                f"reload refused, still serving {self.current().spec}: {exc}")
+            code = next((c for kind, c in _RELOAD_REFUSALS if isinstance(exc, kind)), grpc.StatusCode.INVALID_ARGUMENT)
+            await context.abort(code, f"reload refused, still serving {self.current().spec}: {exc}")
         with self._lock:
             old, self._served = self._served, new
         self.metrics.reloads.labels(result="ok").inc()
@@ -213,14 +230,14 @@ def _credentials(tls: TLSFiles) -> grpc.ServerCredentials:
                                        require_client_auth=tls.client_ca is not None)
 
 
-async def start_server(served: ServedPolicy, listen: str, tls: TLSFiles | None = None, fault: Fault | None = None,
-                       metrics: SidecarMetrics | None = None):
+async def start_server(served: ServedPolicy, listen: str, confinement: Confinement, tls: TLSFiles | None = None,
+                       fault: Fault | None = None, metrics: SidecarMetrics | None = None):
     """Start the server; (server, health servicer, controller service, bound address)."""
     check_listen(listen, tls)
     metrics = metrics or SidecarMetrics()
     # no SO_REUSEPORT: a second sidecar on a taken port must fail, not share the port's traffic
     server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
-    service = ControllerService(served, metrics, ThreadPoolExecutor(DECIDE_THREADS, "decide"), fault)
+    service = ControllerService(served, metrics, ThreadPoolExecutor(DECIDE_THREADS, "decide"), confinement, fault)
     pb_grpc.add_ControllerServicer_to_server(service, server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
@@ -237,18 +254,19 @@ async def start_server(served: ServedPolicy, listen: str, tls: TLSFiles | None =
 
 
 def serve(policy_spec: str, listen: str, metrics_port: int | None = None, tls: TLSFiles | None = None,
-          fault: Fault | None = None, say: Callable[[str], None] = print) -> None:
+          fault: Fault | None = None, say: Callable[[str], None] = print, *, confinement: Confinement) -> None:
     """Load the policy, then serve it on ``listen`` until SIGINT or SIGTERM. A policy that cannot
-    serve, or an address that cannot be used, raises ``ValueError`` before anything listens."""
+    serve, or an address that cannot be used, raises ``ValueError`` before anything listens.
+    ``confinement`` (rlctl/online/confine.py) says what may be served and reloaded."""
     import torch
 
     check_listen(listen, tls)
     torch.set_num_threads(TORCH_THREADS)
-    served = load_served_policy(policy_spec)
-    asyncio.run(_serve(served, listen, metrics_port, tls, fault, say))
+    served = load_served_policy(policy_spec, confinement)
+    asyncio.run(_serve(served, listen, confinement, metrics_port, tls, fault, say))
 
 
-async def _serve(served, listen, metrics_port, tls, fault, say) -> None:
+async def _serve(served, listen, confinement, metrics_port, tls, fault, say) -> None:
     metrics = SidecarMetrics()
     http = None
     if metrics_port is not None:
@@ -256,14 +274,16 @@ async def _serve(served, listen, metrics_port, tls, fault, say) -> None:
             http, _ = start_http_server(metrics_port, addr="127.0.0.1", registry=metrics.registry)
         except OSError as exc:
             raise ValueError(f"--metrics-port {metrics_port}: cannot listen there ({exc.strerror})") from None
-    server, health_servicer, service, bound = await start_server(served, listen, tls, fault, metrics)
+    server, health_servicer, service, bound = await start_server(served, listen, confinement, tls, fault, metrics)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     say(f"serving {served.spec} ({served.kind}, {served.policy_hash[:12]}) on {bound}"
         f"{' with mutual TLS' if tls and tls.client_ca else ' with TLS' if tls else ''}; health SERVING"
-        + (f"; metrics on http://127.0.0.1:{http.server_port}/metrics" if http else ""))
+        + (f"; metrics on http://127.0.0.1:{http.server_port}/metrics" if http else "")
+        + (f"; ReloadPolicy from {confinement.policy_dir}" if confinement.policy_dir else "; ReloadPolicy off")
+        + ("; baseline specs allowed" if confinement.allow_baselines else ""))
     await stop.wait()
     say("shutting down: health NOT_SERVING")
     await health_servicer.enter_graceful_shutdown()
