@@ -307,7 +307,8 @@ def parser() -> argparse.ArgumentParser:
                     help="let --policy and ReloadPolicy serve baseline specs (static:K, watermark, vllm, random)")
     sv.add_argument("--max-policy-mib", type=int, default=None, metavar="MIB",
                     help="refuse a policy file bigger than this, unread (default 64)")
-    sv.add_argument("--listen", required=True, help="unix:///path or 127.0.0.1:PORT (other hosts only with TLS)")
+    sv.add_argument("--listen", required=True,
+                    help="unix:///path or 127.0.0.1:PORT (other addresses only with mutual TLS)")
     sv.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus metrics on 127.0.0.1:PORT")
     sv.add_argument("--tls-cert", default=None, help="the server's certificate chain (PEM)")
     sv.add_argument("--tls-key", default=None, help="the server's private key (PEM)")

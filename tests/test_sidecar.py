@@ -138,15 +138,17 @@ def test_a_decision_is_checked_before_the_engine_applies_it():
     assert "finite" in check_decision(pb.Decision(seq=4, action=0, action_name="hold", overcommit=float("nan")), 4)
 
 
-def test_serve_listens_beyond_loopback_only_with_tls():
+def test_serve_listens_beyond_loopback_only_with_mutual_tls():
     from rlctl.online.sidecar import TLSFiles
 
     for ok in ("unix:///tmp/x.sock", "127.0.0.1:5000", "localhost:0", "[::1]:5000"):
         check_listen(ok, None)
-    for bad in ("0.0.0.0:5000", "10.1.2.3:5000", "example.com:5000"):
-        with pytest.raises(ValueError, match="not a loopback address"):
-            check_listen(bad, None)
-        check_listen(bad, TLSFiles("cert.pem", "key.pem"))
+        check_listen(ok, TLSFiles("cert.pem", "key.pem"))  # server-only TLS is enough on this host
+    for bad in ("0.0.0.0:5000", "10.1.2.3:5000", "example.com:5000", "[::]:5000"):
+        for tls in (None, TLSFiles("cert.pem", "key.pem")):
+            with pytest.raises(ValueError, match="not a loopback address.*only with mutual TLS"):
+                check_listen(bad, tls)
+        check_listen(bad, TLSFiles("cert.pem", "key.pem", "ca.pem"))
     with pytest.raises(ValueError, match="HOST:PORT"):
         check_listen("127.0.0.1", None)
 

@@ -2,7 +2,8 @@
 client's ``ReloadPolicy`` reaches policy files inside ``--policy-dir`` by name and nothing else,
 and every other name (a path outside, ``../x``, a missing name, a directory, a symlink leading
 out) gets the same words while the old policy keeps serving; baseline specs only with
-``--allow-baselines``; and a file over the size cap is refused unread.
+``--allow-baselines``; a file over the size cap is refused unread; and a listener beyond this
+host needs mutual TLS.
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from agents.export import MAX_POLICY_BYTES, PolicyFileError, read_capped
 from rlctl.online.live import open_channel
 from rlctl.online.messages import snapshot_message
 from rlctl.online.proto import controller_pb2 as pb
-from tests.sidecar_process import REPO, Sidecar
+from tests.sidecar_process import REPO, Sidecar, free_port
 from tests.test_sidecar import a_snapshot
 
 NOT_FOUND_WORDS = "no policy by that name in the sidecar's policy directory"
@@ -163,6 +164,12 @@ def serve_fails(*args: str) -> str:
                          text=True, timeout=120)
     assert out.returncode == 2, out.stderr
     return out.stderr
+
+
+def test_a_listener_beyond_loopback_without_a_client_ca_exits_2(tmp_path):
+    for tls in ([], ["--tls-cert", str(tmp_path / "server.crt"), "--tls-key", str(tmp_path / "server.key")]):
+        err = serve_fails("--policy", "static:1.0", "--allow-baselines", "--listen", f"0.0.0.0:{free_port()}", *tls)
+        assert "is not a loopback address" in err and "only with mutual TLS" in err and "--tls-client-ca" in err
 
 
 def test_serve_refuses_a_baseline_without_the_flag_an_oversized_file_and_a_missing_policy_dir(tmp_path):

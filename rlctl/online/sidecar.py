@@ -6,7 +6,7 @@ field), build the observation the policy was trained on (a policy file's own sca
 run the safety shield on the snapshot (agents/shield.py, overrides counted), answer a
 ``Decision``. Also served: the standard health service (SERVING once the policy is loaded,
 NOT_SERVING while shutting down) and server reflection. Listens on a unix socket or a loopback
-address; any other address only with TLS (mutual TLS when a client CA is given). Prometheus
+address (server-only TLS allowed there); any other address only with mutual TLS. Prometheus
 metrics, on their own registry, on ``--metrics-port`` (loopback).
 
 The server is ``grpc.aio`` and the policy runs in a small thread pool: the event loop never waits
@@ -205,7 +205,7 @@ class ControllerService(pb_grpc.ControllerServicer):
 
 # ---- listening ---------------------------------------------------------------------------------
 def check_listen(listen: str, tls: TLSFiles | None) -> None:
-    """Refuse an address that is neither a unix socket nor loopback TCP, unless TLS is given."""
+    """Refuse an address that is neither a unix socket nor loopback TCP, unless with mutual TLS."""
     if listen.startswith("unix:"):
         if not listen[len("unix:"):].lstrip("/"):
             raise ValueError(f"--listen {listen}: a unix socket needs a path, e.g. unix:///tmp/rlctl.sock")
@@ -218,9 +218,11 @@ def check_listen(listen: str, tls: TLSFiles | None) -> None:
         loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
     except ValueError:
         loopback = False
-    if not loopback and tls is None:
+    if not loopback and (tls is None or tls.client_ca is None):
+        # server-only TLS would let any host that reaches the port steer the engine: clients must prove who they are
         raise ValueError(f"--listen {listen}: {host} is not a loopback address; the sidecar steers an engine's "
-                         f"memory, so it listens beyond this host only with --tls-cert and --tls-key")
+                         f"memory, so it listens beyond this host only with mutual TLS (--tls-cert, --tls-key "
+                         f"and --tls-client-ca)")
 
 
 def _credentials(tls: TLSFiles) -> grpc.ServerCredentials:
