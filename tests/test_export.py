@@ -95,6 +95,9 @@ def test_the_numpy_forward_refuses_a_network_q_network_does_not_build():
     odd = torch.nn.Sequential(torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh()), torch.nn.Linear(8, 3))
     with pytest.raises(TypeError, match="unexpected layer Tanh"):
         NumpyQNetwork(odd)
+    no_relu = torch.nn.Sequential(torch.nn.Sequential(torch.nn.Linear(4, 8)), torch.nn.Linear(8, 3))
+    with pytest.raises(TypeError, match="unexpected layers"):  # a trunk must end in a ReLU, as mlp() builds it
+        NumpyQNetwork(no_relu)
 
 
 def test_the_file_holds_no_pickle_and_loads_with_unpickling_disabled(trained, monkeypatch):
