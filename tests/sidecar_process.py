@@ -1,4 +1,4 @@
-"""A real ``rlctl serve`` process for the tests, started and always killed, and a free port."""
+"""A real ``rlctl serve`` process for the tests, started and always killed; a free port; a policy file."""
 from __future__ import annotations
 
 import socket
@@ -62,3 +62,16 @@ class Sidecar:
         if self.proc.poll() is None:
             self.proc.kill()
         self.proc.wait(timeout=30)
+
+
+def untrained_policy_file(path: Path, seed: int, net_arch: tuple[int, ...] = (32, 16)) -> Path:
+    """An exported, untrained Q-network: a real policy file, its weights (and hash) set by ``seed``."""
+    from agents.dqn import OvercommitDQN
+    from agents.export import export_policy
+    from env.overcommit_env import OvercommitEnv
+    from env.scenario_yaml import load_scenario
+
+    scenario = load_scenario("burst")
+    model = OvercommitDQN(env=OvercommitEnv(scenario), net_arch=net_arch, buffer_size=100, seed=seed, device="cpu")
+    export_policy(model, path, scenario=scenario, training_config={"untrained": True, "seed": seed})
+    return path

@@ -34,7 +34,7 @@ from rlctl.online.proto import SERVICE_NAME, controller_pb2 as pb
 from env.workloads import bundled_trace
 from rlctl.replay import build_engine, load_requests
 from rlctl.online.sidecar import check_listen
-from tests.sidecar_process import REPO, Sidecar, free_port
+from tests.sidecar_process import REPO, Sidecar, free_port, untrained_policy_file
 
 DEPLOYMENT = EngineConfig(num_blocks=128, max_model_len=2048, restart_downtime_s=1.0)
 CPU_COST = CostModel(fixed_s=1.5e-3, per_token_s=2e-5, per_context_token_s=2e-7, copy_fixed_s=1e-5,
@@ -151,6 +151,17 @@ def test_serve_listens_beyond_loopback_only_with_mutual_tls():
         check_listen(bad, TLSFiles("cert.pem", "key.pem", "ca.pem"))
     with pytest.raises(ValueError, match="HOST:PORT"):
         check_listen("127.0.0.1", None)
+
+
+def test_cheap_decisions_run_on_the_event_loop_and_a_big_network_in_a_thread(tmp_path):
+    from rlctl.online.confine import Confinement
+    from rlctl.online.served import INLINE_MAX_PARAMETERS, load_served_policy
+
+    small = load_served_policy(str(untrained_policy_file(tmp_path / "small.rlpolicy", seed=0)), Confinement())
+    big = load_served_policy(str(untrained_policy_file(tmp_path / "big.rlpolicy", seed=0, net_arch=(512, 512))),
+                             Confinement())
+    assert small.inline and not big.inline and big.policy.parameters > INLINE_MAX_PARAMETERS
+    assert load_served_policy("watermark", Confinement(allow_baselines=True)).inline
 
 
 # ---- end to end --------------------------------------------------------------------------------

@@ -20,23 +20,10 @@ from agents.export import MAX_POLICY_BYTES, PolicyFileError, read_capped
 from rlctl.online.live import open_channel
 from rlctl.online.messages import snapshot_message
 from rlctl.online.proto import controller_pb2 as pb
-from tests.sidecar_process import REPO, Sidecar, free_port
+from tests.sidecar_process import REPO, Sidecar, free_port, untrained_policy_file
 from tests.test_sidecar import a_snapshot
 
 NOT_FOUND_WORDS = "no policy by that name in the sidecar's policy directory"
-
-
-def untrained_policy_file(path: Path, seed: int) -> Path:
-    """An exported, untrained Q-network: a real policy file, its weights (and hash) set by ``seed``."""
-    from agents.dqn import OvercommitDQN
-    from agents.export import export_policy
-    from env.overcommit_env import OvercommitEnv
-    from env.scenario_yaml import load_scenario
-
-    scenario = load_scenario("burst")
-    model = OvercommitDQN(env=OvercommitEnv(scenario), net_arch=(32, 16), buffer_size=100, seed=seed, device="cpu")
-    export_policy(model, path, scenario=scenario, training_config={"untrained": True, "seed": seed})
-    return path
 
 
 @pytest.fixture(scope="module")

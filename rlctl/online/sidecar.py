@@ -9,10 +9,14 @@ NOT_SERVING while shutting down) and server reflection. Listens on a unix socket
 address (server-only TLS allowed there); any other address only with mutual TLS. Prometheus
 metrics, on their own registry, on ``--metrics-port`` (loopback).
 
-The server is ``grpc.aio`` and the policy runs in a small thread pool: the event loop never waits
-on a decision, so health checks, reflection, ``GetPolicy`` and ``ReloadPolicy`` answer while a
-slow one computes, and a long-lived ``Live`` stream holds no thread. (A sync server would hold
-one pool thread per open stream, so a few engines' streams could starve ``Decide``.)
+The server is ``grpc.aio``, and a long-lived ``Live`` stream holds no thread. (A sync server would
+hold one pool thread per open stream, so a few engines' streams could starve ``Decide``.) A
+decision known to be cheap (a baseline, or a policy file's small network: ``ServedPolicy.inline``,
+tens of microseconds) runs on the event loop: the hop to a thread and back costs more than the
+decision (~45 us at the median, milliseconds at the tail on a loaded machine; ``rlctl bench
+sidecar``). Any other decision, and every one under an injected delay, runs in a small thread
+pool, so health checks, reflection, ``GetPolicy`` and ``ReloadPolicy`` answer while it computes;
+one that waited for a thread past its deadline is not computed at all.
 
 ``ReloadPolicy`` takes a policy name inside ``--policy-dir`` and nothing else, baseline specs only
 with ``--allow-baselines`` (rlctl/online/confine.py: what a client may ask for, and the status of
@@ -117,8 +121,8 @@ class SidecarMetrics:
                               registry=r)
         self.reloads = Counter("rlctl_sidecar_reloads", "ReloadPolicy requests, by result", ["result"], registry=r)
         self.policy = Info("rlctl_sidecar_policy", "The policy being served", registry=r)
-        for a in ACTIONS:
-            self.decisions.labels(action=a)
+        # each action's counter child, looked up once rather than by label on every decision
+        self.decided = [self.decisions.labels(action=a) for a in ACTIONS]
         for result in ("ok", "failed"):
             self.reloads.labels(result=result)
 
@@ -156,11 +160,14 @@ class ControllerService(pb_grpc.ControllerServicer):
             self.metrics.invalid.labels(field=exc.field).inc()
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         served = self.current()
-        remaining = context.time_remaining()
-        expires = time.monotonic() + remaining if remaining is not None else None
         try:
-            chosen, action = await asyncio.get_running_loop().run_in_executor(
-                self.pool, self._compute, served, snapshot, max_model_len, expires)
+            if served.inline and not self.fault.delay_s:
+                chosen, action = served.decide(snapshot, max_model_len)
+            else:
+                remaining = context.time_remaining()
+                expires = time.monotonic() + remaining if remaining is not None else None
+                chosen, action = await asyncio.get_running_loop().run_in_executor(
+                    self.pool, self._compute, served, snapshot, max_model_len, expires)
         except PolicyError as exc:
             self.metrics.errors.inc()
             await context.abort(grpc.StatusCode.INTERNAL, str(exc))
@@ -168,9 +175,10 @@ class ControllerService(pb_grpc.ControllerServicer):
             await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, "the deadline passed before a thread was free")
         if self.fault.action is not None:
             action = self.fault.action
-        name = ACTIONS[action] if 0 <= action < len(ACTIONS) else f"unknown:{action}"
+        known = 0 <= action < len(ACTIONS)
+        name = ACTIONS[action] if known else f"unknown:{action}"
         overridden = action != chosen and self.fault.action is None
-        self.metrics.decisions.labels(action=name).inc()
+        (self.metrics.decided[action] if known else self.metrics.decisions.labels(action=name)).inc()
         if overridden:
             self.metrics.shield_overrides.inc()
         self.metrics.latency.observe(time.perf_counter() - t0)
