@@ -48,7 +48,7 @@ from engine.roofline import DEPLOYMENTS
 FORMAT = "rlctl-policy"
 VERSION = 1
 POLICY_SUFFIX = ".rlpolicy"
-# a policy file is a small MLP (the default 128x128 network: ~0.2 MB); the cap only keeps a
+# a policy file is a small MLP (the default 128x128 dueling network: ~160 kB); the cap only keeps a
 # wrong or hostile file from being read into memory whole
 MAX_POLICY_BYTES = 64 << 20
 HEADER_KEY = "rlctl"  # the key of the JSON header in the safetensors __metadata__
