@@ -3,6 +3,9 @@
 A decision builds the observation the policy was trained on (a policy file's own scales and
 ``max_model_len``; for a baseline the default scales and the snapshot's ``max_model_len``), acts,
 and runs the safety shield on the snapshot (agents/shield.py).
+
+Loaded from the operator's ``--policy`` (``load_served_policy``) or from a client's
+``ReloadPolicy`` (``reload_served_policy``), each within what rlctl/online/confine.py allows.
 """
 from __future__ import annotations
 
