@@ -48,6 +48,12 @@ from engine.roofline import DEPLOYMENTS
 FORMAT = "rlctl-policy"
 VERSION = 1
 POLICY_SUFFIX = ".rlpolicy"
+# A network of at most this many weights acts through the numpy forward (agents/networks.py): a
+# few microseconds where torch spends ~70 us a call. A bigger one acts through torch, whose
+# threads its caller sets (rlctl serve: one): numpy's OpenBLAS would spread a product of more
+# than 2^18 multiply-adds over every core, and on a busy 2-core machine a 512x512 network then
+# took ~0.8 ms instead of ~60 us single-threaded.
+NUMPY_MAX_PARAMETERS = 1 << 18
 # a policy file is a small MLP (the default 128x128 dueling network: ~160 kB); the cap only keeps a
 # wrong or hostile file from being read into memory whole
 MAX_POLICY_BYTES = 64 << 20
@@ -127,8 +133,8 @@ class ExportedPolicy(Policy):
 
     def __init__(self, path: Path, header: dict, network: torch.nn.Sequential, file_sha256: str) -> None:
         self.path, self.header, self.network, self.file_sha256 = path, header, network, file_sha256
-        self.forward = NumpyQNetwork(network)  # what acts: the same Q-values without torch's per-call cost
         self.parameters = sum(p.numel() for p in network.parameters())
+        self.forward = NumpyQNetwork(network) if self.parameters <= NUMPY_MAX_PARAMETERS else None
         self.name = path.stem
         self.engine_overrides = {}
         self.obs_dim = header["network"]["obs_dim"]
@@ -141,7 +147,11 @@ class ExportedPolicy(Policy):
                              f"or (n, {self.obs_dim}), got {x.shape}")
         if not np.isfinite(x).all():
             raise ValueError(f"policy {self.name}: observation has non-finite entries")
-        q = self.forward(np.atleast_2d(x))
+        if self.forward is not None:
+            q = self.forward(np.atleast_2d(x))
+        else:
+            with torch.no_grad():
+                q = self.network(torch.from_numpy(np.atleast_2d(x))).numpy()
         return q[0] if x.ndim == 1 else q
 
     def act(self, obs: np.ndarray) -> int:

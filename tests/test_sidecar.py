@@ -155,12 +155,14 @@ def test_serve_listens_beyond_loopback_only_with_mutual_tls():
 
 def test_cheap_decisions_run_on_the_event_loop_and_a_big_network_in_a_thread(tmp_path):
     from rlctl.online.confine import Confinement
-    from rlctl.online.served import INLINE_MAX_PARAMETERS, load_served_policy
+    from agents.export import NUMPY_MAX_PARAMETERS
+    from rlctl.online.served import load_served_policy
 
     small = load_served_policy(str(untrained_policy_file(tmp_path / "small.rlpolicy", seed=0)), Confinement())
     big = load_served_policy(str(untrained_policy_file(tmp_path / "big.rlpolicy", seed=0, net_arch=(512, 512))),
                              Confinement())
-    assert small.inline and not big.inline and big.policy.parameters > INLINE_MAX_PARAMETERS
+    assert small.inline and not big.inline and big.policy.parameters > NUMPY_MAX_PARAMETERS
+    assert big.policy.forward is None  # it acts through torch, in the sidecar's one torch thread
     assert load_served_policy("watermark", Confinement(allow_baselines=True)).inline
 
 

@@ -27,12 +27,6 @@ from rlctl.online.confine import BaselineRefused, Confinement, ReloadOff, open_p
 from rlctl.online.proto import controller_pb2 as pb
 
 
-# A policy file of at most this many weights decides in well under 0.1 ms (the numpy forward,
-# agents/networks.py): the sidecar runs its decisions on the event loop, as it does a baseline's,
-# because handing them to a thread costs more than they do. A bigger network decides in a thread.
-INLINE_MAX_PARAMETERS = 1 << 18
-
-
 class PolicyError(RuntimeError):
     """The policy failed on a valid snapshot (it raised, or returned an action id outside ACTIONS)."""
 
@@ -55,8 +49,10 @@ class ServedPolicy:
 
     @property
     def inline(self) -> bool:
-        """Whether a decision is cheap enough to run on the sidecar's event loop (INLINE_MAX_PARAMETERS)."""
-        return not isinstance(self.policy, ExportedPolicy) or self.policy.parameters <= INLINE_MAX_PARAMETERS
+        """Whether a decision is cheap enough to run on the sidecar's event loop: a baseline's, or a
+        network small enough for the numpy forward (agents/export.py NUMPY_MAX_PARAMETERS, tens of
+        microseconds at most), since handing it to a thread costs more than it does."""
+        return not isinstance(self.policy, ExportedPolicy) or self.policy.forward is not None
 
     @property
     def policy_hash(self) -> str:

@@ -11,12 +11,12 @@ metrics, on their own registry, on ``--metrics-port`` (loopback).
 
 The server is ``grpc.aio``, and a long-lived ``Live`` stream holds no thread. (A sync server would
 hold one pool thread per open stream, so a few engines' streams could starve ``Decide``.) A
-decision known to be cheap (a baseline, or a policy file's small network: ``ServedPolicy.inline``,
-tens of microseconds) runs on the event loop: the hop to a thread and back costs more than the
-decision (~45 us at the median, milliseconds at the tail on a loaded machine; ``rlctl bench
-sidecar``). Any other decision, and every one under an injected delay, runs in a small thread
-pool, so health checks, reflection, ``GetPolicy`` and ``ReloadPolicy`` answer while it computes;
-one that waited for a thread past its deadline is not computed at all.
+decision known to be cheap (a baseline, or a policy file's network small enough for the numpy
+forward: ``ServedPolicy.inline``, tens of microseconds) runs on the event loop: the hop to a
+thread and back costs more than the decision (~45 us at the median, milliseconds at the tail on
+a loaded machine). Any other decision, and every one under an injected delay, runs in a small
+thread pool, so health checks, reflection, ``GetPolicy`` and ``ReloadPolicy`` answer while it
+computes; one that waited for a thread past its deadline is not computed at all.
 
 ``ReloadPolicy`` takes a policy name inside ``--policy-dir`` and nothing else, baseline specs only
 with ``--allow-baselines`` (rlctl/online/confine.py: what a client may ask for, and the status of
@@ -65,9 +65,10 @@ from rlctl.online.served import (
 )
 
 DECIDE_THREADS = 4
-# torch intra-op threads in the sidecar: a decision is one small matrix-vector product, and a
-# parallel pool only adds wake-ups and competes with the engine for the cores (on this project's
-# 2-core machine under load, 2 threads made a decision ~40x slower at the median than 1)
+# torch intra-op threads in the sidecar, for a network too big for the numpy forward
+# (agents/export.py): a decision is one matrix-vector product, and a parallel pool only adds
+# wake-ups and competes with the engine for the cores (on this project's 2-core machine under
+# load, 2 threads made a decision ~40x slower at the median than 1)
 TORCH_THREADS = 1
 LATENCY_BUCKETS = (5e-5, 1e-4, 2e-4, 5e-4, 1e-3, 2e-3, 5e-3, 1e-2, 2e-2, 5e-2, 0.1, 0.2, 0.5, 1.0, 2.0)
 
