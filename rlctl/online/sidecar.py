@@ -57,12 +57,7 @@ from rlctl.online.messages import SnapshotError, snapshot_from_message
 from rlctl.online.proto import SERVICE_NAME
 from rlctl.online.proto import controller_pb2 as pb
 from rlctl.online.proto import controller_pb2_grpc as pb_grpc
-from rlctl.online.served import (
-    PolicyError,
-    ServedPolicy,
-    load_served_policy,
-    reload_served_policy,
-)
+from rlctl.online.served import PolicyError, ServedPolicy, load_served_policy, reload_served_policy
 
 DECIDE_THREADS = 4
 # torch intra-op threads in the sidecar, for a network too big for the numpy forward
