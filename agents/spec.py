@@ -17,6 +17,14 @@ def baselines(best_static: float = 1.0) -> list[str]:
 STATIC_SWEEP = [f"static:{k / 10:g}" for k in range(10, 26)]  # 1.0 to 2.5 in steps of 0.1
 
 
+_SIMPLE = {"watermark": Watermark, "vllm": VLLM, "random": Random}
+
+
+def is_baseline(spec: str) -> bool:
+    """Whether ``spec`` names a baseline (``static:K`` or one of the simple ones) rather than a policy file."""
+    return isinstance(spec, str) and (spec.startswith("static:") or spec in _SIMPLE)
+
+
 def make_policy(spec: str) -> Policy:
     """A policy from its spec: ``static:K``, ``watermark``, ``vllm``, ``random``, or the path of a
     policy file (``*.rlpolicy``, agents/export.py) for a trained one."""
@@ -31,9 +39,8 @@ def make_policy(spec: str) -> Policy:
         except ValueError:
             raise ValueError(f"policy {spec!r}: static:K needs a number K, e.g. static:1.5") from None
         return Static(factor)
-    simple = {"watermark": Watermark, "vllm": VLLM, "random": Random}
-    if spec in simple:
-        return simple[spec]()
+    if spec in _SIMPLE:
+        return _SIMPLE[spec]()
     if Path(spec).is_file() or spec.endswith(POLICY_SUFFIX):
         return load_policy(spec)  # a missing file: PolicyFileError naming the path
     raise ValueError(f"policy {spec!r} does not exist: use static:K, watermark, vllm, random "
