@@ -31,6 +31,7 @@ import os
 import struct
 import subprocess
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 import torch
@@ -39,13 +40,22 @@ from safetensors.torch import load as load_tensors
 from safetensors.torch import save_file
 
 from agents.policy import Policy
-from agents.networks import q_network
+from agents.networks import NumpyQNetwork, q_network
 from env.observation import FEATURES, HIGH, LOW
 from engine.control import ACTIONS
 
 FORMAT = "rlctl-policy"
 VERSION = 2
 POLICY_SUFFIX = ".rlpolicy"
+# A network of at most this many weights acts through the numpy forward (agents/networks.py): a
+# few microseconds where torch spends ~70 us a call. A bigger one acts through torch, whose
+# threads its caller sets (rlctl serve: one): numpy's OpenBLAS would spread a product of more
+# than 2^18 multiply-adds over every core, and on a busy 2-core machine a 512x512 network then
+# took ~0.8 ms instead of ~60 us single-threaded.
+NUMPY_MAX_PARAMETERS = 1 << 18
+# a policy file is a small MLP (the default 128x128 dueling network: ~160 kB); the cap only keeps a
+# wrong or hostile file from being read into memory whole
+MAX_POLICY_BYTES = 64 << 20
 HEADER_KEY = "rlctl"  # the key of the JSON header in the safetensors __metadata__
 _REPO = Path(__file__).resolve().parent.parent
 
@@ -116,6 +126,8 @@ class ExportedPolicy(Policy):
 
     def __init__(self, path: Path, header: dict, network: torch.nn.Sequential, file_sha256: str) -> None:
         self.path, self.header, self.network, self.file_sha256 = path, header, network, file_sha256
+        self.parameters = sum(p.numel() for p in network.parameters())
+        self.forward = NumpyQNetwork(network) if self.parameters <= NUMPY_MAX_PARAMETERS else None
         self.name = path.stem
         self.engine_overrides = {}
         self.obs_dim = header["network"]["obs_dim"]
@@ -128,8 +140,11 @@ class ExportedPolicy(Policy):
                              f"or (n, {self.obs_dim}), got {x.shape}")
         if not np.isfinite(x).all():
             raise ValueError(f"policy {self.name}: observation has non-finite entries")
-        with torch.no_grad():
-            q = self.network(torch.from_numpy(np.atleast_2d(x))).numpy()
+        if self.forward is not None:
+            q = self.forward(np.atleast_2d(x))
+        else:
+            with torch.no_grad():
+                q = self.network(torch.from_numpy(np.atleast_2d(x))).numpy()
         return q[0] if x.ndim == 1 else q
 
     def act(self, obs: np.ndarray) -> int:
@@ -243,14 +258,33 @@ def _check_layout(path: Path, header: dict) -> None:
                    f"{len(FEATURES)} features and {len(ACTIONS)} actions")
 
 
-def load_policy(path: str | Path) -> ExportedPolicy:
-    """Read and check a policy file; never unpickles. Raises ``PolicyFileError`` naming the file and the problem."""
+def read_capped(f: BinaryIO, path: Path, max_bytes: int) -> bytes:
+    """The bytes of the open file ``f``, refused before reading when its size passes ``max_bytes``;
+    at most ``max_bytes + 1`` are read, in case it grows meanwhile."""
+    size = os.fstat(f.fileno()).st_size
+    data = f.read(max_bytes + 1) if size <= max_bytes else b""
+    if size > max_bytes or len(data) > max_bytes:
+        raise PolicyFileError(f"policy file {path}: {max(size, len(data))} bytes, over the {max_bytes}-byte cap "
+                              f"on a policy file")
+    return data
+
+
+def load_policy(path: str | Path, max_bytes: int = MAX_POLICY_BYTES, opened: BinaryIO | None = None) -> ExportedPolicy:
+    """Read and check a policy file; never unpickles. Raises ``PolicyFileError`` naming the file and the problem.
+
+    A file over ``max_bytes`` is refused unread. With ``opened``, the file is read from there
+    (the sidecar opens a reload's file itself, confined to its directory) and ``path`` only names
+    it in messages and in ``ExportedPolicy.path``."""
     path = Path(path)
-    if not path.exists():
-        raise PolicyFileError(f"policy file {path}: no such file")
-    if not path.is_file():
-        raise PolicyFileError(f"policy file {path}: not a file")
-    data = path.read_bytes()
+    if opened is None:
+        if not path.exists():
+            raise PolicyFileError(f"policy file {path}: no such file")
+        if not path.is_file():
+            raise PolicyFileError(f"policy file {path}: not a file")
+        with path.open("rb") as f:
+            data = read_capped(f, path, max_bytes)
+    else:
+        data = read_capped(opened, path, max_bytes)
     fail = lambda problem: PolicyFileError(f"policy file {path}: {problem}")  # noqa: E731
     header = _policy_header(path, _raw_header(path, data))
     _check_layout(path, header)

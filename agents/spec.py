@@ -23,6 +23,14 @@ def static_sweep(max_factor: float) -> list[str]:
     return [f"static:{k:g}" for k in SWEEP_FACTORS if k <= max_factor]
 
 
+_SIMPLE = {"watermark": Watermark, "vllm": VLLM, "sglang": SGLang, "random": Random}
+
+
+def is_baseline(spec: str) -> bool:
+    """Whether ``spec`` names a baseline (``static:K`` or one of the simple ones) rather than a policy file."""
+    return isinstance(spec, str) and (spec.startswith("static:") or spec in _SIMPLE)
+
+
 def make_policy(spec: str) -> Policy:
     """A policy from its spec: ``static:K``, ``watermark``, ``vllm``, ``random``, or the path of a
     policy file (``*.rlpolicy``, agents/export.py) for a trained one."""
@@ -37,9 +45,10 @@ def make_policy(spec: str) -> Policy:
         except ValueError:
             raise ValueError(f"policy {spec!r}: static:K needs a number K, e.g. static:1.5") from None
         return Static(factor)
-    simple = {"watermark": Watermark, "vllm": VLLM, "sglang": SGLang, "random": Random, "oracle": Oracle}
-    if spec in simple:
-        return simple[spec]()
+    if spec in _SIMPLE:
+        return _SIMPLE[spec]()
+    if spec == "oracle":  # an evaluation reference that looks inside its environment; never served
+        return Oracle()
     if Path(spec).is_file() or spec.endswith(POLICY_SUFFIX):
         return load_policy(spec)  # a missing file: PolicyFileError naming the path
     raise ValueError(f"policy {spec!r} does not exist: use static:K, watermark, vllm, sglang, random, oracle "

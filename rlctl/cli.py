@@ -156,13 +156,19 @@ def cmd_demo(a: argparse.Namespace) -> int:
 
 
 def cmd_serve(a: argparse.Namespace) -> int:
+    from rlctl.online.confine import Confinement, policy_dir
     from rlctl.online.sidecar import Fault, TLSFiles, serve
 
     if (a.tls_cert is None) != (a.tls_key is None) or (a.tls_client_ca and not a.tls_cert):
         raise ValueError("--tls-cert and --tls-key go together (and --tls-client-ca needs them)")
     tls = TLSFiles(a.tls_cert, a.tls_key, a.tls_client_ca) if a.tls_cert else None
     fault = Fault(a.fault_delay_ms / 1000, a.fault_action) if a.fault_delay_ms or a.fault_action is not None else None
-    serve(a.policy, a.listen, a.metrics_port, tls, fault, say=lambda line: print(line, flush=True))
+    if a.max_policy_mib is not None and a.max_policy_mib < 1:
+        raise ValueError(f"--max-policy-mib must be >= 1, got {a.max_policy_mib}")
+    cap = {} if a.max_policy_mib is None else {"max_bytes": a.max_policy_mib << 20}  # else agents/export.py's
+    confinement = Confinement(policy_dir(a.policy_dir) if a.policy_dir else None, a.allow_baselines, **cap)
+    serve(a.policy, a.listen, a.metrics_port, tls, fault, say=lambda line: print(line, flush=True),
+          confinement=confinement)
     return 0
 
 
@@ -305,8 +311,18 @@ def parser() -> argparse.ArgumentParser:
     r.set_defaults(fn=cmd_replay)
 
     sv = sub.add_parser("serve", help="host a policy for a live engine: the gRPC sidecar, health, reflection, metrics")
-    sv.add_argument("--policy", required=True, help="a policy file (*.rlpolicy) or a baseline spec (static:K, watermark, random)")
-    sv.add_argument("--listen", required=True, help="unix:///path or 127.0.0.1:PORT (other hosts only with TLS)")
+    sv.add_argument("--policy", required=True,
+                    help="the path of a policy file (*.rlpolicy), or with --allow-baselines a baseline spec "
+                         "(static:K, watermark, vllm, random)")
+    sv.add_argument("--policy-dir", default=None, metavar="DIR",
+                    help="ReloadPolicy takes a policy name, a file name in DIR (steady or steady.rlpolicy), and "
+                         "nothing outside DIR; without it ReloadPolicy is off")
+    sv.add_argument("--allow-baselines", action="store_true",
+                    help="let --policy and ReloadPolicy serve baseline specs (static:K, watermark, vllm, random)")
+    sv.add_argument("--max-policy-mib", type=int, default=None, metavar="MIB",
+                    help="refuse a policy file bigger than this, unread (default 64)")
+    sv.add_argument("--listen", required=True,
+                    help="unix:///path or 127.0.0.1:PORT (other addresses only with mutual TLS)")
     sv.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus metrics on 127.0.0.1:PORT")
     sv.add_argument("--tls-cert", default=None, help="the server's certificate chain (PEM)")
     sv.add_argument("--tls-key", default=None, help="the server's private key (PEM)")

@@ -1,4 +1,4 @@
-"""A real ``rlctl serve`` process for the tests, started and always killed, and a free port."""
+"""A real ``rlctl serve`` process for the tests, started and always killed; a free port; a policy file."""
 from __future__ import annotations
 
 import socket
@@ -10,6 +10,7 @@ from pathlib import Path
 import grpc
 from prometheus_client.parser import text_string_to_metric_families
 
+from agents.spec import is_baseline
 from rlctl.online.live import ClientTLS, wait_serving
 from rlctl.online.proto import controller_pb2_grpc as pb_grpc
 
@@ -26,10 +27,14 @@ class Sidecar:
     """An ``rlctl serve`` process, ready (health SERVING) once constructed; ``stop()`` always kills it."""
 
     def __init__(self, address: str, policy: str = "watermark", *extra: str, metrics: bool = False,
-                 tls: ClientTLS | None = None) -> None:
+                 tls: ClientTLS | None = None, allow_baselines: bool | None = None) -> None:
+        """``allow_baselines``: pass ``--allow-baselines``; by default exactly when ``policy`` is a baseline spec."""
         self.address, self.tls = address, tls
         self.metrics_port = free_port() if metrics else None
+        if allow_baselines is None:
+            allow_baselines = is_baseline(policy)
         cmd = [sys.executable, "-m", "rlctl.cli", "serve", "--policy", policy, "--listen", address, *extra]
+        cmd += ["--allow-baselines"] if allow_baselines else []
         if self.metrics_port:
             cmd += ["--metrics-port", str(self.metrics_port)]
         self.proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -57,3 +62,16 @@ class Sidecar:
         if self.proc.poll() is None:
             self.proc.kill()
         self.proc.wait(timeout=30)
+
+
+def untrained_policy_file(path: Path, seed: int, net_arch: tuple[int, ...] = (32, 16)) -> Path:
+    """An exported, untrained Q-network: a real policy file, its weights (and hash) set by ``seed``."""
+    from agents.dqn import OvercommitDQN
+    from agents.export import export_policy
+    from env.overcommit_env import OvercommitEnv
+    from env.scenario_yaml import load_scenario
+
+    scenario = load_scenario("burst")
+    model = OvercommitDQN(env=OvercommitEnv(scenario), net_arch=net_arch, buffer_size=100, seed=seed, device="cpu")
+    export_policy(model, path, scenario=scenario, training_config={"untrained": True, "seed": seed})
+    return path

@@ -99,7 +99,13 @@ def test_small_sidecar_bench_reports_latency_and_ratios_for_every_transport():
         for key in ("p50_us", "p99_us", "mean_us", "decisions_per_s"):
             assert math.isfinite(call[key]) and call[key] > 0, key
     for call in calls[1:]:
-        for key in ("p50_ratio_to_in_process", "p99_ratio_to_in_process", "throughput_ratio_to_in_process"):
+        for key in ("p50_ratio_to_in_process", "p99_ratio_to_in_process", "throughput_ratio_to_in_process",
+                    "p50_ratio_to_empty_rpc", "p99_ratio_to_empty_rpc"):
             assert math.isfinite(call[key]) and call[key] > 0, key
+    for transport in ("unix", "loopback"):  # gRPC's floor, measured on the same server in the same run
+        floor = report[transport]["empty_rpc"]
+        assert math.isfinite(floor["p50_us"]) and floor["p50_us"] > 0
+        assert report[transport]["decide"]["p50_ratio_to_empty_rpc"] == pytest.approx(
+            report[transport]["decide"]["p50_us"] / floor["p50_us"], rel=0.01)
     with pytest.raises(ValueError, match="decisions"):
         SidecarBenchSizes(decisions=0)

@@ -17,6 +17,7 @@ import yaml
 from safetensors.torch import load as load_tensors
 from safetensors.torch import save_file
 
+from agents.networks import NumpyQNetwork, q_network
 from agents.spec import make_policy
 from agents.dqn import OvercommitDQN
 from agents.export import (FORMAT, HEADER_KEY, POLICY_SUFFIX, VERSION, ExportedPolicy, PolicyFileError,
@@ -67,6 +68,36 @@ def test_the_reloaded_policy_acts_and_values_exactly_as_the_trained_network(trai
     assert [policy.act(o) for o in obs] == [int(model.predict(o, deterministic=True)[0]) for o in obs]
     assert np.allclose(policy.q_values(obs[0]), expected[0], atol=1e-6)
     assert len(set(expected.argmax(axis=1))) > 1 or np.ptp(expected) > 0  # the check is not vacuous
+
+
+@pytest.mark.parametrize("net_arch, dueling", [([32, 16], False), ([32, 16], True), ([64], True), ([64], False),
+                                                ([128, 128], True), ([256, 128, 64], False)])
+def test_the_numpy_forward_gives_torchs_q_values_and_greedy_actions(net_arch, dueling):
+    torch.manual_seed(len(net_arch) * 10 + dueling)
+    network = q_network(len(FEATURES), len(ACTIONS), net_arch, dueling).eval()
+    with torch.no_grad():  # weights larger than the initialisation's, so the Q-values spread and mostly differ
+        for p in network.parameters():
+            p.mul_(3.0)
+    obs = np.concatenate([observations(2000, seed=1), np.stack([LOW, HIGH])])
+    with torch.no_grad():
+        expected = network(torch.from_numpy(obs)).numpy()
+    got = NumpyQNetwork(network)(obs)
+    assert got.dtype == np.float32 and got.shape == expected.shape
+    assert np.allclose(got, expected, rtol=1e-5, atol=1e-5 * np.abs(expected).max())
+    top2 = np.sort(expected, axis=1)[:, -2:]
+    clear = top2[:, 1] - top2[:, 0] > 1e-4 * np.abs(expected).max()  # a float32 near-tie may break either way
+    assert clear.mean() > 0.99
+    assert (got.argmax(axis=1) == expected.argmax(axis=1))[clear].all()
+    assert len(set(expected.argmax(axis=1))) > 1  # the check is not vacuous
+
+
+def test_the_numpy_forward_refuses_a_network_q_network_does_not_build():
+    odd = torch.nn.Sequential(torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh()), torch.nn.Linear(8, 3))
+    with pytest.raises(TypeError, match="unexpected layer Tanh"):
+        NumpyQNetwork(odd)
+    no_relu = torch.nn.Sequential(torch.nn.Sequential(torch.nn.Linear(4, 8)), torch.nn.Linear(8, 3))
+    with pytest.raises(TypeError, match="unexpected layers"):  # a trunk must end in a ReLU, as mlp() builds it
+        NumpyQNetwork(no_relu)
 
 
 def test_the_file_holds_no_pickle_and_loads_with_unpickling_disabled(trained, monkeypatch):

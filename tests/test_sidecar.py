@@ -34,7 +34,7 @@ from rlctl.online.proto import SERVICE_NAME, controller_pb2 as pb
 from env.workloads import bundled_trace
 from rlctl.replay import build_engine, load_requests
 from rlctl.online.sidecar import check_listen
-from tests.sidecar_process import REPO, Sidecar, free_port
+from tests.sidecar_process import REPO, Sidecar, free_port, untrained_policy_file
 
 DEPLOYMENT = EngineConfig(num_blocks=128, max_model_len=2048, restart_downtime_s=1.0)
 CPU_COST = CostModel(fixed_s=1.5e-3, per_token_s=2e-5, per_context_token_s=2e-7, copy_fixed_s=1e-5,
@@ -138,17 +138,32 @@ def test_a_decision_is_checked_before_the_engine_applies_it():
     assert "finite" in check_decision(pb.Decision(seq=4, action=0, action_name="hold", overcommit=float("nan")), 4)
 
 
-def test_serve_listens_beyond_loopback_only_with_tls():
+def test_serve_listens_beyond_loopback_only_with_mutual_tls():
     from rlctl.online.sidecar import TLSFiles
 
     for ok in ("unix:///tmp/x.sock", "127.0.0.1:5000", "localhost:0", "[::1]:5000"):
         check_listen(ok, None)
-    for bad in ("0.0.0.0:5000", "10.1.2.3:5000", "example.com:5000"):
-        with pytest.raises(ValueError, match="not a loopback address"):
-            check_listen(bad, None)
-        check_listen(bad, TLSFiles("cert.pem", "key.pem"))
+        check_listen(ok, TLSFiles("cert.pem", "key.pem"))  # server-only TLS is enough on this host
+    for bad in ("0.0.0.0:5000", "10.1.2.3:5000", "example.com:5000", "[::]:5000"):
+        for tls in (None, TLSFiles("cert.pem", "key.pem")):
+            with pytest.raises(ValueError, match="not a loopback address.*only with mutual TLS"):
+                check_listen(bad, tls)
+        check_listen(bad, TLSFiles("cert.pem", "key.pem", "ca.pem"))
     with pytest.raises(ValueError, match="HOST:PORT"):
         check_listen("127.0.0.1", None)
+
+
+def test_cheap_decisions_run_on_the_event_loop_and_a_big_network_in_a_thread(tmp_path):
+    from rlctl.online.confine import Confinement
+    from agents.export import NUMPY_MAX_PARAMETERS
+    from rlctl.online.served import load_served_policy
+
+    small = load_served_policy(str(untrained_policy_file(tmp_path / "small.rlpolicy", seed=0)), Confinement())
+    big = load_served_policy(str(untrained_policy_file(tmp_path / "big.rlpolicy", seed=0, net_arch=(512, 512))),
+                             Confinement())
+    assert small.inline and not big.inline and big.policy.parameters > NUMPY_MAX_PARAMETERS
+    assert big.policy.forward is None  # it acts through torch, in the sidecar's one torch thread
+    assert load_served_policy("watermark", Confinement(allow_baselines=True)).inline
 
 
 # ---- end to end --------------------------------------------------------------------------------
@@ -202,10 +217,11 @@ def test_the_replay_command_prints_the_controllers_figures(watermark_sidecar, tm
 
 
 def test_reload_policy_mid_replay_swaps_without_a_failed_decision(sidecars, tmp_path):
-    policy_file = trained_policy_file(tmp_path / "burst.rlpolicy")
-    not_a_policy = tmp_path / "notes.txt"
-    not_a_policy.write_text("not a policy\n")
-    s = sidecars(f"unix://{tmp_path}/s.sock", "static:1.0", metrics=True)
+    policies = tmp_path / "policies"
+    policies.mkdir()
+    trained_policy_file(policies / "burst.rlpolicy")
+    (policies / "notes.rlpolicy").write_text("not a policy\n")
+    s = sidecars(f"unix://{tmp_path}/s.sock", "static:1.0", "--policy-dir", str(policies), metrics=True)
     channel = open_channel(s.address)
     stub = s.stub(channel)
     first = stub.GetPolicy(pb.GetPolicyRequest())
@@ -214,14 +230,14 @@ def test_reload_policy_mid_replay_swaps_without_a_failed_decision(sidecars, tmp_
     class ReloadingController(LiveController):
         def step(self, engine, until):
             if self.decisions == 10 and not swapped:
-                swapped["response"] = stub.ReloadPolicy(pb.ReloadPolicyRequest(policy=str(policy_file)))
+                swapped["response"] = stub.ReloadPolicy(pb.ReloadPolicyRequest(policy="burst"))
             return super().step(engine, until)
 
     try:
         figures, _ = steered_replay(ReloadingController(s.address, deadline_s=2.0))
         now = stub.GetPolicy(pb.GetPolicyRequest())
         with pytest.raises(grpc.RpcError) as err:
-            stub.ReloadPolicy(pb.ReloadPolicyRequest(policy=str(not_a_policy)))
+            stub.ReloadPolicy(pb.ReloadPolicyRequest(policy="notes"))
         kept = stub.GetPolicy(pb.GetPolicyRequest())
     finally:
         channel.close()
@@ -230,6 +246,7 @@ def test_reload_policy_mid_replay_swaps_without_a_failed_decision(sidecars, tmp_
     assert response.previous.policy_hash == first.policy_hash and response.current.kind == "file"
     assert figures["policy_hashes"] == [first.policy_hash, response.current.policy_hash]
     assert now.policy_hash == response.current.policy_hash == now.file_sha256 and now.max_model_len > 0
+    assert now.spec == "burst.rlpolicy" and now.name == "burst"  # the name in the directory, not its path
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "still serving" in err.value.details() and "not an rlctl policy file" in err.value.details()
     assert kept.policy_hash == now.policy_hash

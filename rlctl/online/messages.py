@@ -25,6 +25,7 @@ COUNTS = ("queue_len", "swapped", "running", "kv_blocks_used", "kv_blocks_total"
           "oom_events", "preemptions", "tokens_generated")                        # integers >= 0
 HISTOGRAMS = ("queue_hist", "running_hist")                                       # BINS shares in [0, 1], sum 0 or 1
 OTHER = ("overcommit", "restarting")                                              # > 0 (inf: no reservation); a flag
+_FIELDS = tuple(f.name for f in dataclasses.fields(Snapshot))  # once: dataclasses.fields() costs microseconds a call
 
 
 class SnapshotError(ValueError):
@@ -37,7 +38,7 @@ class SnapshotError(ValueError):
 
 def snapshot_message(s: Snapshot, max_model_len: int, engine_id: str = "", seq: int = 0) -> pb.Snapshot:
     """``s`` as the protocol's message."""
-    values = {f.name: getattr(s, f.name) for f in dataclasses.fields(Snapshot)}
+    values = {name: getattr(s, name) for name in _FIELDS}
     return pb.Snapshot(engine_id=engine_id, seq=seq, max_model_len=int(max_model_len), **values)
 
 
@@ -45,28 +46,29 @@ def snapshot_from_message(m: pb.Snapshot) -> tuple[Snapshot, int]:
     """The ``Snapshot`` and ``max_model_len`` a message carries, checked; ``SnapshotError`` names the first bad field."""
     if m.max_model_len <= 0:
         raise SnapshotError("max_model_len", f"must be > 0 (the engine's context length), got {m.max_model_len}")
+    v = {name: getattr(m, name) for name in _FIELDS}  # each field read from the message once
     for name in RATIOS:
-        x = getattr(m, name)
+        x = v[name]
         if not 0.0 <= x <= 1.0:  # NaN fails too
             raise SnapshotError(name, f"must be a ratio in [0, 1], got {x}")
     for name in MEASURES:
-        x = getattr(m, name)
+        x = v[name]
         if not (math.isfinite(x) and x >= 0.0):
             raise SnapshotError(name, f"must be finite and >= 0, got {x}")
     for name in SIGNED:
-        x = getattr(m, name)
+        x = v[name]
         if not math.isfinite(x):
             raise SnapshotError(name, f"must be finite, got {x}")
     for name in COUNTS:
-        x = getattr(m, name)
+        x = v[name]
         if x < 0:
             raise SnapshotError(name, f"is a count and must be >= 0, got {x}")
-    if m.kv_blocks_used > m.kv_blocks_total:
-        raise SnapshotError("kv_blocks_used", f"({m.kv_blocks_used}) exceeds kv_blocks_total ({m.kv_blocks_total})")
-    if not m.overcommit > 0.0:
-        raise SnapshotError("overcommit", f"must be a factor > 0 (inf: no reservation), got {m.overcommit}")
+    if v["kv_blocks_used"] > v["kv_blocks_total"]:
+        raise SnapshotError("kv_blocks_used", f"({v['kv_blocks_used']}) exceeds kv_blocks_total ({v['kv_blocks_total']})")
+    if not v["overcommit"] > 0.0:
+        raise SnapshotError("overcommit", f"must be a factor > 0 (inf: no reservation), got {v['overcommit']}")
     for name in HISTOGRAMS:
-        h = list(getattr(m, name))
+        h = v[name] = tuple(v[name])
         if len(h) != BINS:
             raise SnapshotError(name, f"must have {BINS} bins (engine/snapshot.py HIST_EDGES), got {len(h)}")
         bad = [x for x in h if not 0.0 <= x <= 1.0]
@@ -75,6 +77,4 @@ def snapshot_from_message(m: pb.Snapshot) -> tuple[Snapshot, int]:
         total = sum(h)
         if total != 0.0 and abs(total - 1.0) > 1e-6:
             raise SnapshotError(name, f"shares must sum to 1 (or all be 0), got {total:.6g}")
-    values = {f.name: getattr(m, f.name) for f in dataclasses.fields(Snapshot)}
-    values.update({name: tuple(values[name]) for name in HISTOGRAMS})
-    return Snapshot(**values), int(m.max_model_len)
+    return Snapshot(**v), int(m.max_model_len)

@@ -3,6 +3,9 @@
 A decision builds the observation the policy was trained on (a policy file's own scales and
 ``max_model_len``; for a baseline the default scales and the snapshot's ``max_model_len``), acts,
 and runs the safety shield on the snapshot (agents/shield.py).
+
+Loaded from the operator's ``--policy`` (``load_served_policy``) or from a client's
+``ReloadPolicy`` (``reload_served_policy``), each within what rlctl/online/confine.py allows.
 """
 from __future__ import annotations
 
@@ -12,14 +15,15 @@ import math
 import numbers
 from dataclasses import dataclass
 
-from agents.export import ExportedPolicy, PolicyFileError
+from agents.export import ExportedPolicy, PolicyFileError, load_policy
 from agents.policy import Policy
 from agents.shield import Shield
-from agents.spec import make_policy
+from agents.spec import is_baseline, make_policy
 from engine.control import ACTIONS
 from engine.snapshot import HIST_EDGES, Snapshot
 from env.observation import FEATURES, observe
 from env.scenario import Observation
+from rlctl.online.confine import BaselineRefused, Confinement, ReloadOff, open_policy
 from rlctl.online.proto import controller_pb2 as pb
 
 
@@ -42,6 +46,13 @@ class ServedPolicy:
     @property
     def kind(self) -> str:
         return "file" if self.file_sha256 else "baseline"
+
+    @property
+    def inline(self) -> bool:
+        """Whether a decision is cheap enough to run on the sidecar's event loop: a baseline's, or a
+        network small enough for the numpy forward (agents/export.py NUMPY_MAX_PARAMETERS, tens of
+        microseconds at most), since handing it to a thread costs more than it does."""
+        return not isinstance(self.policy, ExportedPolicy) or self.policy.forward is not None
 
     @property
     def policy_hash(self) -> str:
@@ -77,11 +88,35 @@ def _trial_snapshot() -> Snapshot:
                     device_free=1.0, queue_hist=bins, running_hist=bins)
 
 
-def load_served_policy(spec: str) -> ServedPolicy:
-    """Load ``spec`` (a baseline spec or a policy file) and check it can serve: a ``ValueError``
-    (``PolicyFileError`` for a file) says why not."""
+def load_served_policy(spec: str, confinement: Confinement) -> ServedPolicy:
+    """The operator's ``--policy``: a policy file's path (trusted: it comes from the command line),
+    or a baseline spec if ``confinement`` allows baselines. A ``ValueError`` (``PolicyFileError``
+    for a file) says why it cannot serve."""
     spec = str(spec)
-    policy = make_policy(spec)
+    if is_baseline(spec):
+        if not confinement.allow_baselines:
+            raise ValueError(f"--policy {spec} is a baseline spec: serve one only with --allow-baselines")
+        return _checked(spec, make_policy(spec))
+    return _checked(spec, load_policy(spec, confinement.max_bytes))
+
+
+def reload_served_policy(name: str, confinement: Confinement) -> ServedPolicy:
+    """A client's ``ReloadPolicy``: a policy name inside the policy directory (rlctl/online/confine.py),
+    or a baseline spec if allowed. ``ReloadOff``, ``BaselineRefused``, ``NoSuchPolicy`` (the same
+    words whatever the reason), or a ``ValueError`` about a file inside the directory."""
+    if confinement.policy_dir is None:
+        raise ReloadOff("ReloadPolicy is off: rlctl serve was started without --policy-dir")
+    if is_baseline(name):
+        if not confinement.allow_baselines:
+            raise BaselineRefused(f"{name} is a baseline spec, and rlctl serve was started without --allow-baselines")
+        return _checked(name, make_policy(name))
+    f, file_name = open_policy(confinement.policy_dir, name)
+    with f:  # the file's name, not its path, in messages and in GetPolicy: the directory is the operator's
+        return _checked(file_name, load_policy(file_name, confinement.max_bytes, opened=f))
+
+
+def _checked(spec: str, policy: Policy) -> ServedPolicy:
+    """``policy`` ready to serve: it pins nothing a running engine cannot take, and a trial decision works."""
     overrides = dict(policy.engine_overrides)
     pinned = overrides.pop("overcommit", None)
     if overrides or (pinned is not None and not math.isfinite(pinned)):

@@ -6,15 +6,21 @@ field), build the observation the policy was trained on (a policy file's own sca
 run the safety shield on the snapshot (agents/shield.py, overrides counted), answer a
 ``Decision``. Also served: the standard health service (SERVING once the policy is loaded,
 NOT_SERVING while shutting down) and server reflection. Listens on a unix socket or a loopback
-address; any other address only with TLS (mutual TLS when a client CA is given). Prometheus
+address (server-only TLS allowed there); any other address only with mutual TLS. Prometheus
 metrics, on their own registry, on ``--metrics-port`` (loopback).
 
-The server is ``grpc.aio`` and the policy runs in a small thread pool: the event loop never waits
-on a decision, so health checks, reflection, ``GetPolicy`` and ``ReloadPolicy`` answer while a
-slow one computes, and a long-lived ``Live`` stream holds no thread. (A sync server would hold
-one pool thread per open stream, so a few engines' streams could starve ``Decide``.)
+The server is ``grpc.aio``, and a long-lived ``Live`` stream holds no thread. (A sync server would
+hold one pool thread per open stream, so a few engines' streams could starve ``Decide``.) A
+decision known to be cheap (a baseline, or a policy file's network small enough for the numpy
+forward: ``ServedPolicy.inline``, tens of microseconds) runs on the event loop: the hop to a
+thread and back costs more than the decision (~45 us at the median, milliseconds at the tail on
+a loaded machine). Any other decision, and every one under an injected delay, runs in a small
+thread pool, so health checks, reflection, ``GetPolicy`` and ``ReloadPolicy`` answer while it
+computes; one that waited for a thread past its deadline is not computed at all.
 
-``ReloadPolicy`` loads and checks the new policy completely (the file loader's checks, then one
+``ReloadPolicy`` takes a policy name inside ``--policy-dir`` and nothing else, baseline specs only
+with ``--allow-baselines`` (rlctl/online/confine.py: what a client may ask for, and the status of
+each refusal). It loads and checks the new policy completely (the file loader's checks, then one
 trial decision) off the event loop, then swaps one reference under a lock: a decision uses the
 old policy or the new one, never half of each, and a failed reload leaves the old one serving.
 
@@ -46,18 +52,27 @@ from prometheus_client import (
 
 from engine.control import ACTIONS
 from engine.snapshot import Snapshot
+from rlctl.online.confine import BaselineRefused, Confinement, NoSuchPolicy, ReloadOff
 from rlctl.online.messages import SnapshotError, snapshot_from_message
 from rlctl.online.proto import SERVICE_NAME
 from rlctl.online.proto import controller_pb2 as pb
 from rlctl.online.proto import controller_pb2_grpc as pb_grpc
-from rlctl.online.served import PolicyError, ServedPolicy, load_served_policy
+from rlctl.online.served import PolicyError, ServedPolicy, load_served_policy, reload_served_policy
 
 DECIDE_THREADS = 4
-# torch intra-op threads in the sidecar: a decision is one small matrix-vector product, and a
-# parallel pool only adds wake-ups and competes with the engine for the cores (on this project's
-# 2-core machine under load, 2 threads made a decision ~40x slower at the median than 1)
+# torch intra-op threads in the sidecar, for a network too big for the numpy forward
+# (agents/export.py): a decision is one matrix-vector product, and a parallel pool only adds
+# wake-ups and competes with the engine for the cores (on this project's 2-core machine under
+# load, 2 threads made a decision ~40x slower at the median than 1)
 TORCH_THREADS = 1
 LATENCY_BUCKETS = (5e-5, 1e-4, 2e-4, 5e-4, 1e-3, 2e-3, 5e-3, 1e-2, 2e-2, 5e-2, 0.1, 0.2, 0.5, 1.0, 2.0)
+
+
+# a refused reload's status; any other failure (a file in the directory that is not a servable policy)
+# is INVALID_ARGUMENT
+_RELOAD_REFUSALS = ((ReloadOff, grpc.StatusCode.FAILED_PRECONDITION),
+                    (BaselineRefused, grpc.StatusCode.PERMISSION_DENIED),
+                    (NoSuchPolicy, grpc.StatusCode.NOT_FOUND))
 
 
 class _Late(Exception):
@@ -102,8 +117,8 @@ class SidecarMetrics:
                               registry=r)
         self.reloads = Counter("rlctl_sidecar_reloads", "ReloadPolicy requests, by result", ["result"], registry=r)
         self.policy = Info("rlctl_sidecar_policy", "The policy being served", registry=r)
-        for a in ACTIONS:
-            self.decisions.labels(action=a)
+        # each action's counter child, looked up once rather than by label on every decision
+        self.decided = [self.decisions.labels(action=a) for a in ACTIONS]
         for result in ("ok", "failed"):
             self.reloads.labels(result=result)
 
@@ -115,8 +130,9 @@ class SidecarMetrics:
 # ---- the service -------------------------------------------------------------------------------
 class ControllerService(pb_grpc.ControllerServicer):
     def __init__(self, served: ServedPolicy, metrics: SidecarMetrics, pool: ThreadPoolExecutor,
-                 fault: Fault | None = None) -> None:
+                 confinement: Confinement, fault: Fault | None = None) -> None:
         self._served, self.metrics, self.pool, self.fault = served, metrics, pool, fault or Fault()
+        self.confinement = confinement
         self._lock = threading.Lock()
         metrics.serving(served)
 
@@ -140,11 +156,14 @@ class ControllerService(pb_grpc.ControllerServicer):
             self.metrics.invalid.labels(field=exc.field).inc()
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         served = self.current()
-        remaining = context.time_remaining()
-        expires = time.monotonic() + remaining if remaining is not None else None
         try:
-            chosen, action = await asyncio.get_running_loop().run_in_executor(
-                self.pool, self._compute, served, snapshot, max_model_len, expires)
+            if served.inline and not self.fault.delay_s:
+                chosen, action = served.decide(snapshot, max_model_len)
+            else:
+                remaining = context.time_remaining()
+                expires = time.monotonic() + remaining if remaining is not None else None
+                chosen, action = await asyncio.get_running_loop().run_in_executor(
+                    self.pool, self._compute, served, snapshot, max_model_len, expires)
         except PolicyError as exc:
             self.metrics.errors.inc()
             await context.abort(grpc.StatusCode.INTERNAL, str(exc))
@@ -152,9 +171,10 @@ class ControllerService(pb_grpc.ControllerServicer):
             await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, "the deadline passed before a thread was free")
         if self.fault.action is not None:
             action = self.fault.action
-        name = ACTIONS[action] if 0 <= action < len(ACTIONS) else f"unknown:{action}"
+        known = 0 <= action < len(ACTIONS)
+        name = ACTIONS[action] if known else f"unknown:{action}"
         overridden = action != chosen and self.fault.action is None
-        self.metrics.decisions.labels(action=name).inc()
+        (self.metrics.decided[action] if known else self.metrics.decisions.labels(action=name)).inc()
         if overridden:
             self.metrics.shield_overrides.inc()
         self.metrics.latency.observe(time.perf_counter() - t0)
@@ -174,11 +194,12 @@ class ControllerService(pb_grpc.ControllerServicer):
 
     async def ReloadPolicy(self, request, context):
         try:
-            new = await asyncio.get_running_loop().run_in_executor(self.pool, load_served_policy, request.policy)
+            new = await asyncio.get_running_loop().run_in_executor(self.pool, reload_served_policy, request.policy,
+                                                                   self.confinement)
         except Exception as exc:  # whatever the cause, the old policy keeps serving and the caller learns why
             self.metrics.reloads.labels(result="failed").inc()
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                                f"reload refused, still serving {self.current().spec}: {exc}")
+            code = next((c for kind, c in _RELOAD_REFUSALS if isinstance(exc, kind)), grpc.StatusCode.INVALID_ARGUMENT)
+            await context.abort(code, f"reload refused, still serving {self.current().spec}: {exc}")
         with self._lock:
             old, self._served = self._served, new
         self.metrics.reloads.labels(result="ok").inc()
@@ -188,7 +209,7 @@ class ControllerService(pb_grpc.ControllerServicer):
 
 # ---- listening ---------------------------------------------------------------------------------
 def check_listen(listen: str, tls: TLSFiles | None) -> None:
-    """Refuse an address that is neither a unix socket nor loopback TCP, unless TLS is given."""
+    """Refuse an address that is neither a unix socket nor loopback TCP, unless with mutual TLS."""
     if listen.startswith("unix:"):
         if not listen[len("unix:"):].lstrip("/"):
             raise ValueError(f"--listen {listen}: a unix socket needs a path, e.g. unix:///tmp/rlctl.sock")
@@ -201,9 +222,11 @@ def check_listen(listen: str, tls: TLSFiles | None) -> None:
         loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
     except ValueError:
         loopback = False
-    if not loopback and tls is None:
+    if not loopback and (tls is None or tls.client_ca is None):
+        # server-only TLS would let any host that reaches the port steer the engine: clients must prove who they are
         raise ValueError(f"--listen {listen}: {host} is not a loopback address; the sidecar steers an engine's "
-                         f"memory, so it listens beyond this host only with --tls-cert and --tls-key")
+                         f"memory, so it listens beyond this host only with mutual TLS (--tls-cert, --tls-key "
+                         f"and --tls-client-ca)")
 
 
 def _credentials(tls: TLSFiles) -> grpc.ServerCredentials:
@@ -213,14 +236,14 @@ def _credentials(tls: TLSFiles) -> grpc.ServerCredentials:
                                        require_client_auth=tls.client_ca is not None)
 
 
-async def start_server(served: ServedPolicy, listen: str, tls: TLSFiles | None = None, fault: Fault | None = None,
-                       metrics: SidecarMetrics | None = None):
+async def start_server(served: ServedPolicy, listen: str, confinement: Confinement, tls: TLSFiles | None = None,
+                       fault: Fault | None = None, metrics: SidecarMetrics | None = None):
     """Start the server; (server, health servicer, controller service, bound address)."""
     check_listen(listen, tls)
     metrics = metrics or SidecarMetrics()
     # no SO_REUSEPORT: a second sidecar on a taken port must fail, not share the port's traffic
     server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
-    service = ControllerService(served, metrics, ThreadPoolExecutor(DECIDE_THREADS, "decide"), fault)
+    service = ControllerService(served, metrics, ThreadPoolExecutor(DECIDE_THREADS, "decide"), confinement, fault)
     pb_grpc.add_ControllerServicer_to_server(service, server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
@@ -237,18 +260,19 @@ async def start_server(served: ServedPolicy, listen: str, tls: TLSFiles | None =
 
 
 def serve(policy_spec: str, listen: str, metrics_port: int | None = None, tls: TLSFiles | None = None,
-          fault: Fault | None = None, say: Callable[[str], None] = print) -> None:
+          fault: Fault | None = None, say: Callable[[str], None] = print, *, confinement: Confinement) -> None:
     """Load the policy, then serve it on ``listen`` until SIGINT or SIGTERM. A policy that cannot
-    serve, or an address that cannot be used, raises ``ValueError`` before anything listens."""
+    serve, or an address that cannot be used, raises ``ValueError`` before anything listens.
+    ``confinement`` (rlctl/online/confine.py) says what may be served and reloaded."""
     import torch
 
     check_listen(listen, tls)
     torch.set_num_threads(TORCH_THREADS)
-    served = load_served_policy(policy_spec)
-    asyncio.run(_serve(served, listen, metrics_port, tls, fault, say))
+    served = load_served_policy(policy_spec, confinement)
+    asyncio.run(_serve(served, listen, confinement, metrics_port, tls, fault, say))
 
 
-async def _serve(served, listen, metrics_port, tls, fault, say) -> None:
+async def _serve(served, listen, confinement, metrics_port, tls, fault, say) -> None:
     metrics = SidecarMetrics()
     http = None
     if metrics_port is not None:
@@ -256,14 +280,16 @@ async def _serve(served, listen, metrics_port, tls, fault, say) -> None:
             http, _ = start_http_server(metrics_port, addr="127.0.0.1", registry=metrics.registry)
         except OSError as exc:
             raise ValueError(f"--metrics-port {metrics_port}: cannot listen there ({exc.strerror})") from None
-    server, health_servicer, service, bound = await start_server(served, listen, tls, fault, metrics)
+    server, health_servicer, service, bound = await start_server(served, listen, confinement, tls, fault, metrics)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     say(f"serving {served.spec} ({served.kind}, {served.policy_hash[:12]}) on {bound}"
         f"{' with mutual TLS' if tls and tls.client_ca else ' with TLS' if tls else ''}; health SERVING"
-        + (f"; metrics on http://127.0.0.1:{http.server_port}/metrics" if http else ""))
+        + (f"; metrics on http://127.0.0.1:{http.server_port}/metrics" if http else "")
+        + (f"; ReloadPolicy from {confinement.policy_dir}" if confinement.policy_dir else "; ReloadPolicy off")
+        + ("; baseline specs allowed" if confinement.allow_baselines else ""))
     await stop.wait()
     say("shutting down: health NOT_SERVING")
     await health_servicer.enter_graceful_shutdown()

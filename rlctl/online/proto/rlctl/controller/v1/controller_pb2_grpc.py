@@ -81,8 +81,10 @@ class ControllerServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ReloadPolicy(self, request, context):
-        """Load and check a new policy, then swap it in; on failure (INVALID_ARGUMENT, saying why)
-        the old one keeps serving.
+        """Load and check a new policy, then swap it in; on failure the old one keeps serving:
+        FAILED_PRECONDITION (no --policy-dir), PERMISSION_DENIED (a baseline without
+        --allow-baselines), NOT_FOUND (no such policy in the directory; the same words whatever
+        the name led to), INVALID_ARGUMENT (a file in the directory that cannot serve, saying why).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
