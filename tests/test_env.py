@@ -89,7 +89,8 @@ def test_info_carries_the_raw_figures_and_the_episode_summary_is_the_engines():
     assert truncated and not terminated
     summary = info["summary"]
     assert {k: summary[k] for k in summarize(env.engine)} == summarize(env.engine)
-    assert summary["actions"]["scale_up"] == 8 and info["overcommit"] == pytest.approx(1.8)
+    step, top = env.engine.config.overcommit_step, env.engine.config.overcommit_max  # multiplicative steps, capped
+    assert summary["actions"]["scale_up"] == 8 and info["overcommit"] == pytest.approx(min(step ** 8, top))
 
 
 def test_an_oom_ends_the_episode_only_when_the_scenario_says_so():

@@ -181,7 +181,7 @@ def bench_sidecar(sizes: SidecarBenchSizes | None = None) -> dict:
         threads = torch.get_num_threads()
         torch.set_num_threads(TORCH_THREADS)  # as rlctl serve runs it
         try:
-            in_process = _interleaved({"in_process": lambda i: served.decide(snaps[i % len(snaps)], max_model_len)},
+            in_process = _interleaved({"in_process": lambda i: served.decide(snaps[i % len(snaps)])},
                                       sizes.decisions, sizes.warmup)["in_process"]
         finally:
             torch.set_num_threads(threads)

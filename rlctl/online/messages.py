@@ -18,13 +18,14 @@ from rlctl.online.proto import controller_pb2 as pb
 BINS = len(HIST_EDGES) - 1
 
 # How each Snapshot field is checked; every field is listed (tests/test_sidecar.py holds us to it).
-RATIOS = ("alloc_ratio", "frag_entropy", "prefill_frac", "device_free")           # in [0, 1]
+RATIOS = ("alloc_ratio", "frag_entropy", "prefill_frac", "device_free", "out_ratio")  # in [0, 1]
 MEASURES = ("time_s", "len_mean", "len_std", "decode_ms", "reserved_ratio")       # finite, >= 0
 SIGNED = ("alloc_slope",)                                                         # finite
 COUNTS = ("queue_len", "swapped", "running", "kv_blocks_used", "kv_blocks_total", "kv_footprint_bytes",
-          "oom_events", "preemptions", "tokens_generated")                        # integers >= 0
+          "oom_events", "preemptions", "tokens_generated", "kv_tokens_total", "max_num_seqs", "tokens_held",
+          "future_declared", "waiting_tokens")                                    # integers >= 0
 HISTOGRAMS = ("queue_hist", "running_hist")                                       # BINS shares in [0, 1], sum 0 or 1
-OTHER = ("overcommit", "restarting")                                              # > 0 (inf: no reservation); a flag
+OTHER = ("overcommit", "restarting", "preempt_mode")                              # > 0 (inf: no reservation); flags
 _FIELDS = tuple(f.name for f in dataclasses.fields(Snapshot))  # once: dataclasses.fields() costs microseconds a call
 
 

@@ -1,7 +1,7 @@
 """The policy a sidecar serves: loaded and checked once, then used exactly as it was trained.
 
-A decision builds the observation the policy was trained on (a policy file's own scales and
-``max_model_len``; for a baseline the default scales and the snapshot's ``max_model_len``), acts,
+A decision builds the observation the policy was trained on (a policy file's own scales; for a
+baseline the default scales), acts,
 and runs the safety shield on the snapshot (agents/shield.py).
 
 Loaded from the operator's ``--policy`` (``load_served_policy``) or from a client's
@@ -38,7 +38,6 @@ class ServedPolicy:
     spec: str
     policy: Policy
     scales: Observation
-    max_model_len: int | None    # a policy file's; None: each snapshot's
     file_sha256: str             # "" for a baseline
     pinned_overcommit: float | None
     shield: Shield = Shield()
@@ -58,9 +57,9 @@ class ServedPolicy:
     def policy_hash(self) -> str:
         return self.file_sha256 or hashlib.sha256(f"baseline:{self.spec}".encode()).hexdigest()
 
-    def decide(self, snapshot: Snapshot, max_model_len: int) -> tuple[int, int]:
+    def decide(self, snapshot: Snapshot) -> tuple[int, int]:
         """(the policy's action, the action after the shield) on a checked snapshot."""
-        obs = observe(snapshot, self.scales, self.max_model_len or max_model_len)
+        obs = observe(snapshot, self.scales)
         try:
             chosen = self.policy.act(obs)
         except Exception as exc:  # a policy bug must not take the server down with it
@@ -77,7 +76,7 @@ class ServedPolicy:
         return pb.PolicyInfo(spec=self.spec, name=self.policy.name, kind=self.kind, file_sha256=self.file_sha256,
                              policy_hash=self.policy_hash, features=list(FEATURES), actions=list(ACTIONS),
                              scales={k: float(v) for k, v in dataclasses.asdict(self.scales).items()},
-                             max_model_len=self.max_model_len or 0, pinned_overcommit=self.pinned_overcommit or 0.0,
+                             max_model_len=0, pinned_overcommit=self.pinned_overcommit or 0.0,
                              source_commit=str(header.get("source_commit", "")))
 
 
@@ -85,7 +84,7 @@ def _trial_snapshot() -> Snapshot:
     bins = (0.0,) * (len(HIST_EDGES) - 1)
     return Snapshot(time_s=0.0, alloc_ratio=0.0, alloc_slope=0.0, frag_entropy=0.0, queue_len=0, prefill_frac=0.0,
                     len_mean=0.0, len_std=0.0, swapped=0, decode_ms=0.0, overcommit=1.0, reserved_ratio=0.0,
-                    device_free=1.0, queue_hist=bins, running_hist=bins)
+                    device_free=1.0, queue_hist=bins, running_hist=bins, kv_tokens_total=1024, max_num_seqs=8)
 
 
 def load_served_policy(spec: str, confinement: Confinement) -> ServedPolicy:
@@ -129,11 +128,11 @@ def _checked(spec: str, policy: Policy) -> ServedPolicy:
         except TypeError as exc:
             raise PolicyFileError(f"policy file {spec}: observation.scales {trained['scales']} do not fit this "
                                   f"build's scales ({exc})") from None
-        served = ServedPolicy(spec, policy, scales, int(trained["max_model_len"]), policy.file_sha256, pinned)
+        served = ServedPolicy(spec, policy, scales, policy.file_sha256, pinned)
     else:
-        served = ServedPolicy(spec, policy, Observation(), None, "", pinned)
+        served = ServedPolicy(spec, policy, Observation(), "", pinned)
     try:
-        served.decide(_trial_snapshot(), 1024)
+        served.decide(_trial_snapshot())
     except PolicyError as exc:
         raise ValueError(f"policy {spec}: a trial decision failed: {exc}") from None
     return served

@@ -1,8 +1,8 @@
 """``rlctl serve``: a policy behind the controller's gRPC service, next to a live engine (docs/design.md, "Online").
 
 Each decision: check the snapshot (rlctl/online/messages.py; a bad one is INVALID_ARGUMENT naming the
-field), build the observation the policy was trained on (a policy file's own scales and
-``max_model_len``; for a baseline the default scales and the snapshot's ``max_model_len``), act,
+field), build the observation the policy was trained on (a policy file's own scales; for a
+baseline the default scales), act,
 run the safety shield on the snapshot (agents/shield.py, overrides counted), answer a
 ``Decision``. Also served: the standard health service (SERVING once the policy is loaded,
 NOT_SERVING while shutting down) and server reflection. Listens on a unix socket or a loopback
@@ -140,30 +140,30 @@ class ControllerService(pb_grpc.ControllerServicer):
         with self._lock:
             return self._served
 
-    def _compute(self, served: ServedPolicy, snapshot: Snapshot, max_model_len: int,
+    def _compute(self, served: ServedPolicy, snapshot: Snapshot,
                  expires: float | None) -> tuple[int, int]:
         if expires is not None and time.monotonic() > expires:  # so a backlog of late work cannot snowball
             raise _Late()
         if self.fault.delay_s:
             time.sleep(self.fault.delay_s)
-        return served.decide(snapshot, max_model_len)
+        return served.decide(snapshot)
 
     async def _decide(self, msg: pb.Snapshot, context) -> pb.Decision:
         t0 = time.perf_counter()
         try:
-            snapshot, max_model_len = snapshot_from_message(msg)
+            snapshot, _ = snapshot_from_message(msg)
         except SnapshotError as exc:
             self.metrics.invalid.labels(field=exc.field).inc()
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         served = self.current()
         try:
             if served.inline and not self.fault.delay_s:
-                chosen, action = served.decide(snapshot, max_model_len)
+                chosen, action = served.decide(snapshot)
             else:
                 remaining = context.time_remaining()
                 expires = time.monotonic() + remaining if remaining is not None else None
                 chosen, action = await asyncio.get_running_loop().run_in_executor(
-                    self.pool, self._compute, served, snapshot, max_model_len, expires)
+                    self.pool, self._compute, served, snapshot, expires)
         except PolicyError as exc:
             self.metrics.errors.inc()
             await context.abort(grpc.StatusCode.INTERNAL, str(exc))

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n$rlctl/controller/v1/controller.proto\x12\x13rlctl.controller.v1\"\xa1\x04\n\x08Snapshot\x12\x11\n\tengine_id\x18\x01 \x01(\t\x12\x0b\n\x03seq\x18\x02 \x01(\x04\x12\x15\n\rmax_model_len\x18\x03 \x01(\x03\x12\x0e\n\x06time_s\x18\n \x01(\x01\x12\x13\n\x0b\x61lloc_ratio\x18\x0b \x01(\x01\x12\x13\n\x0b\x61lloc_slope\x18\x0c \x01(\x01\x12\x14\n\x0c\x66rag_entropy\x18\r \x01(\x01\x12\x11\n\tqueue_len\x18\x0e \x01(\x03\x12\x14\n\x0cprefill_frac\x18\x0f \x01(\x01\x12\x10\n\x08len_mean\x18\x10 \x01(\x01\x12\x0f\n\x07len_std\x18\x11 \x01(\x01\x12\x0f\n\x07swapped\x18\x12 \x01(\x03\x12\x11\n\tdecode_ms\x18\x13 \x01(\x01\x12\x12\n\novercommit\x18\x14 \x01(\x01\x12\x16\n\x0ereserved_ratio\x18\x15 \x01(\x01\x12\x13\n\x0b\x64\x65vice_free\x18\x16 \x01(\x01\x12\x12\n\nqueue_hist\x18\x17 \x03(\x01\x12\x14\n\x0crunning_hist\x18\x18 \x03(\x01\x12\x0f\n\x07running\x18\x19 \x01(\x03\x12\x16\n\x0ekv_blocks_used\x18\x1a \x01(\x03\x12\x17\n\x0fkv_blocks_total\x18\x1b \x01(\x03\x12\x1a\n\x12kv_footprint_bytes\x18\x1c \x01(\x03\x12\x12\n\noom_events\x18\x1d \x01(\x03\x12\x13\n\x0bpreemptions\x18\x1e \x01(\x03\x12\x18\n\x10tokens_generated\x18\x1f \x01(\x03\x12\x12\n\nrestarting\x18  \x01(\x08\"\x95\x01\n\x08\x44\x65\x63ision\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\x0e\n\x06\x61\x63tion\x18\x02 \x01(\x05\x12\x13\n\x0b\x61\x63tion_name\x18\x03 \x01(\t\x12\x12\n\novercommit\x18\x04 \x01(\x01\x12\x17\n\x0fshield_override\x18\x05 \x01(\x08\x12\x15\n\rpolicy_action\x18\x06 \x01(\x05\x12\x13\n\x0bpolicy_hash\x18\x07 \x01(\t\"\x12\n\x10GetPolicyRequest\"\xb8\x02\n\nPolicyInfo\x12\x0c\n\x04spec\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x0c\n\x04kind\x18\x03 \x01(\t\x12\x13\n\x0b\x66ile_sha256\x18\x04 \x01(\t\x12\x13\n\x0bpolicy_hash\x18\x05 \x01(\t\x12\x10\n\x08\x66\x65\x61tures\x18\x06 \x03(\t\x12\x0f\n\x07\x61\x63tions\x18\x07 \x03(\t\x12;\n\x06scales\x18\x08 \x03(\x0b\x32+.rlctl.controller.v1.PolicyInfo.ScalesEntry\x12\x15\n\rmax_model_len\x18\t \x01(\x03\x12\x19\n\x11pinned_overcommit\x18\n \x01(\x01\x12\x15\n\rsource_commit\x18\x0b \x01(\t\x1a-\n\x0bScalesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"%\n\x13ReloadPolicyRequest\x12\x0e\n\x06policy\x18\x01 \x01(\t\"{\n\x14ReloadPolicyResponse\x12\x31\n\x08previous\x18\x01 \x01(\x0b\x32\x1f.rlctl.controller.v1.PolicyInfo\x12\x30\n\x07\x63urrent\x18\x02 \x01(\x0b\x32\x1f.rlctl.controller.v1.PolicyInfo2\xd8\x02\n\nController\x12\x46\n\x06\x44\x65\x63ide\x12\x1d.rlctl.controller.v1.Snapshot\x1a\x1d.rlctl.controller.v1.Decision\x12H\n\x04Live\x12\x1d.rlctl.controller.v1.Snapshot\x1a\x1d.rlctl.controller.v1.Decision(\x01\x30\x01\x12S\n\tGetPolicy\x12%.rlctl.controller.v1.GetPolicyRequest\x1a\x1f.rlctl.controller.v1.PolicyInfo\x12\x63\n\x0cReloadPolicy\x12(.rlctl.controller.v1.ReloadPolicyRequest\x1a).rlctl.controller.v1.ReloadPolicyResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n$rlctl/controller/v1/controller.proto\x12\x13rlctl.controller.v1\"\xbf\x05\n\x08Snapshot\x12\x11\n\tengine_id\x18\x01 \x01(\t\x12\x0b\n\x03seq\x18\x02 \x01(\x04\x12\x15\n\rmax_model_len\x18\x03 \x01(\x03\x12\x0e\n\x06time_s\x18\n \x01(\x01\x12\x13\n\x0b\x61lloc_ratio\x18\x0b \x01(\x01\x12\x13\n\x0b\x61lloc_slope\x18\x0c \x01(\x01\x12\x14\n\x0c\x66rag_entropy\x18\r \x01(\x01\x12\x11\n\tqueue_len\x18\x0e \x01(\x03\x12\x14\n\x0cprefill_frac\x18\x0f \x01(\x01\x12\x10\n\x08len_mean\x18\x10 \x01(\x01\x12\x0f\n\x07len_std\x18\x11 \x01(\x01\x12\x0f\n\x07swapped\x18\x12 \x01(\x03\x12\x11\n\tdecode_ms\x18\x13 \x01(\x01\x12\x12\n\novercommit\x18\x14 \x01(\x01\x12\x16\n\x0ereserved_ratio\x18\x15 \x01(\x01\x12\x13\n\x0b\x64\x65vice_free\x18\x16 \x01(\x01\x12\x12\n\nqueue_hist\x18\x17 \x03(\x01\x12\x14\n\x0crunning_hist\x18\x18 \x03(\x01\x12\x0f\n\x07running\x18\x19 \x01(\x03\x12\x16\n\x0ekv_blocks_used\x18\x1a \x01(\x03\x12\x17\n\x0fkv_blocks_total\x18\x1b \x01(\x03\x12\x1a\n\x12kv_footprint_bytes\x18\x1c \x01(\x03\x12\x12\n\noom_events\x18\x1d \x01(\x03\x12\x13\n\x0bpreemptions\x18\x1e \x01(\x03\x12\x18\n\x10tokens_generated\x18\x1f \x01(\x03\x12\x12\n\nrestarting\x18  \x01(\x08\x12\x17\n\x0fkv_tokens_total\x18! \x01(\x03\x12\x14\n\x0cmax_num_seqs\x18\" \x01(\x03\x12\x14\n\x0cpreempt_mode\x18# \x01(\x08\x12\x13\n\x0btokens_held\x18$ \x01(\x03\x12\x17\n\x0f\x66uture_declared\x18% \x01(\x03\x12\x16\n\x0ewaiting_tokens\x18& \x01(\x03\x12\x11\n\tout_ratio\x18\' \x01(\x01\"\x95\x01\n\x08\x44\x65\x63ision\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\x0e\n\x06\x61\x63tion\x18\x02 \x01(\x05\x12\x13\n\x0b\x61\x63tion_name\x18\x03 \x01(\t\x12\x12\n\novercommit\x18\x04 \x01(\x01\x12\x17\n\x0fshield_override\x18\x05 \x01(\x08\x12\x15\n\rpolicy_action\x18\x06 \x01(\x05\x12\x13\n\x0bpolicy_hash\x18\x07 \x01(\t\"\x12\n\x10GetPolicyRequest\"\xb8\x02\n\nPolicyInfo\x12\x0c\n\x04spec\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x0c\n\x04kind\x18\x03 \x01(\t\x12\x13\n\x0b\x66ile_sha256\x18\x04 \x01(\t\x12\x13\n\x0bpolicy_hash\x18\x05 \x01(\t\x12\x10\n\x08\x66\x65\x61tures\x18\x06 \x03(\t\x12\x0f\n\x07\x61\x63tions\x18\x07 \x03(\t\x12;\n\x06scales\x18\x08 \x03(\x0b\x32+.rlctl.controller.v1.PolicyInfo.ScalesEntry\x12\x15\n\rmax_model_len\x18\t \x01(\x03\x12\x19\n\x11pinned_overcommit\x18\n \x01(\x01\x12\x15\n\rsource_commit\x18\x0b \x01(\t\x1a-\n\x0bScalesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"%\n\x13ReloadPolicyRequest\x12\x0e\n\x06policy\x18\x01 \x01(\t\"{\n\x14ReloadPolicyResponse\x12\x31\n\x08previous\x18\x01 \x01(\x0b\x32\x1f.rlctl.controller.v1.PolicyInfo\x12\x30\n\x07\x63urrent\x18\x02 \x01(\x0b\x32\x1f.rlctl.controller.v1.PolicyInfo2\xd8\x02\n\nController\x12\x46\n\x06\x44\x65\x63ide\x12\x1d.rlctl.controller.v1.Snapshot\x1a\x1d.rlctl.controller.v1.Decision\x12H\n\x04Live\x12\x1d.rlctl.controller.v1.Snapshot\x1a\x1d.rlctl.controller.v1.Decision(\x01\x30\x01\x12S\n\tGetPolicy\x12%.rlctl.controller.v1.GetPolicyRequest\x1a\x1f.rlctl.controller.v1.PolicyInfo\x12\x63\n\x0cReloadPolicy\x12(.rlctl.controller.v1.ReloadPolicyRequest\x1a).rlctl.controller.v1.ReloadPolicyResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,19 +34,19 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_POLICYINFO_SCALESENTRY']._loaded_options = None
   _globals['_POLICYINFO_SCALESENTRY']._serialized_options = b'8\001'
   _globals['_SNAPSHOT']._serialized_start=62
-  _globals['_SNAPSHOT']._serialized_end=607
-  _globals['_DECISION']._serialized_start=610
-  _globals['_DECISION']._serialized_end=759
-  _globals['_GETPOLICYREQUEST']._serialized_start=761
-  _globals['_GETPOLICYREQUEST']._serialized_end=779
-  _globals['_POLICYINFO']._serialized_start=782
-  _globals['_POLICYINFO']._serialized_end=1094
-  _globals['_POLICYINFO_SCALESENTRY']._serialized_start=1049
-  _globals['_POLICYINFO_SCALESENTRY']._serialized_end=1094
-  _globals['_RELOADPOLICYREQUEST']._serialized_start=1096
-  _globals['_RELOADPOLICYREQUEST']._serialized_end=1133
-  _globals['_RELOADPOLICYRESPONSE']._serialized_start=1135
-  _globals['_RELOADPOLICYRESPONSE']._serialized_end=1258
-  _globals['_CONTROLLER']._serialized_start=1261
-  _globals['_CONTROLLER']._serialized_end=1605
+  _globals['_SNAPSHOT']._serialized_end=765
+  _globals['_DECISION']._serialized_start=768
+  _globals['_DECISION']._serialized_end=917
+  _globals['_GETPOLICYREQUEST']._serialized_start=919
+  _globals['_GETPOLICYREQUEST']._serialized_end=937
+  _globals['_POLICYINFO']._serialized_start=940
+  _globals['_POLICYINFO']._serialized_end=1252
+  _globals['_POLICYINFO_SCALESENTRY']._serialized_start=1207
+  _globals['_POLICYINFO_SCALESENTRY']._serialized_end=1252
+  _globals['_RELOADPOLICYREQUEST']._serialized_start=1254
+  _globals['_RELOADPOLICYREQUEST']._serialized_end=1291
+  _globals['_RELOADPOLICYRESPONSE']._serialized_start=1293
+  _globals['_RELOADPOLICYRESPONSE']._serialized_end=1416
+  _globals['_CONTROLLER']._serialized_start=1419
+  _globals['_CONTROLLER']._serialized_end=1763
 # @@protoc_insertion_point(module_scope)
