@@ -11,6 +11,7 @@ from pathlib import Path
 from dataclasses import asdict
 import sys
 
+from rlctl import __version__
 from env.workloads import ReplaySpec, TraceError
 from engine.config import EngineConfig
 from rlctl.replay import DEFAULT_ENGINE, build_engine, load_requests, replay
@@ -131,20 +132,17 @@ def cmd_replay(a: argparse.Namespace) -> int:
     return 0
 
 
-DEMO_CONFIG = "experiments/train/steady.yaml"
+DEMO_CONFIG = "steady"  # experiments/train/steady.yaml, shipped with the package
 
 
 def cmd_demo(a: argparse.Namespace) -> int:
     """The main job: train the default configuration briefly, then compare it with every baseline
     on held-out trace windows; the table, a plot and the TensorBoard logs."""
-    from pathlib import Path
-
     from rlctl.plot import draw
     from rlctl.train import load_train_config, train
 
-    config = Path(__file__).resolve().parent.parent / DEMO_CONFIG
-    cfg = load_train_config(config, timesteps=a.timesteps, seed=a.seed)
-    print(f"demo: training the DQN on scenario {cfg.scenario} for {cfg.timesteps} steps ({config.name}), then "
+    cfg = load_train_config(DEMO_CONFIG, timesteps=a.timesteps, seed=a.seed)
+    print(f"demo: training the DQN on scenario {cfg.scenario} for {cfg.timesteps} steps (training config {DEMO_CONFIG}), then "
           f"evaluating it and every baseline on {cfg.eval_episodes} held-out trace windows (starts {list(cfg.eval_starts)} s)")
     out = train(cfg, a.logdir, progress_bar=not a.no_progress)
     print(format_table(out["results"], extra_rows=EVAL_ROWS))
@@ -263,6 +261,7 @@ def cmd_train(a: argparse.Namespace) -> int:
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="rlctl", description=__doc__)
+    p.add_argument("--version", action="version", version=f"rlctl {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
 
     r = sub.add_parser("replay", help="replay a trace through the engine at a fixed overcommit factor")
@@ -303,7 +302,7 @@ def parser() -> argparse.ArgumentParser:
     sv.set_defaults(fn=cmd_serve)
 
     d = sub.add_parser("demo", help="train the default configuration briefly and compare it with every baseline")
-    d.add_argument("--timesteps", type=int, default=None, help=f"training steps (default: {DEMO_CONFIG}'s)")
+    d.add_argument("--timesteps", type=int, default=None, help=f"training steps (default: training config {DEMO_CONFIG}'s)")
     d.add_argument("--seed", type=int, default=None)
     d.add_argument("--logdir", default="runs", help="TensorBoard and run directory root (default %(default)s)")
     d.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -327,7 +326,7 @@ def parser() -> argparse.ArgumentParser:
     e.set_defaults(fn=cmd_eval)
 
     t = sub.add_parser("train", help="train the DQN on a scenario; TensorBoard logs, checkpoints, exported policy")
-    t.add_argument("--config", required=True, nargs="+", help="training YAML(s) (experiments/train/*.yaml)")
+    t.add_argument("--config", required=True, nargs="+", help="training YAML(s), or shipped names (steady: experiments/train/steady.yaml)")
     t.add_argument("--timesteps", type=int, default=None, help="override the config's timesteps")
     t.add_argument("--seed", type=int, default=None, help="override the config's seed")
     t.add_argument("--seeds", type=int, nargs="+", default=None,

@@ -7,6 +7,7 @@ import math
 
 import pytest
 
+from experiments import SCENARIOS
 from engine.config import ModelConfig
 from rlctl.bench import BenchSizes, run_bench
 
@@ -38,14 +39,12 @@ def test_small_engine_bench_reports_every_figure_and_generates_what_transformers
 
 
 def test_small_env_bench_reports_every_figure_finite_and_positive():
-    from pathlib import Path
-
     import yaml
 
     from env.scenario_yaml import scenario_from_dict
     from rlctl.bench import EnvBenchSizes
 
-    data = yaml.safe_load(Path("experiments/scenarios/burst.yaml").read_text())
+    data = yaml.safe_load((SCENARIOS / "burst.yaml").read_text())
     scenario = scenario_from_dict({**data, "name": "burst", "max_steps": 3})
     # seconds=0: one episode per measurement; one parallel process (spawned, so it still crosses a process)
     report = run_bench("env", EnvBenchSizes(scenario=scenario, seconds=0.0, processes=1, top=3))

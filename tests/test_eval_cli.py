@@ -6,12 +6,13 @@ from pathlib import Path
 
 import yaml
 
+from experiments import SCENARIOS
 from agents.spec import baselines
 from rlctl.cli import main
 
 
 def short_burst(tmp_path: Path, steps: int = 12) -> Path:
-    data = yaml.safe_load(Path("experiments/scenarios/burst.yaml").read_text())
+    data = yaml.safe_load((SCENARIOS / "burst.yaml").read_text())
     path = tmp_path / "short_burst.yaml"
     path.write_text(yaml.safe_dump({**data, "max_steps": steps, "best_static": 1.5}))
     return path
