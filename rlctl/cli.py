@@ -142,7 +142,8 @@ def cmd_demo(a: argparse.Namespace) -> int:
     from rlctl.train import load_train_config, train
 
     cfg = load_train_config(DEMO_CONFIG, timesteps=a.timesteps, seed=a.seed)
-    print(f"demo: training the DQN on scenario {cfg.scenario} for {cfg.timesteps} steps (training config {DEMO_CONFIG}), then "
+    print(f"demo: training the DQN on scenario {cfg.scenario} for {cfg.timesteps} steps in {cfg.n_envs} environments "
+          f"(training config {DEMO_CONFIG}, which pins the count: the same table on any machine), then "
           f"evaluating it and every baseline on {cfg.eval_episodes} held-out trace windows (starts {list(cfg.eval_starts)} s)")
     out = train(cfg, a.logdir, progress_bar=not a.no_progress)
     print(format_table(out["results"], extra_rows=EVAL_ROWS))
@@ -331,7 +332,7 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("--seed", type=int, default=None, help="override the config's seed")
     t.add_argument("--seeds", type=int, nargs="+", default=None,
                    help="train every config once per seed and print the spread over seeds")
-    t.add_argument("--n-envs", type=int, default=None, help="environments in parallel (default: one per core)")
+    t.add_argument("--n-envs", type=int, default=None, help="environments in parallel (default: the config's n_envs; where it has none, one per core)")
     t.add_argument("--logdir", default="runs", help="TensorBoard and run directory root (default %(default)s)")
     t.add_argument("--resume", default=None, help="a checkpoint (.zip) of an earlier run to continue")
     t.add_argument("--no-progress", action="store_true", help="no progress bar")

@@ -73,3 +73,12 @@ def test_a_shipped_training_config_loads_by_name_and_an_unknown_name_lists_them(
     with pytest.raises(ScenarioError, match=r"training config stedy: no such file \(bundled: burst, steady, "):
         load_train_config("stedy")
 
+
+def test_every_shipped_training_config_pins_its_environment_count():
+    """The demo and the README's tables come from these: one per core would change them with the machine."""
+    from experiments import TRAIN, bundled
+    from rlctl.cli import DEMO_CONFIG
+
+    assert DEMO_CONFIG in bundled(TRAIN, ".yaml") and load_train_config(DEMO_CONFIG).n_envs == 2
+    assert {name: load_train_config(name).n_envs for name in bundled(TRAIN, ".yaml")} == dict.fromkeys(
+        bundled(TRAIN, ".yaml"), 2)
