@@ -5,8 +5,10 @@ lines; the work itself lives in the modules each command calls."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
+import os
 from pathlib import Path
 from dataclasses import asdict
 import sys
@@ -23,6 +25,32 @@ def _factor(text: str) -> float:
     if not value > 0:
         raise argparse.ArgumentTypeError(f"overcommit factor must be > 0 (or inf), got {text}")
     return value
+
+
+def _json_option(p: argparse.ArgumentParser, what: str) -> None:
+    p.add_argument("--json", default=None, metavar="PATH",
+                   help=f"write {what} as JSON to PATH; '-': to standard output, the rest going to standard error")
+
+
+def _writable(option: str, path: str) -> Path:
+    """``path`` if a file can be written there, checked before a command runs, not after."""
+    out = Path(path)
+    folder = out.parent.resolve()
+    if not folder.is_dir():
+        raise ValueError(f"{option} {path}: directory {folder} does not exist")
+    if out.is_dir() or not os.access(folder, os.W_OK) or (out.exists() and not os.access(out, os.W_OK)):
+        raise ValueError(f"{option} {path}: not a writable file")
+    return out
+
+
+def _write_json(a: argparse.Namespace, data) -> None:
+    """``data`` to ``--json``'s file, or to standard output for ``-`` (where ``main`` keeps nothing else)."""
+    if a.json == "-":
+        json.dump(data, a.stdout, indent=2, default=str)
+        a.stdout.write("\n")
+        return
+    with open(a.json, "w") as f:
+        json.dump(data, f, indent=2, default=str)
 
 
 def _add_deployment(p: argparse.ArgumentParser) -> None:
@@ -127,8 +155,7 @@ def cmd_replay(a: argparse.Namespace) -> int:
     if a.controller:
         print(format_actuators(runs["controller"]))
     if a.json:
-        with open(a.json, "w") as f:
-            json.dump(next(iter(runs.values())) if len(runs) == 1 else runs, f, indent=2)
+        _write_json(a, next(iter(runs.values())) if len(runs) == 1 else runs)
     return 0
 
 
@@ -169,14 +196,13 @@ def cmd_bench(a: argparse.Namespace) -> int:
     from rlctl.bench import run_bench
 
     result = run_bench(a.what)
-    print(json.dumps(result, indent=2) if a.json else "\n".join(f"{k}: {v}" for k, v in result.items()))
+    print("\n".join(f"{k}: {v}" for k, v in result.items()))
+    if a.json:
+        _write_json(a, result)
     return 0
 
 
 def cmd_profile(a: argparse.Namespace) -> int:
-    import os
-    from pathlib import Path
-
     import torch
 
     from engine.checkpoint import load_checkpoint
@@ -184,12 +210,7 @@ def cmd_profile(a: argparse.Namespace) -> int:
 
     if a.repeats <= 0:
         raise ValueError(f"--repeats must be > 0, got {a.repeats}")
-    out = Path(a.out)
-    folder = out.parent.resolve()
-    if not folder.is_dir():
-        raise ValueError(f"--out {a.out}: directory {folder} does not exist")
-    if out.is_dir() or not os.access(folder, os.W_OK) or (out.exists() and not os.access(out, os.W_OK)):
-        raise ValueError(f"--out {a.out}: not a writable file")
+    out = _writable("--out", a.out)
     if torch.device(a.device).type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"--device {a.device}: CUDA is not available")
     model = load_checkpoint(a.model_dir, device=a.device) if a.model_dir else None
@@ -225,8 +246,7 @@ def cmd_eval(a: argparse.Namespace) -> int:
         print(f"best fixed factor: {best['policy']} (goodput {best['goodput_tokens_per_s']:.1f} tok/s, "
               f"{best['oom_events']:g} OOM events) on seeds {a.seed}..{a.seed + a.episodes - 1}")
     if a.json:
-        with open(a.json, "w") as f:
-            json.dump({"scenario": sc.name, "results": results}, f, indent=2, default=str)
+        _write_json(a, {"scenario": sc.name, "results": results})
     if a.plot:
         from rlctl.plot import draw
 
@@ -271,7 +291,7 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--overcommit", type=_factor, nargs="+", default=[1.0],
                    help="overcommit factor(s), one column each (default %(default)s; inf: no reservation)")
     r.add_argument("--oom", choices=["crash", "preempt"], default="crash", help="OOM semantics (default %(default)s)")
-    r.add_argument("--json", default=None, help="write the figures to this JSON file")
+    _json_option(r, "the figures")
     c = r.add_argument_group("controller (a sidecar steering the engine: rlctl serve)")
     c.add_argument("--controller", default=None, metavar="ADDR",
                    help="the sidecar's address, unix:///path or HOST:PORT; --overcommit is then the safe factor")
@@ -322,7 +342,7 @@ def parser() -> argparse.ArgumentParser:
     e.add_argument("--steps", type=int, default=None, help="decisions per episode (default: the scenario's)")
     e.add_argument("--seed", type=int, default=0, help="episode k uses seed + k, the same for every policy")
     e.add_argument("--shield", action="store_true", help="filter every action through the safety shield")
-    e.add_argument("--json", default=None, help="write every figure and time series to this JSON file")
+    _json_option(e, "every figure and time series")
     e.add_argument("--plot", default=None, help="draw utilisation, factor, queue and OOMs over time to this PNG")
     e.set_defaults(fn=cmd_eval)
 
@@ -342,7 +362,7 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("what", choices=["engine", "env", "sidecar"],
                    help="engine: decode and compaction against references; env: environment steps/s, 1 and all cores; "
                         "sidecar: Decide latency and decisions/s over a unix socket and loopback against an in-process call")
-    b.add_argument("--json", action="store_true", help="print JSON")
+    _json_option(b, "the report")
     b.set_defaults(fn=cmd_bench)
 
     pr = sub.add_parser("profile", help="fit a cost model to the torch executor on this machine")
@@ -358,8 +378,14 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     a = parser().parse_args(argv)
+    # --json -: standard output carries the JSON document alone, so that it pipes; the rest goes to stderr
+    a.stdout = sys.stdout
+    quiet = getattr(a, "json", None) == "-"
     try:
-        return a.fn(a)
+        if getattr(a, "json", None) not in (None, "-"):
+            _writable("--json", a.json)
+        with contextlib.redirect_stdout(sys.stderr) if quiet else contextlib.nullcontext():
+            return a.fn(a)
     except (TraceError, ValueError, FileNotFoundError) as exc:
         print(f"rlctl {a.command}: error: {exc}", file=sys.stderr)
         return 2

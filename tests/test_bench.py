@@ -102,3 +102,18 @@ def test_small_sidecar_bench_reports_latency_and_ratios_for_every_transport():
             assert math.isfinite(call[key]) and call[key] > 0, key
     with pytest.raises(ValueError, match="decisions"):
         SidecarBenchSizes(decisions=0)
+
+
+def test_bench_json_is_a_path_or_dash_like_every_other_json_option(tmp_path, monkeypatch, capsys):
+    import rlctl.bench
+    from rlctl.cli import main
+
+    monkeypatch.setattr(rlctl.bench, "run_bench", lambda what: {"benchmark": what, "steps_per_s": 281.0})
+    assert main(["bench", "env"]) == 0
+    assert capsys.readouterr().out == "benchmark: env\nsteps_per_s: 281.0\n"
+    assert main(["bench", "env", "--json", "-"]) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out) == {"benchmark": "env", "steps_per_s": 281.0} and "steps_per_s: 281.0" in err
+    assert main(["bench", "env", "--json", str(tmp_path / "env.json")]) == 0
+    assert "steps_per_s: 281.0" in capsys.readouterr().out
+    assert json.loads((tmp_path / "env.json").read_text()) == {"benchmark": "env", "steps_per_s": 281.0}
