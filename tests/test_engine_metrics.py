@@ -2,8 +2,6 @@
 ones for the rest), scraped as Prometheus would; counters never go down."""
 from __future__ import annotations
 
-import urllib.request
-
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -14,6 +12,7 @@ from env.workloads import ReplaySpec
 from rlctl.online.engine_metrics import TTFT_BUCKETS, EngineMetrics
 from env.workloads import bundled_trace
 from rlctl.replay import build_engine, load_requests
+from tests.sidecar_process import scrape_text
 
 DEPLOYMENT = EngineConfig(num_blocks=128, max_model_len=2048, restart_downtime_s=1.0)
 COST = CostModel(fixed_s=1.5e-3, per_token_s=2e-5, per_context_token_s=2e-7, copy_fixed_s=1e-5, copy_bytes_per_s=2e9)
@@ -162,8 +161,7 @@ def test_fallbacks_are_counted_by_reason_and_served_over_http():
     metrics.fallback("invalid")
     server, thread = metrics.start_http(0)
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{server.server_port}/metrics", timeout=10) as resp:
-            samples = scrape(resp.read().decode())
+        samples = scrape(scrape_text(server.server_port))
     finally:
         server.shutdown()
         server.server_close()

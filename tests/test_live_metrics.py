@@ -9,7 +9,6 @@ swapped for it), so that the replay takes milliseconds of CPU and no figure depe
 from __future__ import annotations
 
 import json
-import urllib.request
 
 import pytest
 import torch
@@ -23,7 +22,7 @@ from engine.executor import ProfiledExecutor
 from rlctl.online.mps import NOT_AVAILABLE, MPSLimit
 from env.workloads import bundled_trace
 from rlctl.replay import build_engine
-from tests.sidecar_process import free_port
+from tests.sidecar_process import free_port, scrape_text
 from tests.test_sidecar import CPU_COST
 
 TRACE = str(bundled_trace("azure2023_conv.csv"))
@@ -35,7 +34,7 @@ ARGS = ["replay", "--trace", TRACE, "--time-scale", "40", "--duration", "30", "-
 
 
 def scrape(port: int) -> dict[tuple[str, frozenset], float]:
-    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    text = scrape_text(port)
     return {(s.name, frozenset((k, v) for k, v in s.labels.items() if k not in ("model_name", "engine"))): s.value
             for family in text_string_to_metric_families(text) for s in family.samples}
 
@@ -172,3 +171,4 @@ def test_a_metrics_port_in_use_is_refused_before_the_replay(monkeypatch, capsys)
         port = taken.getsockname()[1]
         assert cli.main(ARGS + ["--controller", "unix:///nonexistent.sock", "--metrics-port", str(port)]) == 2
     assert f"--metrics-port {port}: cannot serve on 127.0.0.1 (Address already in use)" in capsys.readouterr().err
+

@@ -52,6 +52,7 @@ from engine.metrics import summarize
 from engine.control import ACTIONS, HOLD, run_interval
 from engine.request import Request
 from rlctl.online.actuators import ActuatorReport, EngineQuota, TorchMemoryFraction
+from rlctl.online.addresses import channel_options
 from rlctl.online.engine_metrics import FALLBACK_REASONS, EngineMetrics
 from rlctl.online.messages import snapshot_message
 from rlctl.online.mps import MPSLimit
@@ -75,12 +76,15 @@ class ClientTLS:
 
 
 def open_channel(address: str, tls: ClientTLS | None = None) -> grpc.Channel:
-    """A channel to the sidecar at ``unix:///path`` or ``HOST:PORT``."""
+    """A channel to the sidecar at ``unix:///path`` or ``HOST:PORT``; never through a proxy when
+    the sidecar is on this host (rlctl/online/addresses.py)."""
+    options = channel_options(address)
     if tls is None:
-        return grpc.insecure_channel(address)
+        return grpc.insecure_channel(address, options=options)
     read = lambda p: Path(p).read_bytes() if p else None  # noqa: E731
     creds = grpc.ssl_channel_credentials(read(tls.ca), read(tls.key), read(tls.cert))
-    options = [("grpc.ssl_target_name_override", tls.server_name)] if tls.server_name else []
+    if tls.server_name:
+        options.append(("grpc.ssl_target_name_override", tls.server_name))
     return grpc.secure_channel(address, creds, options=options)
 
 

@@ -24,7 +24,6 @@ action id on the wire); ``rlctl serve`` exposes it only through hidden ``--fault
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import signal
 import threading
 import time
@@ -46,6 +45,7 @@ from prometheus_client import (
 
 from engine.control import ACTIONS
 from engine.snapshot import Snapshot
+from rlctl.online.addresses import is_loopback_host
 from rlctl.online.messages import SnapshotError, snapshot_from_message
 from rlctl.online.proto import SERVICE_NAME
 from rlctl.online.proto import controller_pb2 as pb
@@ -196,12 +196,7 @@ def check_listen(listen: str, tls: TLSFiles | None) -> None:
     host, sep, port = listen.rpartition(":")
     if not sep or not port.isdigit() or int(port) > 65535 or not host:
         raise ValueError(f"--listen {listen}: expected unix:///path or HOST:PORT, e.g. 127.0.0.1:50051")
-    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
-    try:
-        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        loopback = False
-    if not loopback and tls is None:
+    if not is_loopback_host(host) and tls is None:
         raise ValueError(f"--listen {listen}: {host} is not a loopback address; the sidecar steers an engine's "
                          f"memory, so it listens beyond this host only with --tls-cert and --tls-key")
 
