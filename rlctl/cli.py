@@ -20,6 +20,9 @@ from rlctl.replay import DEFAULT_ENGINE, build_engine, load_requests, replay
 from rlctl.report import EVAL_ROWS, LIVE_ROWS, compare, format_actuators, format_table
 
 
+METRICS_ADDR = "127.0.0.1"  # where --metrics-port serves unless --metrics-addr (with --metrics-public) says otherwise
+
+
 def _factor(text: str) -> float:
     value = float(text)
     if not value > 0:
@@ -106,6 +109,30 @@ def _replay_runs(a: argparse.Namespace, trace, factors: list[float]) -> dict[str
     return runs
 
 
+def _check_metrics(a: argparse.Namespace) -> str:
+    """--metrics-port, --metrics-addr and --metrics-public (replay --controller, serve), checked before
+    anything starts; the address the metrics will listen on."""
+    from rlctl.online.addresses import check_metrics_addr
+
+    if a.metrics_port is not None and not 0 <= a.metrics_port <= 65535:
+        raise ValueError(f"--metrics-port must be a port number (0: any free one), got {a.metrics_port}")
+    if a.metrics_port is None and (a.metrics_addr is not None or a.metrics_public):
+        raise ValueError("--metrics-addr and --metrics-public say where --metrics-port serves: give --metrics-port too")
+    check_metrics_addr(a.metrics_addr or METRICS_ADDR, a.metrics_public)
+    return a.metrics_addr or METRICS_ADDR
+
+
+def _add_metrics(p: argparse.ArgumentParser, what: str) -> None:
+    p.add_argument("--metrics-port", type=int, default=None, metavar="P",
+                   help=f"serve {what} for Prometheus on port P (0: any free one) of --metrics-addr")
+    p.add_argument("--metrics-addr", default=None, metavar="HOST",
+                   help=f"the address the metrics listen on (default {METRICS_ADDR}; "
+                        "another than loopback only with --metrics-public)")
+    p.add_argument("--metrics-public", action="store_true",
+                   help="allow a --metrics-addr other than loopback: the metrics are then served, unauthenticated, "
+                        "to whoever reaches that address")
+
+
 def _live_run(a: argparse.Namespace) -> dict[str, dict]:
     """One replay steered by the sidecar at ``--controller``; ``--overcommit`` is the safe static
     factor the engine starts at and falls back to."""
@@ -117,8 +144,7 @@ def _live_run(a: argparse.Namespace) -> dict[str, dict]:
                          "and falls back to when the sidecar fails")
     if (a.controller_cert is None) != (a.controller_key is None) or (a.controller_cert and not a.controller_ca):
         raise ValueError("--controller-cert and --controller-key go together, with --controller-ca")
-    if a.metrics_port is not None and not 0 <= a.metrics_port <= 65535:
-        raise ValueError(f"--metrics-port must be a port number (0: any free one), got {a.metrics_port}")
+    metrics_addr = _check_metrics(a)
     if a.mps_next_limit is not None:
         try:  # an ordinal or a UUID, refused here rather than mid-replay
             MPSLimit._device(a.mps_next_limit)
@@ -135,7 +161,8 @@ def _live_run(a: argparse.Namespace) -> dict[str, dict]:
           f"safe factor {factor:g})")
     tls = ClientTLS(a.controller_ca, a.controller_cert, a.controller_key) if a.controller_ca else None
     figures = steer(requests, engine, a.controller, a.decision_interval, a.deadline_ms / 1000, factor, tls=tls,
-                    metrics_port=a.metrics_port, model_name=Path(a.model_dir).name if a.model_dir else "rlctl-tiny",
+                    metrics_port=a.metrics_port, metrics_addr=metrics_addr,
+                    model_name=Path(a.model_dir).name if a.model_dir else "rlctl-tiny",
                     mps_device=a.mps_next_limit, say=lambda line: print(line, flush=True))
     return {"controller": {**figures, "overcommit": factor, "oom_mode": a.oom, "trace": str(a.trace),
                            "workload": spec.describe(), "engine": asdict(engine.config),
@@ -145,8 +172,9 @@ def _live_run(a: argparse.Namespace) -> dict[str, dict]:
 def cmd_replay(a: argparse.Namespace) -> int:
 
     if not a.controller:
-        for given, option in ((a.metrics_port is not None, "--metrics-port"), (a.mps_next_limit is not None,
-                                                                               "--mps-next-limit")):
+        for given, option in ((a.metrics_port is not None, "--metrics-port"), (a.metrics_addr is not None,
+                                                                               "--metrics-addr"),
+                              (a.metrics_public, "--metrics-public"), (a.mps_next_limit is not None, "--mps-next-limit")):
             if given:
                 raise ValueError(f"{option} belongs to the live loop: give --controller ADDR too "
                                  "(a replay at fixed factors has no metrics endpoint and no actuators)")
@@ -186,9 +214,11 @@ def cmd_serve(a: argparse.Namespace) -> int:
 
     if (a.tls_cert is None) != (a.tls_key is None) or (a.tls_client_ca and not a.tls_cert):
         raise ValueError("--tls-cert and --tls-key go together (and --tls-client-ca needs them)")
+    metrics_addr = _check_metrics(a)
     tls = TLSFiles(a.tls_cert, a.tls_key, a.tls_client_ca) if a.tls_cert else None
     fault = Fault(a.fault_delay_ms / 1000, a.fault_action) if a.fault_delay_ms or a.fault_action is not None else None
-    serve(a.policy, a.listen, a.metrics_port, tls, fault, say=lambda line: print(line, flush=True))
+    serve(a.policy, a.listen, a.metrics_port, tls, fault, say=lambda line: print(line, flush=True),
+          metrics_addr=metrics_addr, metrics_public=a.metrics_public)
     return 0
 
 
@@ -301,9 +331,8 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--controller-ca", default=None, help="TLS: the CA (PEM) that signed the sidecar's certificate")
     c.add_argument("--controller-cert", default=None, help="mutual TLS: this client's certificate (PEM)")
     c.add_argument("--controller-key", default=None, help="mutual TLS: this client's key (PEM)")
-    c.add_argument("--metrics-port", type=int, default=None, metavar="P",
-                   help="serve the engine's Prometheus metrics (vLLM's names, rlctl_ ones) on 127.0.0.1:P "
-                        "while the replay runs, updated every decision interval (with --controller)")
+    _add_metrics(c, "the engine's metrics (vLLM's names, rlctl_ ones; with --controller), updated every decision "
+                    "interval while the replay runs,")
     c.add_argument("--mps-next-limit", nargs="?", const="0", default=None, metavar="DEVICE",
                    help="keep NVIDIA MPS's default pinned-memory limit on DEVICE (ordinal or UUID, default 0) at "
                         "what this engine needs, for the engine processes started next; a running one keeps its "
@@ -313,7 +342,7 @@ def parser() -> argparse.ArgumentParser:
     sv = sub.add_parser("serve", help="host a policy for a live engine: the gRPC sidecar, health, reflection, metrics")
     sv.add_argument("--policy", required=True, help="a policy file (*.rlpolicy) or a baseline spec (static:K, watermark, random)")
     sv.add_argument("--listen", required=True, help="unix:///path or 127.0.0.1:PORT (other hosts only with TLS)")
-    sv.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus metrics on 127.0.0.1:PORT")
+    _add_metrics(sv, "the sidecar's metrics")
     sv.add_argument("--tls-cert", default=None, help="the server's certificate chain (PEM)")
     sv.add_argument("--tls-key", default=None, help="the server's private key (PEM)")
     sv.add_argument("--tls-client-ca", default=None, help="require client certificates signed by this CA (mutual TLS)")

@@ -172,3 +172,35 @@ def test_a_metrics_port_in_use_is_refused_before_the_replay(monkeypatch, capsys)
         assert cli.main(ARGS + ["--controller", "unix:///nonexistent.sock", "--metrics-port", str(port)]) == 2
     assert f"--metrics-port {port}: cannot serve on 127.0.0.1 (Address already in use)" in capsys.readouterr().err
 
+
+def test_metrics_serve_on_the_address_given_and_beyond_loopback_only_when_meant(sidecars, tmp_path, monkeypatch,
+                                                                                   capsys):
+    address = f"unix://{tmp_path}/s.sock"
+    sidecars(address, "static:1.2")
+    port, seen = free_port(), {}
+    replay_live = live.replay_live
+
+    def replay_and_scrape(requests, engine, controller, interval):
+        figures = replay_live(requests, engine, controller, interval)
+        seen["text"] = scrape_text(port, "127.0.0.2")  # another loopback address: served there
+        return figures
+
+    monkeypatch.setattr(cli, "build_engine", profiled_engine)
+    monkeypatch.setattr(live, "replay_live", replay_and_scrape)
+    assert cli.main(ARGS + ["--limit", "8", "--controller", address, "--metrics-port", str(port),
+                            "--metrics-addr", "127.0.0.2"]) == 0
+    assert f"metrics: http://127.0.0.2:{port}/metrics" in capsys.readouterr().out
+    assert "vllm:num_requests_running" in seen["text"]
+
+    for command in (ARGS + ["--controller", address], ["serve", "--policy", "vllm", "--listen", address]):
+        assert cli.main(command + ["--metrics-port", "0", "--metrics-addr", "0.0.0.0"]) == 2
+        err = capsys.readouterr().err
+        assert "--metrics-addr 0.0.0.0: not a loopback address" in err and "--metrics-public" in err
+        assert cli.main(command + ["--metrics-addr", "127.0.0.1"]) == 2
+        assert "give --metrics-port too" in capsys.readouterr().err
+
+
+def test_the_sidecar_serves_its_metrics_on_the_address_given(sidecars, tmp_path):
+    port = free_port()
+    sidecars(f"unix://{tmp_path}/s.sock", "static:1.2", "--metrics-port", str(port), "--metrics-addr", "127.0.0.2")
+    assert 'rlctl_sidecar_policy_info{' in scrape_text(port, "127.0.0.2")

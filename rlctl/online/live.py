@@ -52,7 +52,7 @@ from engine.metrics import summarize
 from engine.control import ACTIONS, HOLD, run_interval
 from engine.request import Request
 from rlctl.online.actuators import ActuatorReport, EngineQuota, TorchMemoryFraction
-from rlctl.online.addresses import channel_options
+from rlctl.online.addresses import channel_options, url_host
 from rlctl.online.engine_metrics import FALLBACK_REASONS, EngineMetrics
 from rlctl.online.messages import snapshot_message
 from rlctl.online.mps import MPSLimit
@@ -269,19 +269,20 @@ def replay_live(requests: list[Request], engine: Engine, controller: LiveControl
 
 def steer(requests: list[Request], engine: Engine, address: str, decision_interval_s: float, deadline_s: float,
           safe_factor: float, tls: ClientTLS | None = None, metrics_port: int | None = None,
-          model_name: str = "rlctl", mps_device: str | None = None, say: Callable[[str], None] = print) -> dict:
-    """``replay_live`` with everything around it: the engine's metrics served on 127.0.0.1
+          model_name: str = "rlctl", mps_device: str | None = None, say: Callable[[str], None] = print,
+          metrics_addr: str = "127.0.0.1") -> dict:
+    """``replay_live`` with everything around it: the engine's metrics served on ``metrics_addr``
     (``metrics_port``, 0: any free port) while it runs, the MPS limit for the next engine process on
     ``mps_device`` when given, the channel and the metrics server closed at the end."""
     metrics = server = None
     if metrics_port is not None:
         metrics = EngineMetrics(model_name=model_name)
         try:
-            server, _ = metrics.start_http(metrics_port)
+            server, _ = metrics.start_http(metrics_port, metrics_addr)
         except OSError as exc:
-            raise ValueError(f"--metrics-port {metrics_port}: cannot serve on 127.0.0.1 "
+            raise ValueError(f"--metrics-port {metrics_port}: cannot serve on {metrics_addr} "
                              f"({exc.strerror or exc})") from None
-        say(f"metrics: http://127.0.0.1:{server.server_port}/metrics while the replay runs")
+        say(f"metrics: http://{url_host(metrics_addr)}:{server.server_port}/metrics while the replay runs")
     controller = LiveController(address, deadline_s, safe_factor, tls=tls, metrics=metrics,
                                 mps=MPSLimit() if mps_device is not None else None, mps_device=mps_device or 0)
     try:

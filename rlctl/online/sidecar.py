@@ -45,7 +45,7 @@ from prometheus_client import (
 
 from engine.control import ACTIONS
 from engine.snapshot import Snapshot
-from rlctl.online.addresses import is_loopback_host
+from rlctl.online.addresses import check_metrics_addr, is_loopback_host, url_host
 from rlctl.online.messages import SnapshotError, snapshot_from_message
 from rlctl.online.proto import SERVICE_NAME
 from rlctl.online.proto import controller_pb2 as pb
@@ -232,25 +232,29 @@ async def start_server(served: ServedPolicy, listen: str, tls: TLSFiles | None =
 
 
 def serve(policy_spec: str, listen: str, metrics_port: int | None = None, tls: TLSFiles | None = None,
-          fault: Fault | None = None, say: Callable[[str], None] = print) -> None:
-    """Load the policy, then serve it on ``listen`` until SIGINT or SIGTERM. A policy that cannot
-    serve, or an address that cannot be used, raises ``ValueError`` before anything listens."""
+          fault: Fault | None = None, say: Callable[[str], None] = print, metrics_addr: str = "127.0.0.1",
+          metrics_public: bool = False) -> None:
+    """Load the policy, then serve it on ``listen`` until SIGINT or SIGTERM, and its metrics on
+    ``metrics_addr:metrics_port`` (loopback unless ``metrics_public``). A policy that cannot serve,
+    or an address that cannot be used, raises ``ValueError`` before anything listens."""
     import torch
 
     check_listen(listen, tls)
+    check_metrics_addr(metrics_addr, metrics_public)
     torch.set_num_threads(TORCH_THREADS)
     served = load_served_policy(policy_spec)
-    asyncio.run(_serve(served, listen, metrics_port, tls, fault, say))
+    asyncio.run(_serve(served, listen, metrics_port, metrics_addr, tls, fault, say))
 
 
-async def _serve(served, listen, metrics_port, tls, fault, say) -> None:
+async def _serve(served, listen, metrics_port, metrics_addr, tls, fault, say) -> None:
     metrics = SidecarMetrics()
     http = None
     if metrics_port is not None:
         try:
-            http, _ = start_http_server(metrics_port, addr="127.0.0.1", registry=metrics.registry)
+            http, _ = start_http_server(metrics_port, addr=metrics_addr, registry=metrics.registry)
         except OSError as exc:
-            raise ValueError(f"--metrics-port {metrics_port}: cannot listen there ({exc.strerror})") from None
+            raise ValueError(f"--metrics-port {metrics_port}: cannot serve on {metrics_addr} "
+                             f"({exc.strerror or exc})") from None
     server, health_servicer, service, bound = await start_server(served, listen, tls, fault, metrics)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -258,7 +262,7 @@ async def _serve(served, listen, metrics_port, tls, fault, say) -> None:
         loop.add_signal_handler(sig, stop.set)
     say(f"serving {served.spec} ({served.kind}, {served.policy_hash[:12]}) on {bound}"
         f"{' with mutual TLS' if tls and tls.client_ca else ' with TLS' if tls else ''}; health SERVING"
-        + (f"; metrics on http://127.0.0.1:{http.server_port}/metrics" if http else ""))
+        + (f"; metrics on http://{url_host(metrics_addr)}:{http.server_port}/metrics" if http else ""))
     await stop.wait()
     say("shutting down: health NOT_SERVING")
     await health_servicer.enter_graceful_shutdown()
