@@ -276,7 +276,7 @@ def steer(requests: list[Request], engine: Engine, address: str, decision_interv
     ``mps_device`` when given, the channel and the metrics server closed at the end."""
     metrics = server = None
     if metrics_port is not None:
-        metrics = EngineMetrics(model_name=model_name)
+        metrics = EngineMetrics(model_name=model_name, max_model_len=engine.max_model_len)
         try:
             server, _ = metrics.start_http(metrics_port, metrics_addr)
         except OSError as exc:
