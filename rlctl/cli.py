@@ -334,9 +334,10 @@ def parser() -> argparse.ArgumentParser:
     _add_metrics(c, "the engine's metrics (vLLM's names, rlctl_ ones; with --controller), updated every decision "
                     "interval while the replay runs,")
     c.add_argument("--mps-next-limit", nargs="?", const="0", default=None, metavar="DEVICE",
-                   help="keep NVIDIA MPS's default pinned-memory limit on DEVICE (ordinal or UUID, default 0) at "
-                        "what this engine needs, for the engine processes started next; a running one keeps its "
-                        "limit (with --controller)")
+                   help="set the NVIDIA MPS control daemon's default pinned-memory limit on DEVICE (ordinal or UUID, "
+                        "default 0) to what this engine needs. The default is daemon-wide: every MPS client started "
+                        "on this host afterwards gets it, not only the next engine process; a running one keeps its "
+                        "limit. The previous default is restored when the replay ends (with --controller)")
     r.set_defaults(fn=cmd_replay)
 
     sv = sub.add_parser("serve", help="host a policy for a live engine: the gRPC sidecar, health, reflection, metrics")

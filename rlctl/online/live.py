@@ -24,7 +24,9 @@ controller keeps the last report of each and counts the reports that changed som
   why not ("CUDA is not available", "cpu is not a CUDA device");
 * ``MPSLimit`` (only when given ``mps``): the default MPS pinned-memory limit on ``mps_device`` for
   the engine processes started next, set to what this engine needs, once per engine for the same
-  reason. MPS never resizes a running client: this engine keeps the limit it started with.
+  reason. MPS never resizes a running client: this engine keeps the limit it started with. The
+  default is daemon-wide (every MPS client started afterwards on the host gets it): ``steer``
+  restores the one it replaced when the replay ends, on an error too.
 
 With ``metrics`` (an ``EngineMetrics``) every decision interval updates the engine's Prometheus
 metrics and every fallback counts there too, under the same reasons (``FALLBACK_REASONS``, one
@@ -283,8 +285,14 @@ def steer(requests: list[Request], engine: Engine, address: str, decision_interv
             raise ValueError(f"--metrics-port {metrics_port}: cannot serve on {metrics_addr} "
                              f"({exc.strerror or exc})") from None
         say(f"metrics: http://{url_host(metrics_addr)}:{server.server_port}/metrics while the replay runs")
-    controller = LiveController(address, deadline_s, safe_factor, tls=tls, metrics=metrics,
-                                mps=MPSLimit() if mps_device is not None else None, mps_device=mps_device or 0)
+    mps = MPSLimit() if mps_device is not None else None
+    if mps is not None:
+        say(f"mps: --mps-next-limit sets the MPS control daemon's default pinned-memory limit on device {mps_device}, "
+            "daemon-wide: every MPS client started on this host from now on gets it, not only the next engine; "
+            "the default it replaces is restored when the replay ends")
+    controller = LiveController(address, deadline_s, safe_factor, tls=tls, metrics=metrics, mps=mps,
+                                mps_device=mps_device or 0)
+    restored: list = []
     try:
         figures = replay_live(requests, engine, controller, decision_interval_s)
     finally:
@@ -292,4 +300,9 @@ def steer(requests: list[Request], engine: Engine, address: str, decision_interv
         if server is not None:
             server.shutdown()
             server.server_close()
-    return {**figures, **({"metrics_port": server.server_port} if server is not None else {})}
+        if mps is not None:  # on an error too: the daemon outlives this process
+            restored = mps.restore()
+            for report in restored:
+                say(f"mps: {report.detail}")
+    return {**figures, **({"metrics_port": server.server_port} if server is not None else {}),
+            **({"mps_restored": [r.to_dict() for r in restored]} if mps is not None else {})}
