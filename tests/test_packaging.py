@@ -32,9 +32,9 @@ OURS = ("engine", "env", "agents", "rlctl", "experiments")
 
 
 def site_dirs() -> list[str]:
-    """This interpreter's site-packages (the requirements), none of them inside the checkout."""
-    return [p for p in sys.path if p.endswith(("site-packages", "dist-packages"))
-            and not Path(p).resolve().is_relative_to(REPO)]
+    """This interpreter's site-packages (the requirements; a .venv inside the checkout included):
+    under -S their .pth files, an editable install's finder among them, are not run."""
+    return [p for p in sys.path if p.endswith(("site-packages", "dist-packages"))]
 
 
 def run_isolated(args: list[str], path: list[str], cwd: Path, timeout: float = 240) -> subprocess.CompletedProcess:
