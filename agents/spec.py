@@ -7,6 +7,7 @@ from pathlib import Path
 from agents.baselines import VLLM, Random, Static, Watermark
 from agents.export import POLICY_SUFFIX, load_policy
 from agents.policy import Policy
+from experiments import POLICIES, bundled, find
 
 
 def baselines(best_static: float = 1.0) -> list[str]:
@@ -26,8 +27,9 @@ def is_baseline(spec: str) -> bool:
 
 
 def make_policy(spec: str) -> Policy:
-    """A policy from its spec: ``static:K``, ``watermark``, ``vllm``, ``random``, or the path of a
-    policy file (``*.rlpolicy``, agents/export.py) for a trained one."""
+    """A policy from its spec: ``static:K``, ``watermark``, ``vllm``, ``random``, the path of a
+    policy file (``*.rlpolicy``, agents/export.py) for a trained one, or the name of one shipped in
+    experiments/policies/."""
     if isinstance(spec, Path):
         spec = str(spec)
     if not isinstance(spec, str) or not spec:
@@ -41,7 +43,9 @@ def make_policy(spec: str) -> Policy:
         return Static(factor)
     if spec in _SIMPLE:
         return _SIMPLE[spec]()
-    if Path(spec).is_file() or spec.endswith(POLICY_SUFFIX):
-        return load_policy(spec)  # a missing file: PolicyFileError naming the path
-    raise ValueError(f"policy {spec!r} does not exist: use static:K, watermark, vllm, random "
-                     f"or a policy file (*{POLICY_SUFFIX})")
+    path = find(spec, POLICIES, POLICY_SUFFIX)
+    if path.is_file() or spec.endswith(POLICY_SUFFIX):
+        return load_policy(path)  # a missing file: PolicyFileError naming the path
+    shipped = bundled(POLICIES, POLICY_SUFFIX)
+    raise ValueError(f"policy {spec!r} does not exist: use static:K, watermark, vllm, random or a policy file "
+                     f"(*{POLICY_SUFFIX})" + (f", or a shipped policy: {', '.join(shipped)}" if shipped else ""))
