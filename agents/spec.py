@@ -8,6 +8,7 @@ from agents.baselines import VLLM, Random, SGLang, Static, Watermark
 from agents.oracle import Oracle
 from agents.export import POLICY_SUFFIX, load_policy
 from agents.policy import Policy
+from experiments import POLICIES, bundled, find
 
 
 def baselines(best_static: float = 1.0) -> list[str]:
@@ -32,8 +33,9 @@ def is_baseline(spec: str) -> bool:
 
 
 def make_policy(spec: str) -> Policy:
-    """A policy from its spec: ``static:K``, ``watermark``, ``vllm``, ``random``, or the path of a
-    policy file (``*.rlpolicy``, agents/export.py) for a trained one."""
+    """A policy from its spec: ``static:K``, ``watermark``, ``vllm``, ``random``, the path of a
+    policy file (``*.rlpolicy``, agents/export.py) for a trained one, or the name of one shipped in
+    experiments/policies/."""
     if isinstance(spec, Path):
         spec = str(spec)
     if not isinstance(spec, str) or not spec:
@@ -49,7 +51,9 @@ def make_policy(spec: str) -> Policy:
         return _SIMPLE[spec]()
     if spec == "oracle":  # an evaluation reference that looks inside its environment; never served
         return Oracle()
-    if Path(spec).is_file() or spec.endswith(POLICY_SUFFIX):
-        return load_policy(spec)  # a missing file: PolicyFileError naming the path
-    raise ValueError(f"policy {spec!r} does not exist: use static:K, watermark, vllm, sglang, random, oracle "
-                     f"or a policy file (*{POLICY_SUFFIX})")
+    path = find(spec, POLICIES, POLICY_SUFFIX)
+    if path.is_file() or spec.endswith(POLICY_SUFFIX):
+        return load_policy(path)  # a missing file: PolicyFileError naming the path
+    shipped = bundled(POLICIES, POLICY_SUFFIX)
+    raise ValueError(f"policy {spec!r} does not exist: use static:K, watermark, vllm, sglang, random, oracle or a "
+                     f"policy file (*{POLICY_SUFFIX})" + (f", or a shipped policy: {', '.join(shipped)}" if shipped else ""))

@@ -16,6 +16,7 @@ import yaml
 
 from engine.roofline import DEPLOYMENTS
 from env.scenario import Distribution, GeneratorWorkload, PhasedWorkload, Scenario, ScenarioError, TraceWorkload
+from experiments import SCENARIOS, bundled, find
 from env.workload_builder import check_workload
 from env.workloads.sizing import MaxTokensRule
 
@@ -164,9 +165,7 @@ def scenario_from_dict(data: dict, where: str = "scenario") -> Scenario:
 
 def load_scenario(path: str | Path) -> Scenario:
     """Read a scenario YAML file; a bundled name (``burst``) reads ``experiments/scenarios/burst.yaml``."""
-    p = Path(path)
-    if not p.exists() and p.suffix == "" and (SCENARIOS / f"{p}.yaml").exists():
-        p = SCENARIOS / f"{p}.yaml"
+    p = find(path, SCENARIOS, ".yaml")
     data = read_yaml(p, f"scenario: {path}: no such file (bundled: {', '.join(bundled_scenarios())})")
     if isinstance(data, dict) and "name" not in data:
         data = {"name": p.stem, **data}
@@ -183,8 +182,5 @@ def read_yaml(path: Path, missing: str):
         raise ScenarioError(f"{path}: not valid YAML ({exc})") from None
 
 
-SCENARIOS = Path(__file__).resolve().parent.parent / "experiments" / "scenarios"
-
-
 def bundled_scenarios() -> list[str]:
-    return sorted(p.stem for p in SCENARIOS.glob("*.yaml"))
+    return bundled(SCENARIOS, ".yaml")

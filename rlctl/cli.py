@@ -5,16 +5,22 @@ lines; the work itself lives in the modules each command calls."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
+import os
 from pathlib import Path
 from dataclasses import asdict
 import sys
 
+from rlctl import __version__
 from env.workloads import ReplaySpec, TraceError
 from engine.config import EngineConfig
 from rlctl.replay import DEFAULT_ENGINE, build_engine, load_requests, replay
 from rlctl.report import EVAL_ROWS, LIVE_ROWS, compare, format_actuators, format_table
+
+
+METRICS_ADDR = "127.0.0.1"  # where --metrics-port serves unless --metrics-addr (with --metrics-public) says otherwise
 
 
 def _factor(text: str) -> float:
@@ -22,6 +28,32 @@ def _factor(text: str) -> float:
     if not value > 0:
         raise argparse.ArgumentTypeError(f"overcommit factor must be > 0 (or inf), got {text}")
     return value
+
+
+def _json_option(p: argparse.ArgumentParser, what: str) -> None:
+    p.add_argument("--json", default=None, metavar="PATH",
+                   help=f"write {what} as JSON to PATH; '-': to standard output, the rest going to standard error")
+
+
+def _writable(option: str, path: str) -> Path:
+    """``path`` if a file can be written there, checked before a command runs, not after."""
+    out = Path(path)
+    folder = out.parent.resolve()
+    if not folder.is_dir():
+        raise ValueError(f"{option} {path}: directory {folder} does not exist")
+    if out.is_dir() or not os.access(folder, os.W_OK) or (out.exists() and not os.access(out, os.W_OK)):
+        raise ValueError(f"{option} {path}: not a writable file")
+    return out
+
+
+def _write_json(a: argparse.Namespace, data) -> None:
+    """``data`` to ``--json``'s file, or to standard output for ``-`` (where ``main`` keeps nothing else)."""
+    if a.json == "-":
+        json.dump(data, a.stdout, indent=2, default=str)
+        a.stdout.write("\n")
+        return
+    with open(a.json, "w") as f:
+        json.dump(data, f, indent=2, default=str)
 
 
 def _add_deployment(p: argparse.ArgumentParser) -> None:
@@ -77,6 +109,30 @@ def _replay_runs(a: argparse.Namespace, trace, factors: list[float]) -> dict[str
     return runs
 
 
+def _check_metrics(a: argparse.Namespace) -> str:
+    """--metrics-port, --metrics-addr and --metrics-public (replay --controller, serve), checked before
+    anything starts; the address the metrics will listen on."""
+    from rlctl.online.addresses import check_metrics_addr
+
+    if a.metrics_port is not None and not 0 <= a.metrics_port <= 65535:
+        raise ValueError(f"--metrics-port must be a port number (0: any free one), got {a.metrics_port}")
+    if a.metrics_port is None and (a.metrics_addr is not None or a.metrics_public):
+        raise ValueError("--metrics-addr and --metrics-public say where --metrics-port serves: give --metrics-port too")
+    check_metrics_addr(a.metrics_addr or METRICS_ADDR, a.metrics_public)
+    return a.metrics_addr or METRICS_ADDR
+
+
+def _add_metrics(p: argparse.ArgumentParser, what: str) -> None:
+    p.add_argument("--metrics-port", type=int, default=None, metavar="P",
+                   help=f"serve {what} for Prometheus on port P (0: any free one) of --metrics-addr")
+    p.add_argument("--metrics-addr", default=None, metavar="HOST",
+                   help=f"the address the metrics listen on (default {METRICS_ADDR}; "
+                        "another than loopback only with --metrics-public)")
+    p.add_argument("--metrics-public", action="store_true",
+                   help="allow a --metrics-addr other than loopback: the metrics are then served, unauthenticated, "
+                        "to whoever reaches that address")
+
+
 def _live_run(a: argparse.Namespace) -> dict[str, dict]:
     """One replay steered by the sidecar at ``--controller``; ``--overcommit`` is the safe static
     factor the engine starts at and falls back to."""
@@ -88,8 +144,7 @@ def _live_run(a: argparse.Namespace) -> dict[str, dict]:
                          "and falls back to when the sidecar fails")
     if (a.controller_cert is None) != (a.controller_key is None) or (a.controller_cert and not a.controller_ca):
         raise ValueError("--controller-cert and --controller-key go together, with --controller-ca")
-    if a.metrics_port is not None and not 0 <= a.metrics_port <= 65535:
-        raise ValueError(f"--metrics-port must be a port number (0: any free one), got {a.metrics_port}")
+    metrics_addr = _check_metrics(a)
     if a.mps_next_limit is not None:
         try:  # an ordinal or a UUID, refused here rather than mid-replay
             MPSLimit._device(a.mps_next_limit)
@@ -106,7 +161,8 @@ def _live_run(a: argparse.Namespace) -> dict[str, dict]:
           f"safe factor {factor:g})")
     tls = ClientTLS(a.controller_ca, a.controller_cert, a.controller_key) if a.controller_ca else None
     figures = steer(requests, engine, a.controller, a.decision_interval, a.deadline_ms / 1000, factor, tls=tls,
-                    metrics_port=a.metrics_port, model_name=Path(a.model_dir).name if a.model_dir else "rlctl-tiny",
+                    metrics_port=a.metrics_port, metrics_addr=metrics_addr,
+                    model_name=Path(a.model_dir).name if a.model_dir else "rlctl-tiny",
                     mps_device=a.mps_next_limit, say=lambda line: print(line, flush=True))
     return {"controller": {**figures, "overcommit": factor, "oom_mode": a.oom, "trace": str(a.trace),
                            "workload": spec.describe(), "engine": asdict(engine.config),
@@ -116,8 +172,9 @@ def _live_run(a: argparse.Namespace) -> dict[str, dict]:
 def cmd_replay(a: argparse.Namespace) -> int:
 
     if not a.controller:
-        for given, option in ((a.metrics_port is not None, "--metrics-port"), (a.mps_next_limit is not None,
-                                                                               "--mps-next-limit")):
+        for given, option in ((a.metrics_port is not None, "--metrics-port"), (a.metrics_addr is not None,
+                                                                               "--metrics-addr"),
+                              (a.metrics_public, "--metrics-public"), (a.mps_next_limit is not None, "--mps-next-limit")):
             if given:
                 raise ValueError(f"{option} belongs to the live loop: give --controller ADDR too "
                                  "(a replay at fixed factors has no metrics endpoint and no actuators)")
@@ -126,25 +183,22 @@ def cmd_replay(a: argparse.Namespace) -> int:
     if a.controller:
         print(format_actuators(runs["controller"]))
     if a.json:
-        with open(a.json, "w") as f:
-            json.dump(next(iter(runs.values())) if len(runs) == 1 else runs, f, indent=2)
+        _write_json(a, next(iter(runs.values())) if len(runs) == 1 else runs)
     return 0
 
 
-DEMO_CONFIG = "experiments/train/steady.yaml"
+DEMO_CONFIG = "steady"  # experiments/train/steady.yaml, shipped with the package
 
 
 def cmd_demo(a: argparse.Namespace) -> int:
     """The main job: train the default configuration briefly, then compare it with every baseline
     on held-out trace windows; the table, a plot and the TensorBoard logs."""
-    from pathlib import Path
-
     from rlctl.plot import draw
     from rlctl.train import load_train_config, train
 
-    config = Path(__file__).resolve().parent.parent / DEMO_CONFIG
-    cfg = load_train_config(config, timesteps=a.timesteps, seed=a.seed)
-    print(f"demo: training the DQN on {', '.join(cfg.scenarios)} for {cfg.timesteps} steps ({config.name}), then "
+    cfg = load_train_config(DEMO_CONFIG, timesteps=a.timesteps, seed=a.seed)
+    print(f"demo: training the DQN on {', '.join(cfg.scenarios)} for {cfg.timesteps} steps in {cfg.n_envs} "
+          f"environments (training config {DEMO_CONFIG}, which pins the count: the same table on any machine), then "
           f"evaluating it and every baseline on {cfg.eval_episodes} held-out trace windows (starts {list(cfg.eval_starts)} s)")
     out = train(cfg, a.logdir, progress_bar=not a.no_progress)
     print(format_table(out["results"], extra_rows=EVAL_ROWS))
@@ -161,6 +215,7 @@ def cmd_serve(a: argparse.Namespace) -> int:
 
     if (a.tls_cert is None) != (a.tls_key is None) or (a.tls_client_ca and not a.tls_cert):
         raise ValueError("--tls-cert and --tls-key go together (and --tls-client-ca needs them)")
+    metrics_addr = _check_metrics(a)
     tls = TLSFiles(a.tls_cert, a.tls_key, a.tls_client_ca) if a.tls_cert else None
     fault = Fault(a.fault_delay_ms / 1000, a.fault_action) if a.fault_delay_ms or a.fault_action is not None else None
     if a.max_policy_mib is not None and a.max_policy_mib < 1:
@@ -168,7 +223,7 @@ def cmd_serve(a: argparse.Namespace) -> int:
     cap = {} if a.max_policy_mib is None else {"max_bytes": a.max_policy_mib << 20}  # else agents/export.py's
     confinement = Confinement(policy_dir(a.policy_dir) if a.policy_dir else None, a.allow_baselines, **cap)
     serve(a.policy, a.listen, a.metrics_port, tls, fault, say=lambda line: print(line, flush=True),
-          confinement=confinement)
+          confinement=confinement, metrics_addr=metrics_addr, metrics_public=a.metrics_public)
     return 0
 
 
@@ -176,14 +231,13 @@ def cmd_bench(a: argparse.Namespace) -> int:
     from rlctl.bench import run_bench
 
     result = run_bench(a.what)
-    print(json.dumps(result, indent=2) if a.json else "\n".join(f"{k}: {v}" for k, v in result.items()))
+    print("\n".join(f"{k}: {v}" for k, v in result.items()))
+    if a.json:
+        _write_json(a, result)
     return 0
 
 
 def cmd_profile(a: argparse.Namespace) -> int:
-    import os
-    from pathlib import Path
-
     import torch
 
     from engine.checkpoint import load_checkpoint
@@ -191,12 +245,7 @@ def cmd_profile(a: argparse.Namespace) -> int:
 
     if a.repeats <= 0:
         raise ValueError(f"--repeats must be > 0, got {a.repeats}")
-    out = Path(a.out)
-    folder = out.parent.resolve()
-    if not folder.is_dir():
-        raise ValueError(f"--out {a.out}: directory {folder} does not exist")
-    if out.is_dir() or not os.access(folder, os.W_OK) or (out.exists() and not os.access(out, os.W_OK)):
-        raise ValueError(f"--out {a.out}: not a writable file")
+    out = _writable("--out", a.out)
     if torch.device(a.device).type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"--device {a.device}: CUDA is not available")
     model = load_checkpoint(a.model_dir, device=a.device) if a.model_dir else None
@@ -232,8 +281,7 @@ def cmd_eval(a: argparse.Namespace) -> int:
         print(f"best fixed factor: {best['policy']} (goodput {best['goodput_tokens_per_s']:.1f} tok/s, "
               f"{best['oom_events']:g} OOM events) on seeds {a.seed}..{a.seed + a.episodes - 1}")
     if a.json:
-        with open(a.json, "w") as f:
-            json.dump({"scenario": sc.name, "results": results}, f, indent=2, default=str)
+        _write_json(a, {"scenario": sc.name, "results": results})
     if a.plot:
         from rlctl.plot import draw
 
@@ -283,6 +331,7 @@ def cmd_train(a: argparse.Namespace) -> int:
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="rlctl", description=__doc__)
+    p.add_argument("--version", action="version", version=f"rlctl {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
 
     r = sub.add_parser("replay", help="replay a trace through the engine at a fixed overcommit factor")
@@ -291,7 +340,7 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--overcommit", type=_factor, nargs="+", default=[1.0],
                    help="overcommit factor(s), one column each (default %(default)s; inf: no reservation)")
     r.add_argument("--oom", choices=["crash", "preempt"], default="crash", help="OOM semantics (default %(default)s)")
-    r.add_argument("--json", default=None, help="write the figures to this JSON file")
+    _json_option(r, "the figures")
     c = r.add_argument_group("controller (a sidecar steering the engine: rlctl serve)")
     c.add_argument("--controller", default=None, metavar="ADDR",
                    help="the sidecar's address, unix:///path or HOST:PORT; --overcommit is then the safe factor")
@@ -301,13 +350,13 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--controller-ca", default=None, help="TLS: the CA (PEM) that signed the sidecar's certificate")
     c.add_argument("--controller-cert", default=None, help="mutual TLS: this client's certificate (PEM)")
     c.add_argument("--controller-key", default=None, help="mutual TLS: this client's key (PEM)")
-    c.add_argument("--metrics-port", type=int, default=None, metavar="P",
-                   help="serve the engine's Prometheus metrics (vLLM's names, rlctl_ ones) on 127.0.0.1:P "
-                        "while the replay runs, updated every decision interval (with --controller)")
+    _add_metrics(c, "the engine's metrics (vLLM's names, rlctl_ ones; with --controller), updated every decision "
+                    "interval while the replay runs,")
     c.add_argument("--mps-next-limit", nargs="?", const="0", default=None, metavar="DEVICE",
-                   help="keep NVIDIA MPS's default pinned-memory limit on DEVICE (ordinal or UUID, default 0) at "
-                        "what this engine needs, for the engine processes started next; a running one keeps its "
-                        "limit (with --controller)")
+                   help="set the NVIDIA MPS control daemon's default pinned-memory limit on DEVICE (ordinal or UUID, "
+                        "default 0) to what this engine needs. The default is daemon-wide: every MPS client started "
+                        "on this host afterwards gets it, not only the next engine process; a running one keeps its "
+                        "limit. The previous default is restored when the replay ends (with --controller)")
     r.set_defaults(fn=cmd_replay)
 
     sv = sub.add_parser("serve", help="host a policy for a live engine: the gRPC sidecar, health, reflection, metrics")
@@ -323,7 +372,7 @@ def parser() -> argparse.ArgumentParser:
                     help="refuse a policy file bigger than this, unread (default 64)")
     sv.add_argument("--listen", required=True,
                     help="unix:///path or 127.0.0.1:PORT (other addresses only with mutual TLS)")
-    sv.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus metrics on 127.0.0.1:PORT")
+    _add_metrics(sv, "the sidecar's metrics")
     sv.add_argument("--tls-cert", default=None, help="the server's certificate chain (PEM)")
     sv.add_argument("--tls-key", default=None, help="the server's private key (PEM)")
     sv.add_argument("--tls-client-ca", default=None, help="require client certificates signed by this CA (mutual TLS)")
@@ -333,7 +382,7 @@ def parser() -> argparse.ArgumentParser:
     sv.set_defaults(fn=cmd_serve)
 
     d = sub.add_parser("demo", help="train the default configuration briefly and compare it with every baseline")
-    d.add_argument("--timesteps", type=int, default=None, help=f"training steps (default: {DEMO_CONFIG}'s)")
+    d.add_argument("--timesteps", type=int, default=None, help=f"training steps (default: training config {DEMO_CONFIG}'s)")
     d.add_argument("--seed", type=int, default=None)
     d.add_argument("--logdir", default="runs", help="TensorBoard and run directory root (default %(default)s)")
     d.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -360,7 +409,7 @@ def parser() -> argparse.ArgumentParser:
     e.add_argument("--steps", type=int, default=None, help="decisions per episode (default: the scenario's)")
     e.add_argument("--seed", type=int, default=0, help="episode k uses seed + k, the same for every policy")
     e.add_argument("--shield", action="store_true", help="filter every action through the safety shield")
-    e.add_argument("--json", default=None, help="write every figure and time series to this JSON file")
+    _json_option(e, "every figure and time series")
     e.add_argument("--plot", default=None, help="draw utilisation, factor, queue and OOMs over time to this PNG")
     e.set_defaults(fn=cmd_eval)
 
@@ -374,12 +423,12 @@ def parser() -> argparse.ArgumentParser:
     w.set_defaults(fn=cmd_sweep)
 
     t = sub.add_parser("train", help="train the DQN on a scenario; TensorBoard logs, checkpoints, exported policy")
-    t.add_argument("--config", required=True, nargs="+", help="training YAML(s) (experiments/train/*.yaml)")
+    t.add_argument("--config", required=True, nargs="+", help="training YAML(s), or shipped names (steady: experiments/train/steady.yaml)")
     t.add_argument("--timesteps", type=int, default=None, help="override the config's timesteps")
     t.add_argument("--seed", type=int, default=None, help="override the config's seed")
     t.add_argument("--seeds", type=int, nargs="+", default=None,
                    help="train every config once per seed and print the spread over seeds")
-    t.add_argument("--n-envs", type=int, default=None, help="environments in parallel (default: one per core)")
+    t.add_argument("--n-envs", type=int, default=None, help="environments in parallel (default: the config's n_envs; where it has none, one per core)")
     t.add_argument("--logdir", default="runs", help="TensorBoard and run directory root (default %(default)s)")
     t.add_argument("--resume", default=None, help="a checkpoint (.zip) of an earlier run to continue")
     t.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -389,7 +438,7 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("what", choices=["engine", "env", "sidecar"],
                    help="engine: decode and compaction against references; env: environment steps/s, 1 and all cores; "
                         "sidecar: Decide latency and decisions/s over a unix socket and loopback against an in-process call")
-    b.add_argument("--json", action="store_true", help="print JSON")
+    _json_option(b, "the report")
     b.set_defaults(fn=cmd_bench)
 
     pr = sub.add_parser("profile", help="fit a cost model to the torch executor on this machine")
@@ -405,8 +454,14 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     a = parser().parse_args(argv)
+    # --json -: standard output carries the JSON document alone, so that it pipes; the rest goes to stderr
+    a.stdout = sys.stdout
+    quiet = getattr(a, "json", None) == "-"
     try:
-        return a.fn(a)
+        if getattr(a, "json", None) not in (None, "-"):
+            _writable("--json", a.json)
+        with contextlib.redirect_stdout(sys.stderr) if quiet else contextlib.nullcontext():
+            return a.fn(a)
     except (TraceError, ValueError, FileNotFoundError) as exc:
         print(f"rlctl {a.command}: error: {exc}", file=sys.stderr)
         return 2

@@ -1,6 +1,6 @@
 """``rlctl train``: the DQN trained offline on a scenario, reviewed in TensorBoard, exported.
 
-A training configuration (``experiments/train/*.yaml``) names the training scenario, the held-out
+A training configuration (``experiments/train/*.yaml``, or a shipped one by name) names the training scenario, the held-out
 episodes it is judged on, the agent's switches (double, dueling, prioritized, n_steps) and its
 hyperparameters. A run writes under ``<logdir>/<name>/``: TensorBoard events, checkpoints (with
 the replay buffer, so ``--resume`` continues where it stopped), the evaluation table against the
@@ -30,6 +30,7 @@ from env.mixture import MixtureEnv
 from env.overcommit_env import OvercommitEnv
 from env.scenario import Scenario, ScenarioError, TraceWorkload
 from env.scenario_yaml import from_mapping, load_scenario, read_yaml
+from experiments import TRAIN, bundled, find
 from rlctl.evaluate import evaluate
 
 
@@ -88,9 +89,10 @@ class TrainConfig:
 
 
 def load_train_config(path: str | Path, **overrides) -> TrainConfig:
-    """Read a training YAML; unknown keys and bad values fail naming the field."""
-    p = Path(path)
-    data = read_yaml(p, f"training config {path}: no such file")
+    """Read a training YAML, or a shipped one by name (``steady``: experiments/train/steady.yaml);
+    unknown keys and bad values fail naming the field."""
+    p = find(path, TRAIN, ".yaml")
+    data = read_yaml(p, f"training config {path}: no such file (bundled: {', '.join(bundled(TRAIN, '.yaml'))})")
     if isinstance(data, dict):
         data = {"name": p.stem, **data, **{k: v for k, v in overrides.items() if v is not None}}
     try:

@@ -1,4 +1,5 @@
-"""A real ``rlctl serve`` process for the tests, started and always killed; a free port; a policy file."""
+"""A real ``rlctl serve`` process for the tests, started and always killed; a free port; a policy file; a
+metrics scrape."""
 from __future__ import annotations
 
 import socket
@@ -15,6 +16,16 @@ from rlctl.online.live import ClientTLS, wait_serving
 from rlctl.online.proto import controller_pb2_grpc as pb_grpc
 
 REPO = Path(__file__).resolve().parent.parent
+
+
+# a scrape of this host's metrics never goes through a proxy named in the environment (http_proxy)
+_NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+def scrape_text(port: int, host: str = "127.0.0.1") -> str:
+    """The Prometheus text served at http://host:port/metrics, fetched without any proxy."""
+    with _NO_PROXY.open(f"http://{host}:{port}/metrics", timeout=10) as resp:
+        return resp.read().decode()
 
 
 def free_port() -> int:
@@ -54,7 +65,7 @@ class Sidecar:
         return pb_grpc.ControllerStub(ch)
 
     def metrics(self) -> dict[tuple[str, tuple], float]:
-        text = urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5).read().decode()
+        text = scrape_text(self.metrics_port)
         return {(s.name, tuple(sorted(s.labels.items()))): s.value
                 for family in text_string_to_metric_families(text) for s in family.samples}
 

@@ -7,6 +7,7 @@ import math
 
 import pytest
 
+from experiments import SCENARIOS
 from engine.config import ModelConfig
 from rlctl.bench import BenchSizes, run_bench
 
@@ -38,14 +39,12 @@ def test_small_engine_bench_reports_every_figure_and_generates_what_transformers
 
 
 def test_small_env_bench_reports_every_figure_finite_and_positive():
-    from pathlib import Path
-
     import yaml
 
     from env.scenario_yaml import scenario_from_dict
     from rlctl.bench import EnvBenchSizes
 
-    data = yaml.safe_load(Path("experiments/scenarios/burst.yaml").read_text())
+    data = yaml.safe_load((SCENARIOS / "burst.yaml").read_text())
     scenario = scenario_from_dict({**data, "name": "burst", "max_steps": 3})
     # seconds=0: one episode per measurement; one parallel process (spawned, so it still crosses a process)
     report = run_bench("env", EnvBenchSizes(scenario=scenario, seconds=0.0, processes=1, top=3))
@@ -109,3 +108,18 @@ def test_small_sidecar_bench_reports_latency_and_ratios_for_every_transport():
             report[transport]["decide"]["p50_us"] / floor["p50_us"], rel=0.01)
     with pytest.raises(ValueError, match="decisions"):
         SidecarBenchSizes(decisions=0)
+
+
+def test_bench_json_is_a_path_or_dash_like_every_other_json_option(tmp_path, monkeypatch, capsys):
+    import rlctl.bench
+    from rlctl.cli import main
+
+    monkeypatch.setattr(rlctl.bench, "run_bench", lambda what: {"benchmark": what, "steps_per_s": 281.0})
+    assert main(["bench", "env"]) == 0
+    assert capsys.readouterr().out == "benchmark: env\nsteps_per_s: 281.0\n"
+    assert main(["bench", "env", "--json", "-"]) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out) == {"benchmark": "env", "steps_per_s": 281.0} and "steps_per_s: 281.0" in err
+    assert main(["bench", "env", "--json", str(tmp_path / "env.json")]) == 0
+    assert "steps_per_s: 281.0" in capsys.readouterr().out
+    assert json.loads((tmp_path / "env.json").read_text()) == {"benchmark": "env", "steps_per_s": 281.0}

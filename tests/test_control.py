@@ -2,10 +2,10 @@
 so the same actions keep the same books."""
 from __future__ import annotations
 
-from pathlib import Path
 
 import yaml
 
+from experiments import SCENARIOS
 from engine.control import ACTIONS, run_interval
 from engine.metrics import summarize
 from env.overcommit_env import OvercommitEnv
@@ -17,7 +17,7 @@ STEPS = 40
 
 def sessions_scenario():
     """Multi-turn sessions on the A10: defrag and evict have contexts to move."""
-    data = yaml.safe_load(Path("experiments/scenarios/sessions.yaml").read_text())
+    data = yaml.safe_load((SCENARIOS / "sessions.yaml").read_text())
     return scenario_from_dict({**data, "name": "sessions", "max_steps": STEPS})
 
 

@@ -2,8 +2,6 @@
 ones for the rest), scraped as Prometheus would; counters never go down."""
 from __future__ import annotations
 
-import urllib.request
-
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -11,9 +9,10 @@ from engine.config import EngineConfig
 from engine.cost_model import CostModel
 from engine.executor import ProfiledExecutor
 from env.workloads import ReplaySpec
-from rlctl.online.engine_metrics import TTFT_BUCKETS, EngineMetrics
+from rlctl.online.engine_metrics import ITL_BUCKETS, TTFT_BUCKETS, EngineMetrics, buckets_1_2_5
 from env.workloads import bundled_trace
 from rlctl.replay import build_engine, load_requests
+from tests.sidecar_process import scrape_text
 
 DEPLOYMENT = EngineConfig(num_blocks=128, max_model_len=2048, restart_downtime_s=1.0)
 COST = CostModel(fixed_s=1.5e-3, per_token_s=2e-5, per_context_token_s=2e-7, copy_fixed_s=1e-5, copy_bytes_per_s=2e9)
@@ -52,7 +51,7 @@ def replay():
     """A burst at factor 3.0 (OOM crashes), with a compaction and an eviction along the way,
     scraped after every 2 s decision interval."""
     engine, requests = burst_engine()
-    metrics = EngineMetrics(model_name="tiny")
+    metrics = EngineMetrics(model_name="tiny", max_model_len=engine.max_model_len)
     scrapes, acted = [], False
     while engine.has_work():
         engine.run(until=engine.clock + 2.0)
@@ -78,14 +77,14 @@ def test_metrics_carry_the_engines_figures(replay):
     assert value(last, "rlctl_swap_in_bytes_total") == engine.kv.traffic.in_blocks * block
     assert value(last, "rlctl_compactions_total") == 1
     assert value(last, "rlctl_compaction_bytes_total") == c.compaction_bytes
-    assert value(last, "rlctl_kv_blocks_total") == 128
+    assert value(last, "rlctl_kv_blocks_capacity") == 128
     assert value(last, "rlctl_kv_blocks_used") == engine.kv.blocks.num_used
     assert value(last, "vllm:kv_cache_usage_perc") == engine.kv.blocks.usage()
     assert value(last, "rlctl_kv_pool_footprint_bytes") == engine.pool.footprint_bytes()
     assert value(last, "rlctl_overcommit_factor") == 3.0
     assert value(last, "rlctl_device_free_bytes") == engine.device.free
     assert value(last, "vllm:num_requests_running") == value(last, "vllm:num_requests_waiting") == 0
-    assert value(last, "vllm:num_requests_swapped") == 0
+    assert value(last, "rlctl_requests_swapped") == 0
 
 
 def test_vllm_style_preemptions_are_counted():
@@ -107,7 +106,14 @@ def test_every_finished_request_is_observed_once(replay):
     assert value(last, "vllm:time_to_first_token_seconds_count") == len(done)
     assert value(last, "vllm:time_to_first_token_seconds_sum") == pytest.approx(sum(r.ttft_s for r in done))
     assert value(last, "vllm:e2e_request_latency_seconds_count") == len(done)
-    assert value(last, "vllm:inter_token_latency_seconds_count") == sum(1 for r in done if r.output_len >= 2)
+    assert value(last, "vllm:request_time_per_output_token_seconds_count") == sum(1 for r in done if r.output_len >= 2)
+    assert value(last, "vllm:request_time_per_output_token_seconds_sum") == pytest.approx(
+        sum(r.tpot_s for r in done if r.tpot_s is not None))
+    assert value(last, "vllm:inter_token_latency_seconds_count") == sum(it.decode_tokens for it in engine.iterations)
+    assert value(last, "vllm:request_params_max_tokens_count") == len(done)
+    assert value(last, "vllm:request_params_max_tokens_sum") == sum(r.max_tokens for r in done)
+    for le in (500, 1000, 2000):  # declared 1024, less where the prompt leaves less room in 2048
+        assert value(last, "vllm:request_params_max_tokens_bucket", le=f"{le}.0") == sum(r.max_tokens <= le for r in done)
     assert value(last, "vllm:time_to_first_token_seconds_bucket", le="+Inf") == len(done)
     assert value(last, "vllm:time_to_first_token_seconds_bucket", le="1.0") == sum(1 for r in done if r.ttft_s <= 1.0)
     assert {float(le) for (name, labels) in last if name == "vllm:time_to_first_token_seconds_bucket"
@@ -116,6 +122,37 @@ def test_every_finished_request_is_observed_once(replay):
                  if name == "vllm:request_success_total"}
     assert sum(by_reason.values()) == len(done)
     assert by_reason["length"] == sum(1 for r in done if r.output_len >= r.max_tokens)
+
+
+def test_inter_token_latency_is_observed_per_token_as_the_time_since_the_sequences_previous_token():
+    """At factor 1.0 nothing is preempted, crashed or swapped, so every token after a request's
+    first comes from a decode in the iteration after its previous one: one observation per such
+    token, and a request's observations add up to its decode time (finish - first token)."""
+    engine, requests = burst_engine(factor=1.0)
+    metrics = EngineMetrics(model_name="tiny")
+    while engine.has_work():
+        engine.run(until=engine.clock + 2.0)
+        metrics.update(engine)
+    assert engine.counters.oom_events == engine.counters.preemptions == engine.kv.traffic.out_blocks == 0
+    done, last = engine.completed, scrape(metrics.exposition().decode())
+    assert len(done) == len(requests)
+    tokens = sum(r.output_len - 1 for r in done)
+    assert value(last, "vllm:inter_token_latency_seconds_count") == tokens > 10 * len(done)  # per token
+    assert value(last, "vllm:inter_token_latency_seconds_sum") == pytest.approx(
+        sum(r.finish_s - r.first_token_s for r in done), rel=1e-9)
+    # each iteration's decode tokens, at the time since the iteration before it ended
+    ends = [it.end_s for it in engine.iterations]
+    waits = [e - p for p, e, it in zip(ends, ends[1:], engine.iterations[1:]) for _ in range(it.decode_tokens)]
+    assert len(waits) == tokens
+    for le in ITL_BUCKETS:
+        assert value(last, "vllm:inter_token_latency_seconds_bucket", le=str(float(le))) == sum(w <= le for w in waits)
+    # the request-level mean is the other histogram, one observation per request
+    assert value(last, "vllm:request_time_per_output_token_seconds_count") == sum(r.output_len >= 2 for r in done)
+
+
+def test_max_tokens_buckets_are_vllms_1_2_5_series_up_to_the_model_length():
+    assert buckets_1_2_5(2048) == (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000)
+    assert buckets_1_2_5(100) == (1, 2, 5, 10, 20, 50, 100)
 
 
 def test_gauges_follow_the_engine_during_the_replay(replay):
@@ -162,8 +199,7 @@ def test_fallbacks_are_counted_by_reason_and_served_over_http():
     metrics.fallback("invalid")
     server, thread = metrics.start_http(0)
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{server.server_port}/metrics", timeout=10) as resp:
-            samples = scrape(resp.read().decode())
+        samples = scrape(scrape_text(server.server_port))
     finally:
         server.shutdown()
         server.server_close()

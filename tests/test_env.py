@@ -3,7 +3,6 @@ baselines on a bursty scenario, and bad configuration refused at load naming the
 from __future__ import annotations
 
 import math
-from pathlib import Path
 import warnings
 
 import gymnasium as gym
@@ -11,6 +10,7 @@ import numpy as np
 import pytest
 import yaml
 
+from experiments import SCENARIOS
 from agents.spec import make_policy
 from env import ENV_ID
 from env.observation import FEATURES
@@ -22,7 +22,7 @@ from rlctl.evaluate import evaluate
 
 
 def short(name: str, steps: int = 20) -> dict:
-    data = yaml.safe_load(Path(f"experiments/scenarios/{name}.yaml").read_text())
+    data = yaml.safe_load((SCENARIOS / f"{name}.yaml").read_text())
     return {**data, "name": name, "max_steps": steps}
 
 

@@ -6,12 +6,13 @@ from pathlib import Path
 
 import yaml
 
+from experiments import SCENARIOS
 from agents.spec import baselines
 from rlctl.cli import main
 
 
 def short_burst(tmp_path: Path, steps: int = 12) -> Path:
-    data = yaml.safe_load(Path("experiments/scenarios/burst.yaml").read_text())
+    data = yaml.safe_load((SCENARIOS / "burst.yaml").read_text())
     path = tmp_path / "short_burst.yaml"
     path.write_text(yaml.safe_dump({**data, "max_steps": steps, "best_static": 1.5}))
     return path
@@ -46,3 +47,19 @@ def test_eval_refuses_a_bad_policy_or_trace_before_running_anything(tmp_path, ca
     assert "missing.csv" in capsys.readouterr().err
     assert main(["eval", "--scenario", str(short_burst(tmp_path)), "--policy", "vllm", "--episodes", "0"]) == 2
     assert "--episodes" in capsys.readouterr().err
+
+
+def test_json_dash_writes_the_document_alone_to_stdout_and_the_table_to_stderr(tmp_path, capsys):
+    assert main(["eval", "--scenario", str(short_burst(tmp_path, steps=3)), "--policy", "static:1.5",
+                 "--json", "-"]) == 0
+    out, err = capsys.readouterr()
+    document = json.loads(out)  # nothing else on stdout
+    assert document["scenario"] == "short_burst" and list(document["results"]) == ["static:1.5"]
+    assert "goodput (tok/s)" in err and "eval: scenario short_burst" in err
+
+
+def test_a_json_path_that_cannot_be_written_is_refused_before_anything_runs(tmp_path, capsys):
+    for bad, why in ((tmp_path / "no" / "such" / "eval.json", "does not exist"), (tmp_path, "not a writable file")):
+        assert main(["eval", "--scenario", str(short_burst(tmp_path)), "--policy", "vllm", "--json", str(bad)]) == 2
+        out, err = capsys.readouterr()
+        assert f"rlctl eval: error: --json {bad}" in err and why in err and "eval:" not in out

@@ -18,6 +18,7 @@ from safetensors.torch import load as load_tensors
 from safetensors.torch import save_file
 
 from agents.networks import NumpyQNetwork, q_network
+from experiments import SCENARIOS
 from agents.spec import make_policy
 from agents.dqn import OvercommitDQN
 from agents.export import (FORMAT, HEADER_KEY, POLICY_SUFFIX, VERSION, ExportedPolicy, PolicyFileError,
@@ -31,7 +32,7 @@ NET_ARCH = (32, 16)
 
 
 def short_burst(**changes):
-    data = yaml.safe_load(Path("experiments/scenarios/burst.yaml").read_text())
+    data = yaml.safe_load((SCENARIOS / "burst.yaml").read_text())
     return scenario_from_dict({**data, "name": "burst", "max_steps": 5, **changes})
 
 
@@ -175,6 +176,17 @@ def test_make_policy_loads_a_policy_file_and_names_a_missing_one(trained, tmp_pa
     other = tmp_path / "weights.bin"  # an existing file under another name is read as a policy file too
     other.write_bytes(path.read_bytes())
     assert make_policy(str(other)).act(observations(1)[0]) == load_policy(path).act(observations(1)[0])
+
+
+def test_a_shipped_policy_loads_by_name_and_an_unknown_name_lists_the_shipped_ones(trained, tmp_path, monkeypatch):
+    import agents.spec
+
+    _, _, path, _, _ = trained
+    (tmp_path / f"steady{POLICY_SUFFIX}").write_bytes(path.read_bytes())
+    monkeypatch.setattr(agents.spec, "POLICIES", tmp_path)  # experiments/policies/, as installed
+    assert make_policy("steady").file_sha256 == load_policy(path).file_sha256
+    with pytest.raises(ValueError, match=r"or a shipped policy: steady$"):
+        make_policy("burst")
 
 
 # ---- refusals ----------------------------------------------------------------------------------

@@ -9,7 +9,6 @@ swapped for it), so that the replay takes milliseconds of CPU and no figure depe
 from __future__ import annotations
 
 import json
-import urllib.request
 
 import pytest
 import torch
@@ -23,7 +22,7 @@ from engine.executor import ProfiledExecutor
 from rlctl.online.mps import NOT_AVAILABLE, MPSLimit
 from env.workloads import bundled_trace
 from rlctl.replay import build_engine
-from tests.sidecar_process import free_port
+from tests.sidecar_process import free_port, scrape_text
 from tests.test_sidecar import CPU_COST
 
 TRACE = str(bundled_trace("azure2023_conv.csv"))
@@ -35,7 +34,7 @@ ARGS = ["replay", "--trace", TRACE, "--time-scale", "40", "--duration", "30", "-
 
 
 def scrape(port: int) -> dict[tuple[str, frozenset], float]:
-    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    text = scrape_text(port)
     return {(s.name, frozenset((k, v) for k, v in s.labels.items() if k not in ("model_name", "engine"))): s.value
             for family in text_string_to_metric_families(text) for s in family.samples}
 
@@ -172,3 +171,36 @@ def test_a_metrics_port_in_use_is_refused_before_the_replay(monkeypatch, capsys)
         port = taken.getsockname()[1]
         assert cli.main(ARGS + ["--controller", "unix:///nonexistent.sock", "--metrics-port", str(port)]) == 2
     assert f"--metrics-port {port}: cannot serve on 127.0.0.1 (Address already in use)" in capsys.readouterr().err
+
+
+def test_metrics_serve_on_the_address_given_and_beyond_loopback_only_when_meant(sidecars, tmp_path, monkeypatch,
+                                                                                   capsys):
+    address = f"unix://{tmp_path}/s.sock"
+    sidecars(address, "static:1.2")
+    port, seen = free_port(), {}
+    replay_live = live.replay_live
+
+    def replay_and_scrape(requests, engine, controller, interval):
+        figures = replay_live(requests, engine, controller, interval)
+        seen["text"] = scrape_text(port, "127.0.0.2")  # another loopback address: served there
+        return figures
+
+    monkeypatch.setattr(cli, "build_engine", profiled_engine)
+    monkeypatch.setattr(live, "replay_live", replay_and_scrape)
+    assert cli.main(ARGS + ["--limit", "8", "--controller", address, "--metrics-port", str(port),
+                            "--metrics-addr", "127.0.0.2"]) == 0
+    assert f"metrics: http://127.0.0.2:{port}/metrics" in capsys.readouterr().out
+    assert "vllm:num_requests_running" in seen["text"]
+
+    for command in (ARGS + ["--controller", address], ["serve", "--policy", "vllm", "--listen", address]):
+        assert cli.main(command + ["--metrics-port", "0", "--metrics-addr", "0.0.0.0"]) == 2
+        err = capsys.readouterr().err
+        assert "--metrics-addr 0.0.0.0: not a loopback address" in err and "--metrics-public" in err
+        assert cli.main(command + ["--metrics-addr", "127.0.0.1"]) == 2
+        assert "give --metrics-port too" in capsys.readouterr().err
+
+
+def test_the_sidecar_serves_its_metrics_on_the_address_given(sidecars, tmp_path):
+    port = free_port()
+    sidecars(f"unix://{tmp_path}/s.sock", "static:1.2", "--metrics-port", str(port), "--metrics-addr", "127.0.0.2")
+    assert 'rlctl_sidecar_policy_info{' in scrape_text(port, "127.0.0.2")

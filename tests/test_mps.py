@@ -11,6 +11,7 @@ fake's own: the actuator passes whatever the daemon says through, it does not ma
 from __future__ import annotations
 
 import json
+import os
 import re
 import sys
 
@@ -115,7 +116,7 @@ def test_set_default_writes_one_command_then_reads_it_back(fake):
 
 
 def test_a_limit_not_in_whole_gib_is_sent_in_mib_and_a_coarser_read_back_is_reported(fake):
-    report = MPSLimit(str(fake.binary)).apply(1044 * MiB + 123)  # rounded down to whole MiB
+    report = MPSLimit(str(fake.binary)).set_default(1044 * MiB + 123)  # rounded down to whole MiB
     assert fake.stdin()[0] == "set_default_device_pinned_mem_limit 0 1044M\n"
     assert report.applied and report.value["read_back_bytes"] == 1 * GiB  # the daemon shows "1G"
     assert "coarser" in report.detail
@@ -228,5 +229,90 @@ def test_apply_for_an_engine_asks_for_its_weights_workspace_and_kv_plus_a_margin
     engine = make_engine(num_blocks=64)
     report = MPSLimit(str(fake.binary)).apply_for(engine, margin_bytes=512 * MiB)
     want = format_limit(engine_memory_bytes(engine) + 512 * MiB)
-    assert fake.stdin()[0] == f"set_default_device_pinned_mem_limit 0 {want}\n"
-    assert report.applied
+    assert fake.stdin() == ["get_default_device_pinned_mem_limit 0\n", f"set_default_device_pinned_mem_limit 0 {want}\n",
+                            "get_default_device_pinned_mem_limit 0\n"]
+    assert report.applied and "daemon-wide default pinned memory limit of device 0" in report.detail
+
+
+# ---- the daemon-wide default: replaced, then restored ------------------------------------------
+def test_apply_reads_the_default_it_replaces_once_and_restore_puts_it_back(fake):
+    mps = MPSLimit(str(fake.binary))
+    assert mps.apply(2 * GiB).applied and mps.apply(3 * GiB).applied  # a second engine: no second read
+    (report,) = mps.restore()
+    assert fake.stdin() == [
+        "get_default_device_pinned_mem_limit 0\n",
+        "set_default_device_pinned_mem_limit 0 2G\n", "get_default_device_pinned_mem_limit 0\n",
+        "set_default_device_pinned_mem_limit 0 3G\n", "get_default_device_pinned_mem_limit 0\n",
+        "set_default_device_pinned_mem_limit 0 4G\n", "get_default_device_pinned_mem_limit 0\n"]
+    assert report.applied and report.detail.startswith("restored: daemon-wide default") and "4.00 GiB" in report.detail
+    assert json.loads((fake.dir / "state.json").read_text())["defaults"]["0"] == 4096  # as it was
+    assert mps.restore() == [] and len(fake.calls()) == 7  # restored once, nothing left to do
+
+
+def test_nothing_is_restored_where_nothing_was_set_or_no_limit_was_there(tmp_path):
+    fake = Fake(tmp_path, defaults={"0": 0})
+    mps = MPSLimit(str(fake.binary))
+    assert not mps.apply(GiB, device=7).applied  # refused: nothing changed, nothing to restore
+    assert mps.apply(GiB, device=0).applied
+    (report,) = mps.restore()
+    assert not report.applied and "was 0 B (no limit) before" in report.detail
+    assert sum(c.startswith("set_default_device_pinned_mem_limit 7") for c in fake.stdin()) == 1  # apply's, no restore
+    assert fake.stdin()[-1] == "get_default_device_pinned_mem_limit 0\n"  # the last word: apply's read back
+
+
+@pytest.fixture
+def fake_on_path(fake, monkeypatch):
+    """The fake control binary as the one on PATH, where rlctl's own commands find it."""
+    monkeypatch.setenv("PATH", f"{fake.dir}:{os.environ['PATH']}")
+    return fake
+
+
+@pytest.mark.parametrize("fails", [False, True], ids=["replay ends", "replay fails"])
+def test_mps_next_limit_says_it_is_daemon_wide_and_restores_the_default_when_the_replay_ends(
+        fake_on_path, fails, sidecars, tmp_path, monkeypatch, capsys):
+    import rlctl.cli as cli
+    import rlctl.online.live as live
+    from rlctl.online.actuators import engine_memory_bytes
+    from tests.test_live_metrics import ARGS, profiled_engine
+
+    address = f"unix://{tmp_path}/s.sock"
+    sidecars(address, "static:1.2")
+    built = []
+    monkeypatch.setattr(cli, "build_engine", lambda *a, **kw: built.append(profiled_engine(*a, **kw)) or built[-1])
+
+    class Failing(live.LiveController):
+        def step(self, engine, until):
+            if fails and self.decisions == 2:
+                raise ValueError("the engine failed mid-replay")
+            return super().step(engine, until)
+
+    monkeypatch.setattr(live, "LiveController", Failing)
+    rc = cli.main(ARGS + ["--limit", "8", "--controller", address, "--mps-next-limit"])
+    out, err = capsys.readouterr()
+    assert rc == (2 if fails else 0) and ("the engine failed mid-replay" in err) == fails
+    need = format_limit(engine_memory_bytes(built[0]) + 512 * MiB)
+    assert fake_on_path.stdin() == [
+        "get_default_device_pinned_mem_limit 0\n",                                     # what it replaces
+        f"set_default_device_pinned_mem_limit 0 {need}\n", "get_default_device_pinned_mem_limit 0\n",
+        "set_default_device_pinned_mem_limit 0 4G\n", "get_default_device_pinned_mem_limit 0\n"]  # restored
+    assert json.loads((fake_on_path.dir / "state.json").read_text())["defaults"]["0"] == 4096
+    assert "daemon-wide: every MPS client started on this host from now on gets it" in out
+    assert "mps: restored: daemon-wide default pinned memory limit of device 0 set to 4G" in out
+
+
+def test_the_gpu_check_limits_its_own_client_and_only_reads_the_daemons_defaults(fake_on_path):
+    import torch
+
+    from tests.gpu.checks import NO_CUDA, Deadline, Sizes, check_mps
+
+    result = check_mps(Sizes.cpu(), Deadline(60), limit_bytes=2 * GiB)
+    assert fake_on_path.stdin() == ["get_server_list\n", "get_default_device_pinned_mem_limit 0\n",
+                                    "get_default_device_pinned_mem_limit 0\n", "get_server_list\n",
+                                    "get_device_pinned_mem_limit 4242 0\n"]  # no set_ command: nothing changed
+    assert result["client"]["limit_env"] == "0=2G"  # the child's own environment carried the limit
+    assert result["daemon_default_before"]["value"] == result["daemon_default_after"]["value"] == 4 * GiB
+    if torch.cuda.is_available():  # a GPU without MPS behind the fake: the limit is not enforced
+        assert result["status"] == "failed" and "passed the client's 2G limit" in result["error"]
+    else:
+        assert result["status"] == "skipped" and result["reason"] == NO_CUDA and result["client"]["cuda"] is False
+

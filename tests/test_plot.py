@@ -2,11 +2,11 @@
 and a path that cannot be written are refused naming what is wrong."""
 from __future__ import annotations
 
-from pathlib import Path
 
 import pytest
 import yaml
 
+from experiments import SCENARIOS
 from agents.spec import make_policy
 from env.overcommit_env import OvercommitEnv
 from env.scenario_yaml import scenario_from_dict
@@ -18,7 +18,7 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 @pytest.fixture(scope="module")
 def results() -> dict[str, dict]:
-    data = yaml.safe_load(Path("experiments/scenarios/burst.yaml").read_text())
+    data = yaml.safe_load((SCENARIOS / "burst.yaml").read_text())
     env = OvercommitEnv(scenario_from_dict({**data, "name": "burst", "max_steps": 10}))
     return {spec: evaluate(env, make_policy(spec), episodes=1, seed=0) for spec in ("static:1.0", "vllm")}
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import dataclasses
 
 import yaml
-from pathlib import Path
 
+from experiments import SCENARIOS
 from agents.shield import Shield
 from engine.control import BACK_OFF, HOLD, SCALE_UP
 from env.overcommit_env import OvercommitEnv
@@ -14,7 +14,7 @@ from env.scenario_yaml import scenario_from_dict
 
 
 def test_scale_up_is_refused_with_little_free_device_memory_or_while_restarting():
-    data = yaml.safe_load(Path("experiments/scenarios/cotenant.yaml").read_text())
+    data = yaml.safe_load((SCENARIOS / "cotenant.yaml").read_text())
     env = OvercommitEnv(scenario_from_dict({**data, "name": "c", "max_steps": 3}), shield=Shield())
     env.reset(seed=0)
     snap = env.engine.last_snapshot

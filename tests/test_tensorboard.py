@@ -12,6 +12,7 @@ import yaml
 from stable_baselines3.common.callbacks import BaseCallback, CallbackList
 from stable_baselines3.common.vec_env import DummyVecEnv
 
+from experiments import SCENARIOS
 from agents.spec import make_policy
 from agents.dqn import OvercommitDQN
 from engine.control import ACTIONS
@@ -24,7 +25,7 @@ from tests.tensorboard_events import event_files, read_hparams, read_scalars, re
 
 
 def short(name: str, steps: int) -> dict:
-    data = yaml.safe_load(Path(f"experiments/scenarios/{name}.yaml").read_text())
+    data = yaml.safe_load((SCENARIOS / f"{name}.yaml").read_text())
     return {**data, "name": name, "max_steps": steps}
 
 

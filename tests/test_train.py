@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from experiments import SCENARIOS
 from agents.spec import make_policy
 from env.scenario import ScenarioError
 from rlctl.cli import main
@@ -15,7 +16,7 @@ from rlctl.train import load_train_config, train
 
 
 def configs(tmp_path: Path, **extra) -> Path:
-    data = yaml.safe_load(Path("experiments/scenarios/steady.yaml").read_text())
+    data = yaml.safe_load((SCENARIOS / "steady.yaml").read_text())
     scenario = tmp_path / "tiny.yaml"
     scenario.write_text(yaml.safe_dump({**data, "max_steps": 20}))
     cfg = tmp_path / "tiny_train.yaml"
@@ -62,3 +63,22 @@ def test_resume_continues_from_a_checkpoint(run):
 def test_bad_training_configuration_is_refused_naming_the_field(tmp_path, extra, field):
     with pytest.raises(ScenarioError, match=field):
         load_train_config(configs(tmp_path, **extra))
+
+
+def test_a_shipped_training_config_loads_by_name_and_an_unknown_name_lists_them():
+    from experiments import TRAIN
+
+    cfg = load_train_config("steady")
+    assert cfg.name == "steady" and cfg == load_train_config(TRAIN / "steady.yaml")
+    with pytest.raises(ScenarioError, match=r"training config stedy: no such file \(bundled: burst, steady, "):
+        load_train_config("stedy")
+
+
+def test_every_shipped_training_config_pins_its_environment_count():
+    """The demo and the README's tables come from these: one per core would change them with the machine."""
+    from experiments import TRAIN, bundled
+    from rlctl.cli import DEMO_CONFIG
+
+    assert DEMO_CONFIG in bundled(TRAIN, ".yaml") and load_train_config(DEMO_CONFIG).n_envs == 2
+    assert {name: load_train_config(name).n_envs for name in bundled(TRAIN, ".yaml")} == dict.fromkeys(
+        bundled(TRAIN, ".yaml"), 2)

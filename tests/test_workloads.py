@@ -134,6 +134,30 @@ def test_mooncake_and_length_files_of_any_size(tmp_path):
     assert read_trace(lengths).records[0].prompt_len == 12
 
 
+def test_csv_fields_may_be_quoted_with_commas_and_line_breaks_inside(tmp_path):
+    path = write(
+        tmp_path,
+        "q.csv",
+        'num_prefill_tokens,num_decode_tokens,note\n'
+        '12,3,"short, with a comma"\n'
+        '"40", 5, "two\nlines, and a comma"\n'
+        '7,2,plain\n',
+    )
+    assert [(r.prompt_len, r.output_len) for r in read_trace(path).records] == [(12, 3), (40, 5), (7, 2)]
+    azure = write(tmp_path, "qa.csv", 'TIMESTAMP,ContextTokens,GeneratedTokens,Note\n'
+                                      '"2023-11-16 18:00:00",4,3,"a, b"\n"2023-11-16 18:00:02",6,1,c\n')
+    assert [(r.arrival_s, r.prompt_len) for r in read_trace(azure).records] == [(0.0, 4), (2.0, 6)]
+
+
+def test_after_a_record_that_spans_lines_errors_still_name_the_right_line(tmp_path):
+    path = write(tmp_path, "span.csv", 'num_prefill_tokens,num_decode_tokens,note\n1,1,"a\nb\nc"\n\n2,x,d\n')
+    with pytest.raises(TraceError, match=r"span\.csv:6: non-integer token count num_decode_tokens='x'"):
+        read_trace(path)
+    broken = write(tmp_path, "quote.csv", 'num_prefill_tokens,num_decode_tokens,note\n1,1,ok\n2,2,"never closed\n')
+    with pytest.raises(TraceError, match=r"quote\.csv:3: malformed line: unexpected end of data"):
+        read_trace(broken)
+
+
 @pytest.mark.parametrize(
     "name, text, line, problem",
     [

@@ -6,6 +6,7 @@ change the workload a result was measured on.
 """
 from __future__ import annotations
 
+import csv
 import json
 import math
 import os
@@ -69,14 +70,15 @@ def bundled_trace(name: str) -> Path:
 def read_trace(path: str | os.PathLike) -> Trace:
     """Read a trace, telling its format from the header (CSV) or first line (JSONL)."""
     path = Path(path)
-    lines = _numbered_lines(path)
-    if not lines:
+    lines = _read_lines(path)
+    numbered = [(n, line) for n, line in enumerate(lines, start=1) if line.strip()]  # blank lines hold no row
+    if not numbered:
         raise TraceError(path, "empty file")
-    number, first = lines[0]
+    number, first = numbered[0]
     if first.lstrip().startswith("{"):
-        records = tuple(_mooncake_record(path, n, line) for n, line in lines)
+        records = tuple(_mooncake_record(path, n, line) for n, line in numbered)
         return Trace(records, "mooncake", path, MOONCAKE_HASH_BLOCK_TOKENS)
-    header = [c.strip() for c in first.split(",")]
+    (number, header), *rows = _csv_rows(path, lines)
     columns = set(c.lower() for c in header)
     if set(_AZURE_COLUMNS) <= columns:
         kind = "azure"
@@ -90,24 +92,23 @@ def read_trace(path: str | os.PathLike) -> Trace:
             f"({','.join(_LENGTH_COLUMNS)}), and the line is not a Mooncake JSON object",
             number,
         )
-    rows = lines[1:]
     if not rows:
         raise TraceError(path, "header but no records", number)
     if kind == "azure":
         return Trace(_azure_records(path, header, rows), kind, path)
     at = [[c.lower() for c in header].index(c) for c in _LENGTH_COLUMNS]
     records = tuple(
-        TraceRecord(None, *_counts(path, n, _fields(path, n, line, header), header, at))
-        for n, line in rows
+        TraceRecord(None, *_counts(path, n, _fields(path, n, fields, header), header, at))
+        for n, fields in rows
     )
     return Trace(records, kind, path)
 
 
-def _numbered_lines(path: Path) -> list[tuple[int, str]]:
-    """Non-blank lines with their 1-based numbers; blank lines (a trailing newline) hold no row."""
+def _read_lines(path: Path) -> list[str]:
+    """The file's lines, line ends kept (the CSV reader needs them inside quoted fields)."""
     try:
-        with open(path, encoding="utf-8-sig") as f:  # -sig: a spreadsheet's byte-order mark
-            return [(n, line) for n, line in enumerate(f, start=1) if line.strip()]
+        with open(path, encoding="utf-8-sig", newline="") as f:  # -sig: a spreadsheet's byte-order mark
+            return f.readlines()
     except FileNotFoundError:
         raise TraceError(path, "no such file") from None
     except IsADirectoryError:
@@ -116,8 +117,25 @@ def _numbered_lines(path: Path) -> list[tuple[int, str]]:
         raise TraceError(path, f"not UTF-8 text ({e.reason} at byte {e.start})") from None
 
 
-def _fields(path: Path, number: int, line: str, header: list[str]) -> list[str]:
-    fields = [f.strip() for f in line.split(",")]
+def _csv_rows(path: Path, lines: list[str]) -> list[tuple[int, list[str]]]:
+    """The non-blank CSV records, fields stripped, each with the 1-based line it starts on. The
+    ``csv`` module reads them, so a quoted field may hold commas (or line breaks), as a
+    spreadsheet writes them; a broken quote fails the read at its record's line."""
+    reader = csv.reader(lines, skipinitialspace=True, strict=True)
+    rows, start = [], 1
+    while True:
+        try:
+            fields = next(reader)
+        except StopIteration:
+            return rows
+        except csv.Error as e:
+            raise TraceError(path, f"malformed line: {e}", start) from None
+        if any(f.strip() for f in fields):
+            rows.append((start, [f.strip() for f in fields]))
+        start = reader.line_num + 1
+
+
+def _fields(path: Path, number: int, fields: list[str], header: list[str]) -> list[str]:
     if len(fields) != len(header):
         raise TraceError(
             path, f"malformed line: expected {len(header)} fields, got {len(fields)}", number
@@ -156,8 +174,8 @@ def _azure_records(path: Path, header: list[str], rows: list) -> tuple[TraceReco
     columns = [c.lower() for c in header]
     at_time, *at_counts = (columns.index(c) for c in _AZURE_COLUMNS)
     stamps, lengths = [], []
-    for number, line in rows:
-        fields = _fields(path, number, line, header)
+    for number, fields in rows:
+        fields = _fields(path, number, fields, header)
         stamps.append(_timestamp(path, number, fields[at_time]))
         lengths.append(_counts(path, number, fields, header, at_counts))
     # Whole seconds and fraction apart: as one float since year 1, the 7th digit would be lost.

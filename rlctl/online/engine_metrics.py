@@ -3,19 +3,31 @@
 ``EngineMetrics(registry).update(engine)``, called each decision interval, reads the engine's state
 and cumulative counters into a ``CollectorRegistry`` of its own:
 
-* vLLM's names (labels ``model_name`` and ``engine``, as vLLM v1): ``vllm:num_requests_running``,
-  ``vllm:num_requests_waiting``, ``vllm:num_requests_swapped``, ``vllm:kv_cache_usage_perc`` (0 to 1),
-  ``vllm:num_preemptions_total``, ``vllm:prompt_tokens_total`` (prefill tokens processed,
-  recomputation included), ``vllm:generation_tokens_total``, ``vllm:request_success_total``
-  (``finished_reason``: "length" when a request reached ``max_tokens`` or the model length, else
-  "stop") and the histograms ``vllm:time_to_first_token_seconds``,
-  ``vllm:inter_token_latency_seconds`` and ``vllm:e2e_request_latency_seconds`` with vLLM's
-  buckets. Each finished request is observed once when it completes; the engine keeps no
-  per-token times, so the inter-token histogram gets each request's mean inter-token latency
-  (TPOT; requests of one output token have none), where vLLM observes every interval.
-* ``rlctl_`` names, sizes in bytes, for what vLLM does not report: OOM events, the KV pool's
-  footprint, blocks, the overcommit factor and reserved demand, free device memory, swap and
-  compaction traffic, fragmentation, and the live loop's fallbacks (``fallback(reason)``).
+* vLLM v1's names (labels ``model_name`` and ``engine``): ``vllm:num_requests_running``,
+  ``vllm:num_requests_waiting``, ``vllm:kv_cache_usage_perc`` (0 to 1), ``vllm:num_preemptions_total``,
+  ``vllm:prompt_tokens_total`` (prefill tokens processed, recomputation included),
+  ``vllm:generation_tokens_total``, ``vllm:request_success_total`` (``finished_reason``: "length" when
+  a request reached ``max_tokens`` or the model length, else "stop"), and the histograms, with
+  vLLM's buckets:
+  - ``vllm:time_to_first_token_seconds``, ``vllm:e2e_request_latency_seconds``, and
+    ``vllm:request_time_per_output_token_seconds`` (each request's mean time per output token),
+    observed once per request when it finishes;
+  - ``vllm:request_params_max_tokens``: each finished request's declared ``max_tokens``, the
+    quantity overcommit bets on (buckets 1, 2, 5, 10, ... up to the model length);
+  - ``vllm:inter_token_latency_seconds``: one observation per decode token, the time since that
+    sequence's previous token. The engine logs every iteration (``engine.iterations``), and every
+    running sequence decodes in every iteration, so a decode token's latency is the time from the
+    end of the previous iteration to the end of its own: the iteration's duration plus any wait
+    between the two (a device wait). Two cases read shorter than the sequence saw, because the
+    engine keeps no per-sequence token times: the first token after a sequence returns from host
+    memory (its time there is not counted), and a token made by recomputing a preempted or crashed
+    sequence, a prefill, which is not observed at all; both pauses show in the request's TPOT and
+    e2e latency.
+* ``rlctl_`` names, sizes in bytes, for what vLLM v1 does not report: OOM events, requests swapped
+  to host memory (``rlctl_requests_swapped``; vLLM v0's ``vllm:num_requests_swapped``, gone in v1,
+  which does not swap), the KV pool's footprint, blocks, the overcommit factor and reserved demand,
+  free device memory, swap and compaction traffic, fragmentation, and the live loop's fallbacks
+  (``fallback(reason)``). Gauges carry no ``_total`` suffix, which Prometheus keeps for counters.
 
 Counters only go up: each update adds the difference to the engine's cumulative values. A new
 engine (the live loop restarted it) starts its differences from zero, so the counters keep counting.
@@ -33,10 +45,22 @@ ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.
 E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
                480.0, 960.0, 1920.0, 7680.0)
 LABELS = ("model_name", "engine")
+DEFAULT_MAX_MODEL_LEN = 1_000_000  # max_tokens buckets when the model length is not given
 FINISHED_REASONS = ("stop", "length")
 # why the live loop (rlctl/online/live.py, which imports this list) took a decision from its safe static
 # policy: a deadline miss, a lost connection, another RPC error, a decision that failed its check
 FALLBACK_REASONS = ("deadline", "connection", "error", "invalid")
+
+
+def buckets_1_2_5(max_value: int) -> tuple[int, ...]:
+    """1, 2, 5, 10, 20, 50, ... up to ``max_value``: vLLM's buckets for token counts."""
+    out, scale = [], 1
+    while True:
+        for m in (1, 2, 5):
+            if m * scale > max_value:
+                return tuple(out)
+            out.append(m * scale)
+        scale *= 10
 
 
 def _counters(engine) -> dict[str, int]:
@@ -52,7 +76,7 @@ def _counters(engine) -> dict[str, int]:
 
 class EngineMetrics:
     def __init__(self, registry: CollectorRegistry | None = None, model_name: str = "rlctl", engine: str = "0",
-                 fallback_reasons: tuple[str, ...] = FALLBACK_REASONS) -> None:
+                 fallback_reasons: tuple[str, ...] = FALLBACK_REASONS, max_model_len: int | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
         self.labels = (model_name, engine)
         r = self.registry
@@ -68,7 +92,8 @@ class EngineMetrics:
 
         self.running = gauge("vllm:num_requests_running", "Number of requests in model execution batches.")
         self.waiting = gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.")
-        self.swapped = gauge("vllm:num_requests_swapped", "Number of requests swapped to host memory.")
+        self.swapped = gauge("rlctl_requests_swapped", "Requests swapped out to host memory "
+                             "(vLLM v0's vllm:num_requests_swapped).")
         self.kv_usage = gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.")
         self.counters = {
             "preemptions": counter("vllm:num_preemptions_total", "Cumulative number of preemptions from the engine."),
@@ -85,13 +110,17 @@ class EngineMetrics:
                                LABELS + ("finished_reason",), registry=r)
         self.ttft = histogram("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
                               TTFT_BUCKETS)
-        self.itl = histogram("vllm:inter_token_latency_seconds",
-                             "Histogram of inter-token latency in seconds (each request's mean).", ITL_BUCKETS)
+        self.itl = histogram("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.",
+                             ITL_BUCKETS)
+        self.tpot = histogram("vllm:request_time_per_output_token_seconds",
+                              "Histogram of time_per_output_token_seconds per request.", ITL_BUCKETS)
+        self.max_tokens = histogram("vllm:request_params_max_tokens", "Histogram of the max_tokens request parameter.",
+                                    buckets_1_2_5(max_model_len or DEFAULT_MAX_MODEL_LEN))
         self.e2e = histogram("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.",
                              E2E_BUCKETS)
         self.footprint = gauge("rlctl_kv_pool_footprint_bytes", "Device bytes the KV pool holds (its segments).")
         self.host_bytes = gauge("rlctl_kv_host_bytes", "Host bytes holding evicted KV blocks.")
-        self.blocks_total = gauge("rlctl_kv_blocks_total", "KV blocks the engine may hold.")
+        self.blocks_capacity = gauge("rlctl_kv_blocks_capacity", "KV blocks the engine may hold.")
         self.blocks_used = gauge("rlctl_kv_blocks_used", "KV blocks in use.")
         self.overcommit = gauge("rlctl_overcommit_factor", "Overcommit factor in force.")
         self.reserved = gauge("rlctl_reserved_ratio", "Admitted peak demand over KV capacity.")
@@ -108,12 +137,13 @@ class EngineMetrics:
             self.fallbacks.labels(*self.labels, reason)
         self._engine = None
         self._last: dict[str, int] = {}
-        self._completed = 0  # cursor into engine.completed
+        self._completed = 0  # cursors into engine.completed and engine.iterations
+        self._iterations = 0
 
     def update(self, engine) -> None:
         """Read ``engine`` now: gauges set, counters advanced, newly finished requests observed."""
-        if engine is not self._engine:  # a new engine: its cumulative values start at zero
-            self._engine, self._last, self._completed = engine, {}, 0
+        if engine is not self._engine:  # a new engine: its cumulative values and logs start at zero
+            self._engine, self._last, self._completed, self._iterations = engine, {}, 0, 0
         dev = engine.device
         waiting, running, swapped = engine.queue_lengths()
         self.running.set(running)
@@ -122,7 +152,7 @@ class EngineMetrics:
         self.kv_usage.set(engine.kv_usage())
         self.footprint.set(engine.footprint_bytes())
         self.host_bytes.set(engine.host_bytes())
-        self.blocks_total.set(engine.num_blocks)
+        self.blocks_capacity.set(engine.num_blocks)
         self.blocks_used.set(engine.blocks_used())
         self.overcommit.set(engine.overcommit)
         self.reserved.set(engine.reserved_blocks() / engine.num_blocks)
@@ -135,6 +165,14 @@ class EngineMetrics:
             if delta > 0:
                 self.counters[key].inc(delta)
             self._last[key] = value
+        log = engine.iterations
+        for k in range(self._iterations, len(log)):
+            it = log[k]
+            if it.decode_tokens:  # each decode token waited since the previous iteration ended
+                since = it.end_s - (log[k - 1].end_s if k else it.end_s - it.duration_s)
+                for _ in range(it.decode_tokens):
+                    self.itl.observe(since)
+        self._iterations = len(log)
         for record in engine.completed[self._completed:]:
             self._observe(record, engine.max_model_len)
         self._completed = len(engine.completed)
@@ -142,8 +180,9 @@ class EngineMetrics:
     def _observe(self, record, max_model_len: int) -> None:
         self.ttft.observe(record.ttft_s)
         if record.tpot_s is not None:
-            self.itl.observe(record.tpot_s)
+            self.tpot.observe(record.tpot_s)
         self.e2e.observe(record.finish_s - record.arrival_s)
+        self.max_tokens.observe(record.max_tokens)
         length = record.output_len >= record.max_tokens or record.prompt_len + record.output_len >= max_model_len
         self.success.labels(*self.labels, "length" if length else "stop").inc()
 

@@ -24,7 +24,9 @@ controller keeps the last report of each and counts the reports that changed som
   why not ("CUDA is not available", "cpu is not a CUDA device");
 * ``MPSLimit`` (only when given ``mps``): the default MPS pinned-memory limit on ``mps_device`` for
   the engine processes started next, set to what this engine needs, once per engine for the same
-  reason. MPS never resizes a running client: this engine keeps the limit it started with.
+  reason. MPS never resizes a running client: this engine keeps the limit it started with. The
+  default is daemon-wide (every MPS client started afterwards on the host gets it): ``steer``
+  restores the one it replaced when the replay ends, on an error too.
 
 With ``metrics`` (an ``EngineMetrics``) every decision interval updates the engine's Prometheus
 metrics and every fallback counts there too, under the same reasons (``FALLBACK_REASONS``, one
@@ -52,6 +54,7 @@ from engine.metrics import summarize
 from engine.control import ACTIONS, HOLD, run_interval
 from engine.request import Request
 from rlctl.online.actuators import ActuatorReport, EngineQuota, TorchMemoryFraction
+from rlctl.online.addresses import channel_options, url_host
 from rlctl.online.engine_metrics import FALLBACK_REASONS, EngineMetrics
 from rlctl.online.messages import snapshot_message
 from rlctl.online.mps import MPSLimit
@@ -75,12 +78,15 @@ class ClientTLS:
 
 
 def open_channel(address: str, tls: ClientTLS | None = None) -> grpc.Channel:
-    """A channel to the sidecar at ``unix:///path`` or ``HOST:PORT``."""
+    """A channel to the sidecar at ``unix:///path`` or ``HOST:PORT``; never through a proxy when
+    the sidecar is on this host (rlctl/online/addresses.py)."""
+    options = channel_options(address)
     if tls is None:
-        return grpc.insecure_channel(address)
+        return grpc.insecure_channel(address, options=options)
     read = lambda p: Path(p).read_bytes() if p else None  # noqa: E731
     creds = grpc.ssl_channel_credentials(read(tls.ca), read(tls.key), read(tls.cert))
-    options = [("grpc.ssl_target_name_override", tls.server_name)] if tls.server_name else []
+    if tls.server_name:
+        options.append(("grpc.ssl_target_name_override", tls.server_name))
     return grpc.secure_channel(address, creds, options=options)
 
 
@@ -265,21 +271,28 @@ def replay_live(requests: list[Request], engine: Engine, controller: LiveControl
 
 def steer(requests: list[Request], engine: Engine, address: str, decision_interval_s: float, deadline_s: float,
           safe_factor: float, tls: ClientTLS | None = None, metrics_port: int | None = None,
-          model_name: str = "rlctl", mps_device: str | None = None, say: Callable[[str], None] = print) -> dict:
-    """``replay_live`` with everything around it: the engine's metrics served on 127.0.0.1
+          model_name: str = "rlctl", mps_device: str | None = None, say: Callable[[str], None] = print,
+          metrics_addr: str = "127.0.0.1") -> dict:
+    """``replay_live`` with everything around it: the engine's metrics served on ``metrics_addr``
     (``metrics_port``, 0: any free port) while it runs, the MPS limit for the next engine process on
     ``mps_device`` when given, the channel and the metrics server closed at the end."""
     metrics = server = None
     if metrics_port is not None:
-        metrics = EngineMetrics(model_name=model_name)
+        metrics = EngineMetrics(model_name=model_name, max_model_len=engine.max_model_len)
         try:
-            server, _ = metrics.start_http(metrics_port)
+            server, _ = metrics.start_http(metrics_port, metrics_addr)
         except OSError as exc:
-            raise ValueError(f"--metrics-port {metrics_port}: cannot serve on 127.0.0.1 "
+            raise ValueError(f"--metrics-port {metrics_port}: cannot serve on {metrics_addr} "
                              f"({exc.strerror or exc})") from None
-        say(f"metrics: http://127.0.0.1:{server.server_port}/metrics while the replay runs")
-    controller = LiveController(address, deadline_s, safe_factor, tls=tls, metrics=metrics,
-                                mps=MPSLimit() if mps_device is not None else None, mps_device=mps_device or 0)
+        say(f"metrics: http://{url_host(metrics_addr)}:{server.server_port}/metrics while the replay runs")
+    mps = MPSLimit() if mps_device is not None else None
+    if mps is not None:
+        say(f"mps: --mps-next-limit sets the MPS control daemon's default pinned-memory limit on device {mps_device}, "
+            "daemon-wide: every MPS client started on this host from now on gets it, not only the next engine; "
+            "the default it replaces is restored when the replay ends")
+    controller = LiveController(address, deadline_s, safe_factor, tls=tls, metrics=metrics, mps=mps,
+                                mps_device=mps_device or 0)
+    restored: list = []
     try:
         figures = replay_live(requests, engine, controller, decision_interval_s)
     finally:
@@ -287,4 +300,9 @@ def steer(requests: list[Request], engine: Engine, address: str, decision_interv
         if server is not None:
             server.shutdown()
             server.server_close()
-    return {**figures, **({"metrics_port": server.server_port} if server is not None else {})}
+        if mps is not None:  # on an error too: the daemon outlives this process
+            restored = mps.restore()
+            for report in restored:
+                say(f"mps: {report.detail}")
+    return {**figures, **({"metrics_port": server.server_port} if server is not None else {}),
+            **({"mps_restored": [r.to_dict() for r in restored]} if mps is not None else {})}

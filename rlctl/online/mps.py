@@ -18,9 +18,16 @@ MPS applies a pinned-memory limit only to clients that start after it is set: th
 the MPS servers started next, a server's limit the clients that server starts next. So
 ``MPSLimit`` keeps the limit that the next engine process should start with in step with the
 policy; it never resizes a running engine, and every report says so.
+
+The default is daemon-wide: every MPS client started on the host afterwards gets it, not only the
+next engine. ``apply`` reads the default it replaces, and ``restore`` puts it back (``rlctl
+replay --mps-next-limit`` does when the replay ends, on an error too). A client can also carry a
+limit of its own, in its environment (``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=2G``), which touches no
+one else: the GPU check (tests/gpu/checks.py) tests MPS that way.
 """
 from __future__ import annotations
 
+import dataclasses
 import re
 import shutil
 import subprocess
@@ -68,6 +75,7 @@ class MPSLimit:
 
     def __init__(self, binary: str = DEFAULT_BINARY, timeout_s: float = 5.0, env: dict | None = None) -> None:
         self.binary, self.timeout_s, self.env = binary, timeout_s, env
+        self._replaced: dict[str, ActuatorReport] = {}  # device -> the default read before the first apply set it
 
     # ---- the control channel ------------------------------------------------------------------
     def _run(self, command: str) -> tuple[str | None, str]:
@@ -145,10 +153,11 @@ class MPSLimit:
         return self._get(f"get_default_device_pinned_mem_limit {dev}", f"default pinned memory limit of device {dev}")
 
     def set_default(self, nbytes: int, device: int | str = 0) -> ActuatorReport:
-        """The default limit on ``device`` for the MPS servers (and so the engine processes) started next."""
+        """The daemon-wide default limit on ``device`` for the MPS servers (and so every client)
+        started next on this host."""
         dev = self._device(device)
         return self._set(f"set_default_device_pinned_mem_limit {dev}", f"get_default_device_pinned_mem_limit {dev}",
-                         f"default pinned memory limit of device {dev}", nbytes)
+                         f"daemon-wide default pinned memory limit of device {dev}", nbytes)
 
     def get_server(self, server_pid: int, device: int | str = 0) -> ActuatorReport:
         pid, dev = self._pid(server_pid), self._device(device)
@@ -163,8 +172,32 @@ class MPSLimit:
 
     # ---- the policy's side ----------------------------------------------------------------------
     def apply(self, nbytes: int, device: int | str = 0) -> ActuatorReport:
-        """Keep the default limit for the next engine process at ``nbytes``."""
-        return self.set_default(nbytes, device)
+        """Keep the default limit for the next engine process at ``nbytes``. The first time it
+        changes the default on a device, the default it replaced is kept for ``restore``."""
+        dev = self._device(device)
+        before = self.get_default(dev) if dev not in self._replaced else None
+        report = self.set_default(nbytes, dev)
+        if before is not None and report.applied:
+            self._replaced[dev] = before
+        return report
+
+    def restore(self) -> list[ActuatorReport]:
+        """Put back every default ``apply`` changed, as it was before; a report per device, saying
+        why not where it cannot."""
+        reports = []
+        for dev, before in self._replaced.items():
+            what = f"daemon-wide default pinned memory limit of device {dev}"
+            if not before.applied:
+                reports.append(ActuatorReport(self.name, False, f"{what} not restored: it could not be read before "
+                                                                f"it was changed ({before.detail})"))
+            elif before.value < MiB:
+                reports.append(ActuatorReport(self.name, False, f"{what} not restored: it was {before.value} B (no "
+                                                                "limit) before, which is not a limit this sets"))
+            else:
+                report = self.set_default(before.value, dev)
+                reports.append(dataclasses.replace(report, detail=f"restored: {report.detail}"))
+        self._replaced.clear()
+        return reports
 
     def apply_for(self, engine, device: int | str = 0, margin_bytes: int = 512 * MiB) -> ActuatorReport:
         """The limit the next process of ``engine``'s shape needs: its weights, workspace and KV

@@ -30,7 +30,6 @@ action id on the wire); ``rlctl serve`` exposes it only through hidden ``--fault
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import signal
 import threading
 import time
@@ -52,6 +51,7 @@ from prometheus_client import (
 
 from engine.control import ACTIONS
 from engine.snapshot import Snapshot
+from rlctl.online.addresses import check_metrics_addr, is_loopback_host, url_host
 from rlctl.online.confine import BaselineRefused, Confinement, NoSuchPolicy, ReloadOff
 from rlctl.online.messages import SnapshotError, snapshot_from_message
 from rlctl.online.proto import SERVICE_NAME
@@ -217,12 +217,7 @@ def check_listen(listen: str, tls: TLSFiles | None) -> None:
     host, sep, port = listen.rpartition(":")
     if not sep or not port.isdigit() or int(port) > 65535 or not host:
         raise ValueError(f"--listen {listen}: expected unix:///path or HOST:PORT, e.g. 127.0.0.1:50051")
-    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
-    try:
-        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        loopback = False
-    if not loopback and (tls is None or tls.client_ca is None):
+    if not is_loopback_host(host) and (tls is None or tls.client_ca is None):
         # server-only TLS would let any host that reaches the port steer the engine: clients must prove who they are
         raise ValueError(f"--listen {listen}: {host} is not a loopback address; the sidecar steers an engine's "
                          f"memory, so it listens beyond this host only with mutual TLS (--tls-cert, --tls-key "
@@ -260,26 +255,30 @@ async def start_server(served: ServedPolicy, listen: str, confinement: Confineme
 
 
 def serve(policy_spec: str, listen: str, metrics_port: int | None = None, tls: TLSFiles | None = None,
-          fault: Fault | None = None, say: Callable[[str], None] = print, *, confinement: Confinement) -> None:
-    """Load the policy, then serve it on ``listen`` until SIGINT or SIGTERM. A policy that cannot
-    serve, or an address that cannot be used, raises ``ValueError`` before anything listens.
+          fault: Fault | None = None, say: Callable[[str], None] = print, *, confinement: Confinement,
+          metrics_addr: str = "127.0.0.1", metrics_public: bool = False) -> None:
+    """Load the policy, then serve it on ``listen`` until SIGINT or SIGTERM, and its metrics on
+    ``metrics_addr:metrics_port`` (loopback unless ``metrics_public``). A policy that cannot serve,
+    or an address that cannot be used, raises ``ValueError`` before anything listens.
     ``confinement`` (rlctl/online/confine.py) says what may be served and reloaded."""
     import torch
 
     check_listen(listen, tls)
+    check_metrics_addr(metrics_addr, metrics_public)
     torch.set_num_threads(TORCH_THREADS)
     served = load_served_policy(policy_spec, confinement)
-    asyncio.run(_serve(served, listen, confinement, metrics_port, tls, fault, say))
+    asyncio.run(_serve(served, listen, confinement, metrics_port, metrics_addr, tls, fault, say))
 
 
-async def _serve(served, listen, confinement, metrics_port, tls, fault, say) -> None:
+async def _serve(served, listen, confinement, metrics_port, metrics_addr, tls, fault, say) -> None:
     metrics = SidecarMetrics()
     http = None
     if metrics_port is not None:
         try:
-            http, _ = start_http_server(metrics_port, addr="127.0.0.1", registry=metrics.registry)
+            http, _ = start_http_server(metrics_port, addr=metrics_addr, registry=metrics.registry)
         except OSError as exc:
-            raise ValueError(f"--metrics-port {metrics_port}: cannot listen there ({exc.strerror})") from None
+            raise ValueError(f"--metrics-port {metrics_port}: cannot serve on {metrics_addr} "
+                             f"({exc.strerror or exc})") from None
     server, health_servicer, service, bound = await start_server(served, listen, confinement, tls, fault, metrics)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -287,7 +286,7 @@ async def _serve(served, listen, confinement, metrics_port, tls, fault, say) -> 
         loop.add_signal_handler(sig, stop.set)
     say(f"serving {served.spec} ({served.kind}, {served.policy_hash[:12]}) on {bound}"
         f"{' with mutual TLS' if tls and tls.client_ca else ' with TLS' if tls else ''}; health SERVING"
-        + (f"; metrics on http://127.0.0.1:{http.server_port}/metrics" if http else "")
+        + (f"; metrics on http://{url_host(metrics_addr)}:{http.server_port}/metrics" if http else "")
         + (f"; ReloadPolicy from {confinement.policy_dir}" if confinement.policy_dir else "; ReloadPolicy off")
         + ("; baseline specs allowed" if confinement.allow_baselines else ""))
     await stop.wait()

@@ -13,8 +13,10 @@ stopped and reported failed), all within 8 minutes:
 * ``copy_bandwidth``: ``compact`` and swap out / in, in bytes/s, against the device's own copy
   bandwidth (a plain ``copy_``) and host <-> device copies of pinned memory.
 * ``nvml``: NVML's telemetry ("no GPU: ..." where there is none).
-* ``mps``: the MPS pinned-memory commands when an MPS control daemon runs (the default limit set,
-  read back and restored; each server's limit read), else skipped, saying why.
+* ``mps``: when an MPS control daemon runs, a client started with its own pinned-memory limit
+  (``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`` in its environment) allocates under it and is refused over
+  it; the daemon's default limit is read before and after, never changed (it binds every client on
+  the host); each server's limit is read. Else skipped, saying why.
 
 Every check reports ``ok``, ``skipped`` (with the reason) or ``failed`` (with the error). Without
 CUDA the GPU checks are skipped with "CUDA is not available", and the exit status is 0; it is 1
@@ -341,31 +343,63 @@ def check_nvml(sizes: Sizes, deadline: Deadline) -> dict:
     return {"status": "ok", "report": report.to_dict()}
 
 
-def check_mps(sizes: Sizes, deadline: Deadline) -> dict:
-    """Set the default pinned-memory limit of device 0, read it back, and restore it; read each
-    running server's limit. Nothing is set on a running server."""
-    from rlctl.online.mps import GiB, MPSLimit
-    from rlctl.online.nvml import NVMLTelemetry
+MPS_LIMIT_ENV = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
+# an MPS client (a child of the check, with its own limit in its environment): what CUDA shows it,
+# an allocation well under the limit, and one over it, which MPS must refuse
+MPS_CLIENT = r"""
+import json, os, sys
+limit = int(sys.argv[1])
+out = {"limit_env": os.environ.get("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT")}
+import torch
+out["cuda"] = torch.cuda.is_available()
+if out["cuda"]:
+    out["free_bytes"], out["total_bytes"] = torch.cuda.mem_get_info(0)
+    under = torch.empty(limit // 4, dtype=torch.uint8, device="cuda")
+    out["under_limit_allocated"] = True
+    try:
+        over = torch.empty(2 * limit, dtype=torch.uint8, device="cuda")
+        out["over_limit_refused"] = False
+    except torch.OutOfMemoryError:
+        out["over_limit_refused"] = True
+print(json.dumps(out))
+"""
+
+
+def check_mps(sizes: Sizes, deadline: Deadline, limit_bytes: int = 2 << 30) -> dict:
+    """An MPS client started with its own pinned-memory limit (``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT``
+    in the environment of a child process): an allocation under the limit succeeds, one over it
+    is refused. The daemon's defaults are read before and after, never set: they bind every client
+    on the host, not just this check's. Each running server's limit is read."""
+    from rlctl.online.mps import MPSLimit, format_limit
 
     mps = MPSLimit(timeout_s=min(5.0, max(deadline.left() / 6, 1.0)))
     reason = mps.available()
     if reason:
         return skipped(reason)
     before = mps.get_default(0)
-    target = 4 * GiB if before.value != 4 * GiB else 8 * GiB
-    applied = mps.set_default(target, 0)
-    # restore: the earlier limit, or with none (0), the whole device (memory limiting cannot be switched off)
-    restore_to = before.value if before.applied and before.value else None
-    if restore_to is None:
-        nv = NVMLTelemetry().read()
-        restore_to = nv.value["devices"][0]["memory_total_bytes"] if nv.applied else None
-    restored = mps.set_default(-(-restore_to // GiB) * GiB, 0) if restore_to else None
+    env = dict(os.environ, **{MPS_LIMIT_ENV: f"0={format_limit(limit_bytes)}"})
+    try:
+        done = subprocess.run([sys.executable, "-c", MPS_CLIENT, str(limit_bytes)], capture_output=True, text=True,
+                              env=env, timeout=max(deadline.left() - 5, 1.0))
+        lines = done.stdout.strip().splitlines()
+        client = json.loads(lines[-1]) if done.returncode == 0 and lines else {
+            "error": f"exited with status {done.returncode}: {done.stderr.strip()[-500:]}"}
+    except subprocess.TimeoutExpired:
+        client = {"error": "did not finish within the check's budget"}
+    after = mps.get_default(0)
     servers = {pid: mps.get_server(pid, 0).to_dict() for pid in mps.server_pids()}
-    report = {"before": before.to_dict(), "set": applied.to_dict(),
-              "restored": restored.to_dict() if restored else "nothing to restore to", "servers": servers}
-    ok = before.applied and applied.applied
+    report = {"daemon_default_before": before.to_dict(), "daemon_default_after": after.to_dict(),
+              "client": client, "servers": servers}
+    if before.value != after.value:
+        return {"status": "failed", **report, "error": "the daemon's default limit changed during the check"}
+    if "error" in client:
+        return {"status": "failed", **report, "error": f"the MPS client {client['error']}"}
+    if not client["cuda"]:
+        return skipped(NO_CUDA, **report)
+    ok = client["under_limit_allocated"] and client["over_limit_refused"]
     return {"status": "ok" if ok else "failed", **report,
-            **({} if ok else {"error": applied.detail if not applied.applied else before.detail})}
+            **({} if ok else {"error": f"an allocation of {2 * limit_bytes} B passed the client's "
+                                       f"{format_limit(limit_bytes)} limit"})}
 
 
 RUNNERS = {"cuda": check_cuda, "torch_executor": check_torch_executor, "oom_crash": check_oom_crash,

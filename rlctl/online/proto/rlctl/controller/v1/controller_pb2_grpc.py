@@ -5,7 +5,7 @@ import warnings
 
 from . import controller_pb2 as rlctl_dot_controller_dot_v1_dot_controller__pb2
 
-GRPC_GENERATED_VERSION = '1.85.1'
+GRPC_GENERATED_VERSION = '1.76.0'
 GRPC_VERSION = grpc.__version__
 _version_not_supported = False
 
@@ -25,7 +25,7 @@ if _version_not_supported:
     )
 
 
-class ControllerStub:
+class ControllerStub(object):
     """Missing associated documentation comment in .proto file."""
 
     def __init__(self, channel):
@@ -56,7 +56,7 @@ class ControllerStub:
                 _registered_method=True)
 
 
-class ControllerServicer:
+class ControllerServicer(object):
     """Missing associated documentation comment in .proto file."""
 
     def Decide(self, request, context):
@@ -122,7 +122,7 @@ def add_ControllerServicer_to_server(servicer, server):
 
 
  # This class is part of an EXPERIMENTAL API.
-class Controller:
+class Controller(object):
     """Missing associated documentation comment in .proto file."""
 
     @staticmethod
