@@ -70,6 +70,6 @@ def test_run_interval_applies_the_action_then_runs_to_the_decision_time():
     e = env.engine
     first = run_interval(e, 1, 2.0)  # scale up
     assert first.start_s == 0.0 and e.clock >= 2.0 and first.snapshot is e.last_snapshot
-    assert first.snapshot.overcommit == e.config.overcommit + e.config.overcommit_step
+    assert first.snapshot.overcommit == e.config.overcommit * e.config.overcommit_step  # a multiplicative step
     defrag = run_interval(e, 3, 4.0)
     assert set(defrag.effect) == {"compacted_blocks", "copy_s"} and e.counters.compactions == 1

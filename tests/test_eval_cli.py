@@ -27,7 +27,7 @@ def test_eval_with_baselines_prints_one_table_and_writes_the_figures(tmp_path, c
                 "TPOT p50", "shield overrides"):
         assert row in table
     results = json.loads(out.read_text())["results"]
-    assert list(results) == ["static:1", "static:1.5", "watermark", "vllm", "random"] == [
+    assert list(results) == ["static:1", "static:1.5", "watermark", "vllm", "sglang", "random"] == [
         r.replace("static:1.0", "static:1") for r in baselines(1.5)]
     for name, r in results.items():
         assert len(r["episodes"]) == 2 and len(r["series"]["kv_util"]) == 12
@@ -39,10 +39,10 @@ def test_eval_with_baselines_prints_one_table_and_writes_the_figures(tmp_path, c
 
 def test_eval_refuses_a_bad_policy_or_trace_before_running_anything(tmp_path, capsys):
     out = tmp_path / "eval.json"
-    assert main(["eval", "--scenario", str(short_burst(tmp_path)), "--policy", "static:1.0", "--policy", "oracle",
+    assert main(["eval", "--scenario", str(short_burst(tmp_path)), "--policy", "static:1.0", "--policy", "clairvoyant",
                  "--json", str(out)]) == 2
     err = capsys.readouterr()
-    assert "oracle" in err.err and "eval:" not in err.out and not out.exists()
+    assert "clairvoyant" in err.err and "eval:" not in err.out and not out.exists()
     assert main(["eval", "--trace", str(tmp_path / "missing.csv"), "--policy", "vllm"]) == 2
     assert "missing.csv" in capsys.readouterr().err
     assert main(["eval", "--scenario", str(short_burst(tmp_path)), "--policy", "vllm", "--episodes", "0"]) == 2

@@ -104,7 +104,8 @@ def test_the_numpy_forward_refuses_a_network_q_network_does_not_build():
 def test_the_file_holds_no_pickle_and_loads_with_unpickling_disabled(trained, monkeypatch):
     _, _, path, _, _ = trained
     data = path.read_bytes()
-    assert not data.startswith(b"PK\x03\x04") and not data.startswith(b"\x80")  # neither torch's zip nor a pickle
+    # neither torch's zip nor a pickle (protocol 2-5 opens with 0x80 and the protocol number)
+    assert not data.startswith(b"PK\x03\x04") and not (data[0] == 0x80 and 2 <= data[1] <= 5)
 
     def refuse(*args, **kwargs):
         raise AssertionError("the loader unpickled")
@@ -117,14 +118,12 @@ def test_the_file_holds_no_pickle_and_loads_with_unpickling_disabled(trained, mo
 
 def test_the_header_states_layout_actions_network_training_scenario_commit_and_checksums(trained):
     model, scenario, path, header, config = trained
-    assert header["format"] == FORMAT == "rlctl-policy" and header["version"] == VERSION == 1
+    assert header["format"] == FORMAT == "rlctl-policy" and header["version"] == VERSION == 2
     obs = header["observation"]
     assert obs["features"] == list(FEATURES)
     assert obs["low"] == [float(x) for x in LOW] and obs["high"] == [float(x) for x in HIGH]
     assert obs["scales"] == dataclasses.asdict(scenario.observation)
-    env = OvercommitEnv(scenario)
-    env.reset(seed=0)
-    assert obs["max_model_len"] == env.engine.max_model_len  # what observe() divides lengths by
+    assert "max_model_len" not in obs  # version 2's features are shares of the KV capacity, no deployment's length
     assert header["actions"] == list(ACTIONS)
     assert header["network"] == {"obs_dim": len(FEATURES), "n_actions": len(ACTIONS), "net_arch": list(NET_ARCH),
                                  "dueling": config["dueling"]}
@@ -249,8 +248,8 @@ def test_a_file_that_is_not_a_policy_is_refused(tmp_path):
 
 
 def test_an_unsupported_format_version_is_refused(trained, tmp_path):
-    path = rewritten(trained[2], tmp_path / "v2.rlpolicy", header_edit=lambda h: h.update(version=2))
-    refused(path, "unsupported format version 2 .*reads version 1")
+    path = rewritten(trained[2], tmp_path / "v3.rlpolicy", header_edit=lambda h: h.update(version=3))
+    refused(path, "unsupported format version 3 .*reads version 2")
 
 
 def test_another_observation_layout_is_refused_naming_the_first_difference(trained, tmp_path):
@@ -267,7 +266,7 @@ def test_another_observation_layout_is_refused_naming_the_first_difference(train
             "observation layout differs.*feature 3 is 'queue_length', this build has 'queue_len'")
     refused(rewritten(trained[2], tmp_path / "b.rlpolicy", drop),
             rf"{len(FEATURES) - 1} features, this build has {len(FEATURES)} .*{FEATURES[-1]}")
-    refused(rewritten(trained[2], tmp_path / "c.rlpolicy", bound), "high bound of 'decode_ms' is 2.0")
+    refused(rewritten(trained[2], tmp_path / "c.rlpolicy", bound), "high bound of 'len_std' is 2.0")
 
 
 def test_another_action_set_is_refused_with_the_counts(trained, tmp_path):

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import grpc
 import pytest
+
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
 
@@ -26,6 +27,7 @@ from engine.config import EngineConfig
 from engine.cost_model import CostModel
 from engine.executor import ProfiledExecutor
 from engine.snapshot import Snapshot
+from env.observation import FEATURES
 from env.workloads import ReplaySpec
 from rlctl.online.live import ClientTLS, LiveController, check_decision, open_channel, replay_live
 from rlctl.report import LIVE_ROWS
@@ -176,7 +178,7 @@ def test_a_replay_steered_over_a_unix_socket_completes_with_no_fallback(watermar
             assert health.Check(health_pb2.HealthCheckRequest(service=service)).status == health_pb2.HealthCheckResponse.SERVING
         assert SERVICE_NAME in ProtoReflectionDescriptorDatabase(ch).get_services()
         info = s.stub(ch).GetPolicy(pb.GetPolicyRequest())
-    assert info.kind == "baseline" and info.spec == "watermark" and len(info.features) == 33
+    assert info.kind == "baseline" and info.spec == "watermark" and len(info.features) == len(FEATURES)
     before = s.metrics()
     figures, _ = steered_replay(LiveController(s.address, deadline_s=2.0))
     assert figures["controller_decisions"] > 20 and figures["fallbacks"] == 0 and figures["reconnects"] == 0
@@ -246,7 +248,7 @@ def test_reload_policy_mid_replay_swaps_without_a_failed_decision(sidecars, tmp_
     response = swapped["response"]
     assert response.previous.policy_hash == first.policy_hash and response.current.kind == "file"
     assert figures["policy_hashes"] == [first.policy_hash, response.current.policy_hash]
-    assert now.policy_hash == response.current.policy_hash == now.file_sha256 and now.max_model_len > 0
+    assert now.policy_hash == response.current.policy_hash == now.file_sha256 and now.max_model_len == 0
     assert now.spec == "burst.rlpolicy" and now.name == "burst"  # the name in the directory, not its path
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "still serving" in err.value.details() and "not an rlctl policy file" in err.value.details()
