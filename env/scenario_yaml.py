@@ -98,6 +98,10 @@ def _value(hint, value, where: str, path: str):
         return value
     if hint in (int, float):
         return _number(where, path, value, integer=hint is int)
+    if origin is tuple and args[0] is str:  # a list of names (a training config's scenarios)
+        if not isinstance(value, list) or not value:
+            raise _fail(where, path, f"must be a list of one or more names, got {value!r}")
+        return tuple(_value(str, v, where, f"{path}[{i}]") for i, v in enumerate(value))
     if origin is tuple and is_dataclass(args[0]):  # a list of records (a workload's phases)
         if not isinstance(value, list) or not value:
             raise _fail(where, path, f"must be a list of one or more mappings, got {value!r}")

@@ -304,6 +304,29 @@ def cmd_sweep(a: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_results(a: argparse.Namespace) -> int:
+    from env.scenario_yaml import load_scenario
+    from rlctl.results import format_results, results
+
+    if a.episodes <= 0:
+        raise ValueError(f"--episodes must be > 0, got {a.episodes}")
+    from agents.spec import make_policy
+
+    for spec in a.policy:  # every policy file is checked before anything runs
+        make_policy(spec)
+    scenarios = [load_scenario(name) for name in a.scenario]
+    out = []
+    for sc in scenarios:
+        r = results(sc, a.policy, a.episodes, a.seed, oracle=not a.no_oracle)
+        print(format_results(r), flush=True)
+        print()
+        out.append(r)
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(out, f, indent=2, default=str)
+    return 0
+
+
 def cmd_train(a: argparse.Namespace) -> int:
     from rlctl.train import load_train_config, train
 
@@ -421,6 +444,16 @@ def parser() -> argparse.ArgumentParser:
     w.add_argument("--no-oracle", action="store_true", help="leave the (slow) lookahead oracle out")
     w.add_argument("--json", default=None, help="write every figure and the verdict to this JSON file")
     w.set_defaults(fn=cmd_sweep)
+
+    rs = sub.add_parser("results", help="trained policies against every incumbent and the oracle, per scenario, "
+                                         "with the share of headroom they capture")
+    rs.add_argument("--policy", nargs="+", required=True, help="policy files (one per training seed)")
+    rs.add_argument("--scenario", nargs="+", required=True, help="scenarios (YAML or bundled names)")
+    rs.add_argument("--episodes", type=int, default=3)
+    rs.add_argument("--seed", type=int, default=1000, help="episode k uses seed + k (default: held-out seeds 1000..)")
+    rs.add_argument("--no-oracle", action="store_true", help="leave the (slow) lookahead oracle out")
+    rs.add_argument("--json", default=None, help="write every figure to this JSON file")
+    rs.set_defaults(fn=cmd_results)
 
     t = sub.add_parser("train", help="train the DQN on a scenario; TensorBoard logs, checkpoints, exported policy")
     t.add_argument("--config", required=True, nargs="+", help="training YAML(s), or shipped names (steady: experiments/train/steady.yaml)")

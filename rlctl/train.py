@@ -194,6 +194,11 @@ def train(cfg: TrainConfig, logdir: str | Path = "runs", resume: str | None = No
     from agents.export import export_policy
     from rlctl.tensorboard import ReviewCallback, log_evaluation, log_hparams
 
+    import torch
+
+    # the Q-network is a few 128-wide layers: one intra-op thread computes it faster than two
+    # (which wait on each other, and on the environments for the other core)
+    torch.set_num_threads(1)
     scenarios = training_scenarios(cfg)
     evaluation = held_out(cfg)
     n_envs = cfg.n_envs or os.cpu_count() or 1

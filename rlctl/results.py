@@ -1,0 +1,77 @@
+"""``rlctl results``: the controller against every incumbent and the oracle, scenario by scenario.
+
+For each scenario, on its held-out seeds: the trained policies (one per training seed; the table
+gives their mean +- std), the lookahead ``oracle``, the peers (``sglang``, ``vllm``), the tuned
+fixed factor (the scenario's ``best_static``), ``watermark`` and ``static:1.0``. The best incumbent
+is the best of those that run the same engine (the tuned fixed factor and ``watermark``) on a
+crashing engine, and of all four on a preempting one, where ``vllm`` and ``sglang`` are engines of
+that kind. The share of headroom a policy captures is ``(policy - best incumbent) / (oracle - best
+incumbent)``; where the oracle does no better than the best incumbent the table says "no headroom".
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from agents.spec import make_policy
+from env.scenario import Scenario
+from rlctl.evaluate import run_eval
+
+FIGURES = ("goodput_tokens_per_s", "oom_events", "preemptions", "kv_util_mean", "ttft_p99_s")
+
+
+def incumbents(scenario: Scenario) -> list[str]:
+    """The policies a controller must beat on this scenario's engine."""
+    names = [f"static:{scenario.best_static:g}", "watermark"]
+    return names + (["vllm", "sglang"] if scenario.engine_config().oom_mode == "preempt" else [])
+
+
+def share(policy: float, incumbent: float, oracle: float) -> float | None:
+    """The share of the oracle's headroom over the best incumbent that ``policy`` captures."""
+    return None if oracle <= incumbent else (policy - incumbent) / (oracle - incumbent)
+
+
+def results(scenario: Scenario, policy_files: list[str], episodes: int, seed: int, oracle: bool = True) -> dict:
+    specs = ["static:1.0", f"static:{scenario.best_static:g}", "watermark", "vllm", "sglang"] + (["oracle"] if oracle else [])
+    baseline = run_eval([make_policy(s) for s in dict.fromkeys(specs)], scenario, episodes, seed, shield=False)
+    runs = [run_eval([make_policy(p)], scenario, episodes, seed, shield=True) for p in policy_files]
+    dqn = [next(iter(r.values())) for r in runs]
+    rows = {"dqn": {k: [d[k] for d in dqn] for k in FIGURES}}
+    for name, r in baseline.items():
+        rows[name] = {k: [r[k]] for k in FIGURES}
+    names = [make_policy(s).name for s in incumbents(scenario)]
+    best = max(names, key=lambda n: baseline[n]["goodput_tokens_per_s"])
+    out = {"scenario": scenario.name, "oom_mode": scenario.engine_config().oom_mode, "best_incumbent": best,
+           "rows": rows, "seeds": [seed, seed + episodes - 1], "policies": list(policy_files)}
+    if oracle:
+        inc, orc = baseline[best]["goodput_tokens_per_s"], baseline["oracle"]["goodput_tokens_per_s"]
+        out["share_of_headroom"] = {n: share(float(np.mean(r["goodput_tokens_per_s"])), inc, orc)
+                                    for n, r in rows.items()}
+    g = float(np.mean(rows["dqn"]["goodput_tokens_per_s"]))
+    out["dqn_over"] = {n: g / baseline[n]["goodput_tokens_per_s"] if baseline[n]["goodput_tokens_per_s"] else None
+                       for n in baseline}
+    return out
+
+
+def _cell(values: list, pct: bool = False, digits: int = 1) -> str:
+    values = [v for v in values if v is not None]
+    if not values:
+        return "-"
+    scale = 100 if pct else 1
+    mean = scale * float(np.mean(values))
+    return f"{mean:.{digits}f}" + (f" +- {scale * float(np.std(values)):.{digits}f}" if len(values) > 1 else "")
+
+
+def format_results(out: dict) -> str:
+    """One markdown table: a row per policy."""
+    head = f"**{out['scenario']}** ({out['oom_mode']}; best incumbent {out['best_incumbent']})"
+    lines = [head, "", "| policy | goodput tok/s | OOMs | preemptions | KV util % | TTFT p99 s | share of headroom |",
+             "|---|---|---|---|---|---|---|"]
+    shares = out.get("share_of_headroom", {})
+    for name, r in out["rows"].items():
+        s = shares.get(name)
+        cell = "no headroom" if "share_of_headroom" in out and s is None else ("-" if s is None else f"{s:.2f}")
+        lines.append(f"| {name} | {_cell(r['goodput_tokens_per_s'])} | {_cell(r['oom_events'])} | "
+                     f"{_cell(r['preemptions'], digits=0)} | {_cell(r['kv_util_mean'], pct=True)} | "
+                     f"{_cell(r['ttft_p99_s'])} | {cell} |")
+    over = ", ".join(f"{n} {x:.2f}x" for n, x in out["dqn_over"].items() if x is not None)
+    return "\n".join(lines + ["", f"dqn's goodput over: {over}"])
