@@ -2,6 +2,8 @@
 ``rlctl eval`` loads; ``--resume`` continues where it stopped; bad configurations are refused."""
 from __future__ import annotations
 
+import dataclasses
+
 import json
 from pathlib import Path
 
@@ -20,7 +22,7 @@ def configs(tmp_path: Path, **extra) -> Path:
     scenario = tmp_path / "tiny.yaml"
     scenario.write_text(yaml.safe_dump({**data, "max_steps": 20}))
     cfg = tmp_path / "tiny_train.yaml"
-    cfg.write_text(yaml.safe_dump({"scenario": str(scenario), "eval_starts": [2450, 3450], "eval_episodes": 1,
+    cfg.write_text(yaml.safe_dump({"scenarios": [str(scenario)], "eval_starts": [2450, 3450], "eval_episodes": 1,
                                    "eval_every": 100, "timesteps": 240, "n_envs": 2, "learning_starts": 40,
                                    "buffer_size": 1000, "checkpoint_every": 120, "target_update_interval": 50,
                                    "net_arch": [32, 32], **extra}))
@@ -42,10 +44,10 @@ def test_a_run_writes_events_checkpoints_and_a_policy_that_eval_loads(run, capsy
     assert set(out["results"]) == {"dqn", "static:1", "vllm"}
     assert out["held_out"] and out["held_out"][0]["timesteps"] >= 100
     policy = make_policy(out["policy"])
-    assert policy.header["training"]["scenario"] == cfg.scenario
+    assert policy.header["training"]["scenarios"] == list(cfg.scenarios)
     saved = json.loads((rundir / "evaluation.json").read_text())
     assert saved["results"]["dqn"]["requests_submitted"] == saved["results"]["vllm"]["requests_submitted"]
-    assert main(["eval", "--scenario", cfg.scenario, "--policy", out["policy"], "--steps", "5"]) == 0
+    assert main(["eval", "--scenario", cfg.scenarios[0], "--policy", out["policy"], "--steps", "5"]) == 0
     assert "policy" in capsys.readouterr().out
 
 
@@ -58,7 +60,7 @@ def test_resume_continues_from_a_checkpoint(run):
 
 
 @pytest.mark.parametrize("extra, field", [({"gama": 0.9}, "gama"), ({"timesteps": 0}, "timesteps"),
-                                          ({"gamma": 1.5}, "gamma"), ({"scenario": "nowhere"}, "nowhere"),
+                                          ({"gamma": 1.5}, "gamma"), ({"scenarios": ["nowhere"]}, "nowhere"), ({"loads": [0]}, "load"),
                                           ({"net_arch": [0]}, "net_arch")])
 def test_bad_training_configuration_is_refused_naming_the_field(tmp_path, extra, field):
     with pytest.raises(ScenarioError, match=field):
@@ -70,7 +72,7 @@ def test_a_shipped_training_config_loads_by_name_and_an_unknown_name_lists_them(
 
     cfg = load_train_config("steady")
     assert cfg.name == "steady" and cfg == load_train_config(TRAIN / "steady.yaml")
-    with pytest.raises(ScenarioError, match=r"training config stedy: no such file \(bundled: burst, steady, "):
+    with pytest.raises(ScenarioError, match=r"training config stedy: no such file \(bundled: burst, default, steady, "):
         load_train_config("stedy")
 
 
@@ -82,3 +84,27 @@ def test_every_shipped_training_config_pins_its_environment_count():
     assert DEMO_CONFIG in bundled(TRAIN, ".yaml") and load_train_config(DEMO_CONFIG).n_envs == 2
     assert {name: load_train_config(name).n_envs for name in bundled(TRAIN, ".yaml")} == dict.fromkeys(
         bundled(TRAIN, ".yaml"), 2)
+
+
+def test_a_mixture_draws_its_scenarios_each_episode_and_passes_the_checkers():
+    import warnings
+
+    from gymnasium.utils.env_checker import check_env
+
+    from env.mixture import MixtureEnv
+    from env.scenario_yaml import load_scenario
+
+    short = [dataclasses.replace(load_scenario(n), max_steps=3) for n in ("long_outputs", "sessions_preempt")]
+    env = MixtureEnv(short)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        check_env(env, skip_render_check=True)
+    seen = set()
+    env.reset(seed=0)
+    for _ in range(12):
+        env.reset()
+        seen.add(env.scenario.name)
+    assert seen == {"long_outputs", "sessions_preempt"}
+    other = dataclasses.replace(short[1], observation=dataclasses.replace(short[1].observation, queue_scale=9))
+    with pytest.raises(ValueError, match="share their observation scales"):
+        MixtureEnv([short[0], other])

@@ -1,0 +1,61 @@
+"""Workloads whose mix moves between phases, a scenario at another load, and any trace put at a
+chosen load of a deployment (rlctl eval --trace FILE --load X)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from engine.roofline import deployment
+from env.scenario_yaml import load_scenario
+from env.workload_builder import episode_requests
+from env.workloads import LogNormalLengths, PoissonArrivals, generate_phases
+from rlctl.cli import main
+from rlctl.load import trace_load
+
+
+def test_phases_follow_each_other_with_their_own_rates_and_lengths():
+    chat = (PoissonArrivals(20.0), LogNormalLengths(200, 0.3), LogNormalLengths(100, 0.3), 30.0)
+    reasoning = (PoissonArrivals(2.0), LogNormalLengths(200, 0.3), LogNormalLengths(3000, 0.3), 30.0)
+    reqs = generate_phases(phases=[chat, reasoning], max_tokens_rule="fixed:16384", duration_s=600.0,
+                           rng=np.random.default_rng(0))
+    assert reqs == sorted(reqs, key=lambda r: r.arrival_s) and len({r.request_id for r in reqs}) == len(reqs)
+    # each request belongs to one phase segment (its id's prefix); segments alternate chat, reasoning
+    segments: dict[str, list] = {}
+    for r in reqs:
+        segments.setdefault(r.request_id.split("-")[0], []).append(r)
+    means = [np.mean([r.output_len for r in seg]) for seg in segments.values() if len(seg) > 5]
+    kinds = [m > 1000 for m in means]
+    assert True in kinds and False in kinds
+    long = [r for r in reqs if r.output_len > 1000]
+    assert 0.05 < len(long) / len(reqs) < 0.5  # the reasoning phases arrive 10x more slowly
+
+
+def test_a_scenario_at_a_load_has_that_many_more_arrivals():
+    sc = load_scenario("long_outputs")
+    n = [len(episode_requests(s.workload, s.episode_s, 8192, np.random.default_rng(7))[0])
+         for s in (sc, sc.at_load(2.0))]
+    assert n[1] == pytest.approx(2 * n[0], rel=0.2)
+    with pytest.raises(ValueError, match="load must be > 0"):
+        sc.at_load(0.0)
+
+
+def test_the_time_scale_puts_a_trace_at_the_load_asked_of_the_deployment():
+    d = deployment("llama3-8b-l40s")
+    one, two = (trace_load("azure2023_conv.csv", d, "fixed:4096", x) for x in (1.0, 2.0))
+    assert one.sustainable_rps == two.sustainable_rps and two.time_scale == pytest.approx(2 * one.time_scale)
+    assert 5.0 < one.trace_rps < 6.0 and 1100 < one.mean_prompt < 1200  # the trace's own figures
+    small = trace_load("azure2023_conv.csv", deployment("llama7b-fp16-a10"), "fixed:4096", 1.0)
+    assert small.sustainable_rps < one.sustainable_rps  # a 24 GB GPU sustains less than a 48 GB one
+
+
+def test_eval_puts_a_held_out_trace_at_a_load_and_says_how(capsys):
+    assert main(["eval", "--trace", "arxiv_summarization_lengths_llama2tok.csv", "--load", "1.2",
+                 "--policy", "static:1.0", "--steps", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "load: arxiv_summarization_lengths_llama2tok.csv asks" in out and "puts it at 1.2x that" in out
+    for bad, message in ((["--load", "0"], "--load must be > 0"), (["--load", "1", "--time-scale", "2"], "not both"),
+                         (["--load", "1", "--deployment", "gpu9000"], "unknown 'gpu9000'")):
+        assert main(["eval", "--trace", "azure2023_conv.csv", "--policy", "static:1.0", "--steps", "2", *bad]) == 2
+        assert message in capsys.readouterr().err
+    assert main(["eval", "--scenario", "steady", "--load", "1.2", "--policy", "static:1.0"]) == 2
+    assert "apply to --trace" in capsys.readouterr().err
