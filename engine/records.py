@@ -135,7 +135,9 @@ class IterationLog:
         """The index of the first iteration that ends after ``time_s``."""
         return int(np.searchsorted(self._cols["end_s"][:self._n], time_s, side="right"))
 
-    def __getitem__(self, i: int) -> Iteration:
+    def __getitem__(self, i: int | slice) -> Iteration | list[Iteration]:
+        if isinstance(i, slice):
+            return [self[k] for k in range(*i.indices(self._n))]
         if i < 0:
             i += self._n
         if not 0 <= i < self._n:
