@@ -34,11 +34,11 @@ def test_engine_quota_sets_the_factor_and_reports_the_one_in_force(engine):
     report = quota.apply(1.5)
     assert report.applied and report.value == 1.5 == engine.overcommit
     assert report.detail == "overcommit 1.5 in force"
-    report = quota.apply(5.0)
-    assert report.applied and report.value == 2.0 == engine.overcommit
-    assert "5 asked, clamped to [1, 2]" in report.detail
+    report = quota.apply(9.0)  # beyond the configured range, [1, 4] by default
+    assert report.applied and report.value == 4.0 == engine.overcommit
+    assert "9 asked, clamped to [1, 4]" in report.detail
     assert quota.apply(0.5).value == 1.0 == engine.overcommit
-    assert quota.apply(math.inf).value == 2.0
+    assert quota.apply(math.inf).value == 4.0
 
 
 @pytest.mark.parametrize("bad", [math.nan, 0.0, -1.0, "high"])

@@ -78,13 +78,13 @@ def test_the_installed_wheel_runs_eval_and_finds_shipped_names_outside_the_check
     path = [str(target), *site_dirs()]
     probe = ("import json, importlib; from rlctl.train import load_train_config; cfg = load_train_config('steady'); "
              f"print(json.dumps({{m: importlib.import_module(m).__file__ for m in {OURS!r}}} | "
-             "{'scenario': cfg.scenario, 'n_envs': cfg.n_envs}))")
+             "{'scenarios': cfg.scenarios, 'n_envs': cfg.n_envs}))")
     done = run_isolated(["-c", probe], path, work)
     assert done.returncode == 0, done.stderr
     found = json.loads(done.stdout)
     for module in OURS:  # every package from the wheel, none from a checkout
         assert Path(found[module]).is_relative_to(target), (module, found[module])
-    assert found["scenario"] == "steady" and found["n_envs"] == 2
+    assert found["scenarios"] == ["steady"] and found["n_envs"] == 2
 
     done = run_isolated(["-m", "rlctl.cli", "eval", "--scenario", "steady", "--episodes", "1", "--steps", "5",
                          "--baselines"], path, work)
