@@ -1,10 +1,13 @@
 """The safety shield: an action mask that refuses actions breaking a hard rule (docs/design.md).
 
-Rules (each overridden action becomes ``hold`` and is counted by whoever applies the shield):
+Rules (each overridden action is counted by whoever applies the shield):
 - no scale-up while free device memory is below ``min_device_free`` of capacity (a co-tenant
   holds it, or the pool is about to outgrow the device);
 - no scale-up while the engine restarts after an OOM (everything it held comes back at once);
-- no scale-up past ``max_reserved`` of KV capacity in admitted peak demand.
+- on a crashing engine, no scale-up past ``max_reserved`` of KV capacity in admitted peak demand,
+  and at ``evict_at`` of the KV in use an eviction to host in place of hold, scale-up or defrag:
+  a crash loses everything held, a swap loses nothing (a preempting engine recomputes instead).
+Each overridden scale-up becomes ``hold``.
 
 The same ``filter`` runs in the environment (training, evaluation) and in the sidecar (serving),
 on the snapshot the decision is taken on.
@@ -13,14 +16,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from engine.control import DEFRAG, EVICT, HOLD, SCALE_UP
 from engine.snapshot import Snapshot
-from engine.control import HOLD, SCALE_UP
 
 
 @dataclass(frozen=True)
 class Shield:
     min_device_free: float = 0.05
-    max_reserved: float = 3.0
+    max_reserved: float = 8.0
+    evict_at: float = 0.95
 
     def allowed(self, action: int, snapshot: Snapshot) -> bool:
         """Whether ``action`` keeps the hard rules, judged on the decision's snapshot."""
@@ -28,7 +32,14 @@ class Shield:
             return True
         if snapshot.device_free < self.min_device_free or snapshot.restarting:
             return False
-        return snapshot.reserved_ratio < self.max_reserved
+        # a preempting engine recomputes what does not fit; only a crashing one must bound its demand
+        return snapshot.preempt_mode or snapshot.reserved_ratio < self.max_reserved
 
     def filter(self, action: int, snapshot: Snapshot) -> int:
+        """The action to apply: ``action`` if it keeps the rules; on a crashing engine whose KV is
+        ``evict_at`` full, an eviction to host instead of anything that would let it grow on;
+        else hold."""
+        if (not snapshot.preempt_mode and not snapshot.restarting and snapshot.alloc_ratio >= self.evict_at
+                and action in (HOLD, SCALE_UP, DEFRAG)):
+            return EVICT
         return action if self.allowed(action, snapshot) else HOLD
