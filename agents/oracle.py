@@ -2,9 +2,11 @@
 
 Every ``every_s`` of engine time it copies the episode's engine (engine/clone.py: the queues, the
 requests still to arrive with their true output lengths, the co-tenant's schedule) once per
-candidate overcommit factor, runs each copy ``horizon_s`` ahead (the candidate factor until the
-next plan, then the scenario's tuned fixed factor, ``best_static``: a detour from a known-safe
-setting, judged by where it leads), and sets the factor whose copy scored best. The horizon is meant to cover request lifetimes (tens of seconds),
+candidate overcommit factor, runs each copy ``horizon_s`` ahead holding that factor, one decision
+interval at a time, and sets the factor whose copy scored best. In the copies as in the episode it
+evicts to host whenever the KV is ``evict_at`` in use (the shield's rule on a crashing engine), so
+that a high factor is judged with the safety valve a controller has, not as a crash waiting to
+happen. The horizon is meant to cover request lifetimes (tens of seconds),
 so that admitting a long request is judged by what it does to the memory later, not in the next
 interval. The score is the environment's reward over the horizon: output tokens of requests that
 finished within their SLO, plus the tokens still-running requests produced (work under way counts,
@@ -23,17 +25,18 @@ import numpy as np
 from agents.policy import Policy
 from engine import metrics
 from engine.clone import clone
-from engine.control import HOLD, advance
+from engine.control import EVICT, HOLD, run_interval
 
 LEVELS = (1.0, 1.25, 1.5, 2.0, 2.5, 3.0, 4.0, 6.0)
 
 
 class Oracle(Policy):
-    def __init__(self, horizon_s: float = 120.0, every_s: float = 10.0, levels: tuple[float, ...] = LEVELS) -> None:
+    def __init__(self, horizon_s: float = 120.0, every_s: float = 10.0, levels: tuple[float, ...] = LEVELS,
+                 evict_at: float = 0.95) -> None:
         if not (horizon_s > 0 and every_s > 0) or not levels or min(levels) <= 0:
             raise ValueError(f"oracle: horizon and period must be > 0 s and levels > 0, got {horizon_s}, {every_s}, "
                              f"{levels}")
-        self.horizon_s, self.every_s, self.levels = horizon_s, every_s, tuple(levels)
+        self.horizon_s, self.every_s, self.levels, self.evict_at = horizon_s, every_s, tuple(levels), evict_at
         self.name = "oracle"
         self.engine_overrides = {"overcommit_min": min(levels), "overcommit_max": math.inf}
         self.env = None
@@ -56,10 +59,11 @@ class Oracle(Policy):
         e.set_overcommit(factor)
         start = metrics.mark(e)
         generated = e.counters.tokens_generated
-        events = deque(env.events)
-        advance(e, e.clock + self.every_s, events)
-        e.set_overcommit(env.scenario.best_static)
-        advance(e, start.time_s + self.horizon_s, events)
+        events, interval = deque(env.events), env.scenario.decision_interval_s
+        snap = e.last_snapshot
+        for k in range(1, int(self.horizon_s / interval) + 1):
+            snap = run_interval(e, self._rule(snap), start.time_s + k * interval, events,
+                                env.scenario.evict_free_share).snapshot
         figures = metrics.since(e, start)
         span = figures["duration_s"]
         finished_tokens = sum(r.output_len for r in e.completed[start.completed:])
@@ -67,6 +71,9 @@ class Oracle(Policy):
         good = figures["goodput_tokens_per_s"] * span + max(under_way, 0)
         w, interval = env.scenario.reward, env.scenario.decision_interval_s
         return w.alpha * good / (env.tokens_per_s_scale * interval) - w.omega * figures["oom_events"]
+
+    def _rule(self, snap) -> int:
+        return EVICT if snap is not None and not snap.restarting and snap.alloc_ratio >= self.evict_at else HOLD
 
     def act(self, obs: np.ndarray) -> int:
         e = self.env.engine
@@ -78,4 +85,4 @@ class Oracle(Policy):
             best = max(scores, key=lambda f: (scores[f], f))
             e.set_overcommit(best)
             self.chosen.append((e.clock, best))
-        return HOLD
+        return self._rule(e.last_snapshot)
