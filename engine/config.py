@@ -167,3 +167,14 @@ def memory_plan(model: ModelConfig, cfg: EngineConfig, weight_bytes: int | None 
     workspace = model.workspace_bytes(cfg.max_num_batched_tokens, cfg.num_blocks * cfg.block_size)
     weights = model.weight_bytes() if weight_bytes is None else weight_bytes
     return MemoryPlan(weights, workspace, cfg.num_blocks * cfg.block_size * model.kv_bytes_per_token())
+
+
+def kv_blocks_within(model: ModelConfig, cfg: EngineConfig, limit_bytes: int, weight_bytes: int | None = None) -> int:
+    """The most KV blocks an engine can hold within a memory limit of ``limit_bytes`` (an MPS
+    client's pinned-memory limit): ``memory_plan`` solved for ``num_blocks``, so that weights, a
+    full batch's workspace and every block fit the limit. 0 when the weights and workspace alone
+    do not fit."""
+    weights = model.weight_bytes() if weight_bytes is None else weight_bytes
+    tokens_bytes = model.workspace_bytes(cfg.max_num_batched_tokens, 0)
+    per_block = cfg.block_size * (model.kv_bytes_per_token() + model.kv_bytes_per_token() // model.num_layers)
+    return max((limit_bytes - weights - tokens_bytes) // per_block, 0)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 import zlib
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
@@ -208,12 +208,33 @@ class Engine:
         """A real OOM: the process dies, all KV (device and host) is lost, the engine restarts
         after the downtime, and every request it held is queued again, oldest first."""
         self.counters.oom_events += 1
+        self._lose_everything()
+
+    def restart(self, num_blocks: int | None = None) -> None:
+        """A graceful restart, not an OOM: what a new MPS memory limit needs, since MPS binds a
+        limit only at a client's start. Every request held goes back to the front of the queue
+        with its tokens (none is lost; their KV is recomputed), the KV is gone, the engine is down
+        for ``restart_downtime_s``, and it comes back with a KV capacity of ``num_blocks`` (the
+        blocks its new limit holds; None: as before)."""
+        if num_blocks is not None and num_blocks * self.config.block_size < self.max_model_len:
+            raise ValueError(f"a restart with {num_blocks} KV blocks cannot hold one {self.max_model_len}-token "
+                             f"sequence (block size {self.config.block_size})")
+        self.counters.restarts += 1
+        self._lose_everything(num_blocks)
+        if num_blocks is not None:
+            self.config = replace(self.config, num_blocks=num_blocks)
+            self.memory = memory_plan(self.model_config, self.config,
+                                      self.model.weight_bytes() if self.model is not None else None)
+
+    def _lose_everything(self, num_blocks: int | None = None) -> None:
+        """The process ends: requests held go back to the queue, the KV (device and host) and the
+        sessions' kept contexts are lost, and the engine is down for its restart time."""
         s = self.scheduler
         self.counters.recomputed_tokens += sum(q.num_computed for q in s.running) + sum(q.num_computed for q in s.swapped)
         for seq in self.scheduler.lose_all():
             seq.record.restarts += 1
         self.sessions.lose_all()
-        self.kv.reset()
+        self.kv.reset(num_blocks)
         self.down_until = self.clock + self.config.restart_downtime_s
 
     def _record_oom(self, exc: BaseException) -> None:

@@ -143,8 +143,11 @@ class KVCache:
                 holder.block_table = [moves.get(b, b) for b in holder.block_table]
         return moves
 
-    def reset(self) -> None:
-        """A crash: every block and every host copy is gone, the pool's memory returned."""
-        self.blocks = BlockManager(self.pool.num_blocks)
+    def reset(self, num_blocks: int | None = None) -> None:
+        """A crash or a restart: every block and every host copy is gone, the pool's memory
+        returned; a restart under a new memory limit sizes the pool to ``num_blocks``."""
         self.pool.release_all()
+        if num_blocks is not None:
+            self.pool.resize(num_blocks)
+        self.blocks = BlockManager(self.pool.num_blocks)
         self.host.used = 0

@@ -18,6 +18,7 @@ class KVPool:
     def __init__(self, model: ModelConfig, block_size: int, num_blocks: int, segment_blocks: int,
                  device: Device, materialize: bool = True) -> None:
         self.block_size, self.num_blocks = block_size, num_blocks
+        self.configured_segment_blocks = segment_blocks
         self.segment_blocks = min(segment_blocks, num_blocks)
         self.device, self.materialize = device, materialize
         self.dtype = torch_dtype(model.dtype)
@@ -70,6 +71,16 @@ class KVPool:
 
     def release_all(self) -> None:
         self.release_tail(-1)
+
+    def resize(self, num_blocks: int) -> None:
+        """Hold at most ``num_blocks`` blocks from now on: what a restarted process sizes its pool
+        to (a new memory limit). Only an empty pool can be resized."""
+        if self.segments:
+            raise AssertionError("only an empty KV pool can be resized")
+        if num_blocks <= 0:
+            raise ValueError(f"num_blocks must be > 0, got {num_blocks}")
+        self.num_blocks = num_blocks
+        self.segment_blocks = min(self.configured_segment_blocks, num_blocks)
 
     # ---- data --------------------------------------------------------------------------------
     def _split(self, ids: torch.Tensor):

@@ -50,6 +50,7 @@ class Counters:
     prefill_tokens: int = 0
     recomputed_tokens: int = 0  # tokens whose KV was lost (preemption, crash) and must be computed again
     iterations: int = 0
+    restarts: int = 0  # graceful restarts (a new MPS limit taking effect), not OOM events
 
 
 @dataclass
