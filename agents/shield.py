@@ -16,7 +16,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine.control import DEFRAG, EVICT, HOLD, SCALE_UP
+from engine.control import ACTIONS, DEFRAG, EVICT, HOLD, SCALE_UP
+from engine.node_control import NODE_HOLD, decode_action, encode_action
 from engine.snapshot import Snapshot
 
 
@@ -43,3 +44,27 @@ class Shield:
                 and action in (HOLD, SCALE_UP, DEFRAG)):
             return EVICT
         return action if self.allowed(action, snapshot) else HOLD
+
+
+@dataclass(frozen=True)
+class NodeShield:
+    """The shield of a node's flat actions (engine/node_control.py): ``Shield``'s rules on the
+    engine an action moves (a refused scale-up becomes the node-wide hold), and a node-wide hold
+    while a crashing engine's KV is ``evict_at`` full becomes that engine's eviction (the first
+    such engine's). ``resize`` (a graceful restart) and actions on other engines pass."""
+
+    engine: Shield = Shield()
+
+    def filter(self, action: int, snapshots: dict[str, Snapshot]) -> int:
+        names = list(snapshots)
+        decoded = decode_action(action, len(names))
+        if decoded is None:
+            for i, name in enumerate(names):
+                if self.engine.filter(HOLD, snapshots[name]) == EVICT:
+                    return encode_action(i, "evict")
+            return action
+        i, what = decoded
+        if what == "resize":
+            return action
+        applied = self.engine.filter(ACTIONS.index(what), snapshots[names[i]])
+        return NODE_HOLD if applied == HOLD else encode_action(i, ACTIONS[applied])

@@ -156,6 +156,11 @@ DEPLOYMENTS = {
         Deployment("llama3-8b-l40s", L40S_48GB, LLAMA3_8B, max_num_batched_tokens=4096, max_model_len=32768),
         Deployment("llama70b-fp8-h200", H200_SXM_141GB, LLAMA3_70B_FP8, max_num_batched_tokens=4096,
                    max_model_len=32768),
+        # tenants of a shared GPU (env/node_scenario.py): each sized by its MPS limit, not by the whole GPU
+        Deployment("llama7b-fp16-h100", H100_SXM_80GB, LLAMA_7B, max_num_batched_tokens=4096, max_model_len=4096,
+                   restart_downtime_s=20.0),
+        Deployment("llama3-8b-h100", H100_SXM_80GB, LLAMA3_8B, max_num_batched_tokens=4096, max_model_len=16384,
+                   restart_downtime_s=20.0),
     )
 }
 

@@ -27,6 +27,7 @@ _RANGES = {  # field -> (low, high, low inclusive)
     "gamma": (0, math.inf, True), "omega": (0, math.inf, True), "rho": (0, math.inf, True), "tokens_per_s_scale": (0, math.inf, False),
     "queue_scale": (1, math.inf, True), "swapped_scale": (1, math.inf, True),
     "slope_scale": (0, math.inf, False), "overcommit_scale": (0, math.inf, False), "best_static": (0, math.inf, False),
+    "slice_s": (0, math.inf, False), "best_overcommit": (0, math.inf, False), "phase_offset": (0, math.inf, True),
 }
 _ARRIVALS = {"poisson": {"rate"}, "gamma": {"rate", "cv"}, "mmpp": {"rates", "mean_dwell_s"}}
 _LENGTHS = {"lognormal": {"mean", "sigma", "low", "high"}, "pareto": {"alpha", "low", "high"},
@@ -141,26 +142,31 @@ def _check(s: Scenario, where: str) -> Scenario:
         raise _fail(where, "engine", f"not an engine setting ({exc})") from None
     except ValueError as exc:
         raise _fail(where, "engine", str(exc)) from None
-    w = s.workload
-    try:
-        MaxTokensRule.parse(w.max_tokens, name="workload.max_tokens")
-    except ValueError as exc:
-        raise _fail(where, "workload.max_tokens", str(exc)) from None
-    if isinstance(w, TraceWorkload) and w.starts is not None and not 0 <= w.starts[0] <= w.starts[1]:
-        raise _fail(where, "workload.starts", f"must be [low, high] with 0 <= low <= high, got {list(w.starts)}")
     if s.cotenant is not None:
         for i, level in enumerate(s.cotenant.levels):
             if not 0 <= level < 1:
                 raise _fail(where, f"cotenant.levels[{i}]", f"must be a share of device memory in [0, 1), got {level}")
+    check_workload_fields(s.workload, where)
+    return s
+
+
+def check_workload_fields(w, where: str, path: str = "workload") -> None:
+    """A workload's values beyond their types: the max_tokens rule, a window span, session keys,
+    and everything it names (traces, distributions) built once."""
+    try:
+        MaxTokensRule.parse(w.max_tokens, name=f"{path}.max_tokens")
+    except ValueError as exc:
+        raise _fail(where, f"{path}.max_tokens", str(exc)) from None
+    if isinstance(w, TraceWorkload) and w.starts is not None and not 0 <= w.starts[0] <= w.starts[1]:
+        raise _fail(where, f"{path}.starts", f"must be [low, high] with 0 <= low <= high, got {list(w.starts)}")
     if isinstance(w, GeneratorWorkload) and w.sessions is not None:
         unknown = set(w.sessions) - {"mean_turns", "mean_think_s", "first_prompt"}
         if unknown:
-            raise _fail(where, f"workload.sessions.{sorted(unknown)[0]}", "unknown key (known: mean_turns, mean_think_s, first_prompt)")
+            raise _fail(where, f"{path}.sessions.{sorted(unknown)[0]}", "unknown key (known: mean_turns, mean_think_s, first_prompt)")
     try:
         check_workload(w)
     except (ValueError, FileNotFoundError) as exc:
-        raise _fail(where, "workload", str(exc)) from None
-    return s
+        raise _fail(where, path, str(exc)) from None
 
 
 def scenario_from_dict(data: dict, where: str = "scenario") -> Scenario:
@@ -171,6 +177,9 @@ def load_scenario(path: str | Path) -> Scenario:
     """Read a scenario YAML file; a bundled name (``burst``) reads ``experiments/scenarios/burst.yaml``."""
     p = find(path, SCENARIOS, ".yaml")
     data = read_yaml(p, f"scenario: {path}: no such file (bundled: {', '.join(bundled_scenarios())})")
+    if isinstance(data, dict) and "tenants" in data:
+        raise ScenarioError(f"{p}: a node scenario (several engines on one GPU): it runs in rlctl/SharedGPU-v0 "
+                            "(env/shared_gpu_env.py)")
     if isinstance(data, dict) and "name" not in data:
         data = {"name": p.stem, **data}
     return scenario_from_dict(data, str(p))
@@ -186,5 +195,15 @@ def read_yaml(path: Path, missing: str):
         raise ScenarioError(f"{path}: not valid YAML ({exc})") from None
 
 
-def bundled_scenarios() -> list[str]:
-    return bundled(SCENARIOS, ".yaml")
+def bundled_scenarios(node: bool = False) -> list[str]:
+    """The shipped scenarios of one engine, or (``node``) those of several engines on one GPU
+    (a file with ``tenants``: env/node_scenario.py)."""
+    return [n for n in bundled(SCENARIOS, ".yaml") if is_node_file(SCENARIOS / f"{n}.yaml") == node]
+
+
+def is_node_file(path: Path) -> bool:
+    """Whether the YAML file at ``path`` is a node scenario (it has ``tenants``)."""
+    if not path.is_file():
+        return False
+    data = read_yaml(path, "")
+    return isinstance(data, dict) and "tenants" in data

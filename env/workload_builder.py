@@ -104,13 +104,14 @@ def check_workload(w: Workload) -> None:
         _first_prompt(s)
 
 
-def episode_requests(w: Workload, episode_s: float, max_model_len: int,
-                     rng: np.random.Generator) -> tuple[list[Request], str]:
-    """The requests of one episode and a line saying how they were made."""
+def episode_requests(w: Workload, episode_s: float, max_model_len: int, rng: np.random.Generator,
+                     phase_spans: list[tuple[float, float, int]] | None = None) -> tuple[list[Request], str]:
+    """The requests of one episode and a line saying how they were made; a phased workload follows
+    ``phase_spans`` ((start, length, phase index)) where given, else draws its own."""
     if isinstance(w, PhasedWorkload):
         phases = [(_arrivals(p.arrivals), _lengths(p.prompt), _lengths(p.output), p.mean_dwell_s) for p in w.phases]
         requests = generate_phases(phases=phases, max_tokens_rule=w.max_tokens, duration_s=episode_s, rng=rng,
-                                   max_model_len=max_model_len)
+                                   max_model_len=max_model_len, spans=phase_spans)
         names = "/".join(p.name or str(i) for i, p in enumerate(w.phases))
         return requests, f"generated: phases {names}, max_tokens {w.max_tokens}, {len(requests)} requests"
     if isinstance(w, TraceWorkload):

@@ -51,14 +51,28 @@ def generate_phases(
     rng: np.random.Generator,
     max_model_len: int | None = None,
     id_prefix: str = "ph",
+    spans: list[tuple[float, float, int]] | None = None,
 ) -> list[Request]:
     """Requests whose mix moves between phases, each (arrivals, prompt lengths, output lengths,
     mean dwell time): the phases follow each other in order from one drawn at random, each for an
-    exponential dwell time, and within a phase requests are drawn as ``generate`` draws them."""
+    exponential dwell time, and within a phase requests are drawn as ``generate`` draws them.
+    ``spans`` ((start, length, phase index), in order) gives the schedule instead: a node's tenants
+    follow one clock with their phases offset (env/node_scenario.py)."""
     if not phases:
         raise ValueError("phases: give at least one phase")
     for i, (_, _, _, dwell) in enumerate(phases):
         positive(f"phases[{i}].mean_dwell_s", dwell)
+    if spans is not None:
+        out = []
+        for n, (start, span, k) in enumerate(spans):
+            arrivals, prompts, outputs, _ = phases[k % len(phases)]
+            span = min(span, duration_s - start)
+            if span > 0:
+                segment = generate(arrivals=arrivals, prompt_lengths=prompts, output_lengths=outputs,
+                                   max_tokens_rule=max_tokens_rule, duration_s=span, rng=rng,
+                                   max_model_len=max_model_len, id_prefix=f"{id_prefix}{n}")
+                out += [replace(r, arrival_s=r.arrival_s + start) for r in segment]
+        return out
     t, k, n, out = 0.0, int(rng.integers(len(phases))), 0, []
     while t < duration_s:
         arrivals, prompts, outputs, dwell = phases[k]
