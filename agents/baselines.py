@@ -13,7 +13,7 @@ and returns an action id; ``engine_overrides`` are engine settings it pins for i
 - ``sglang``: SGLang's adaptive reservation (engine/scheduler.py ``NewTokenRatio``) with its
   default settings, retracting the newest requests for recomputation when decode runs out of
   blocks.
-- ``random``: a uniformly random action, from the seed given at ``reset``.
+- ``random``: a uniformly random action of its environment's, from the seed given at ``reset``.
 """
 from __future__ import annotations
 
@@ -98,9 +98,11 @@ class Random(Policy):
 
     def __post_init__(self) -> None:
         self._rng = np.random.default_rng(0)
+        self._n = len(ACTIONS)
 
     def reset(self, seed: int | None = None, env=None) -> None:
         self._rng = np.random.default_rng(seed)
+        self._n = int(env.action_space.n) if env is not None else len(ACTIONS)  # a node has more actions
 
     def act(self, obs: np.ndarray) -> int:
-        return int(self._rng.integers(len(ACTIONS)))
+        return int(self._rng.integers(self._n))

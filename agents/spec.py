@@ -53,7 +53,11 @@ def make_policy(spec: str) -> Policy:
         return Oracle()
     path = find(spec, POLICIES, POLICY_SUFFIX)
     if path.is_file() or spec.endswith(POLICY_SUFFIX):
-        return load_policy(path)  # a missing file: PolicyFileError naming the path
+        policy = load_policy(path)  # a missing file: PolicyFileError naming the path
+        if policy.header.get("node"):
+            raise ValueError(f"policy file {path}: trained for a node of engines {policy.header['node']['engines']}: "
+                             "evaluate it on a node scenario")
+        return policy
     shipped = bundled(POLICIES, POLICY_SUFFIX)
     raise ValueError(f"policy {spec!r} does not exist: use static:K, watermark, vllm, sglang, random, oracle or a "
                      f"policy file (*{POLICY_SUFFIX})" + (f", or a shipped policy: {', '.join(shipped)}" if shipped else ""))

@@ -10,11 +10,10 @@ from __future__ import annotations
 import copy
 
 
-def clone(engine):
-    """An independent copy of ``engine`` (tensor-free only: real KV tensors are not copied)."""
-    if engine.pool.materialize:
-        raise ValueError("only a tensor-free engine (ProfiledExecutor without tensors) can be cloned")
-    memo = {id(x): x for x in (engine.config, engine.model_config, engine.executor, engine.model, engine.last_snapshot)}
+def _keep(engine, memo: dict) -> None:
+    """Put into ``memo`` what copies of ``engine`` share with it and what they copy in one go."""
+    for x in (engine.config, engine.model_config, engine.executor, engine.model, engine.last_snapshot):
+        memo[id(x)] = x
     s = engine.scheduler
     sequences = [p[2] for p in s.pending] + list(s.waiting) + s.running + list(s.swapped)
     for seq in sequences:
@@ -28,4 +27,23 @@ def clone(engine):
             memo[id(ctx.host_kv)] = ctx.host_kv
     for record in engine.completed:  # a finished request's record never changes again
         memo[id(record)] = record
+
+
+def clone(engine):
+    """An independent copy of ``engine`` (tensor-free only: real KV tensors are not copied)."""
+    if engine.pool.materialize:
+        raise ValueError("only a tensor-free engine (ProfiledExecutor without tensors) can be cloned")
+    memo: dict = {}
+    _keep(engine, memo)
     return copy.deepcopy(engine, memo)
+
+
+def clone_node(node):
+    """An independent copy of a node (engine/node.py): its engines and the device they share,
+    copied once, so the copies share it as the originals do."""
+    memo: dict = {}
+    for engine in node.engines.values():
+        if engine.pool.materialize:
+            raise ValueError("only a node of tensor-free engines can be cloned")
+        _keep(engine, memo)
+    return copy.deepcopy(node, memo)

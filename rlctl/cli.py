@@ -275,9 +275,63 @@ def cmd_profile(a: argparse.Namespace) -> int:
     return 0
 
 
+def _node_rows(results: dict) -> list:
+    """The per-tenant rows of a node's table: each tenant's goodput and SLO attainment, and restarts."""
+    first = next(iter(results.values()))
+    names = [k.split("/")[0] for k in first if k.endswith("/goodput_tokens_per_s")]
+    rows = [("SLO attained (worst tenant)", "slo_attainment_min", "{:.1%}"), ("graceful restarts", "restarts", "{:.0f}")]
+    for n in names:
+        rows += [(f"{n}: goodput (tok/s)", f"{n}/goodput_tokens_per_s", "{:.1f}"),
+                 (f"{n}: SLO attained", f"{n}/slo_attainment", "{:.1%}"), (f"{n}: OOM events", f"{n}/oom_events", "{:.0f}")]
+    return rows
+
+
+def _eval_node(a: argparse.Namespace) -> int:
+    """``rlctl eval`` on a node scenario (several engines on one GPU, rlctl/SharedGPU-v0)."""
+    import dataclasses
+
+    from agents.node_spec import make_node_policy, node_baselines
+    from env.node_scenario import load_node_scenario
+    from rlctl.evaluate import run_eval
+
+    for value, option in ((a.trace, "--trace"), (a.time_scale, "--time-scale"), (a.load, "--load"),
+                          (a.deployment, "--deployment"), (a.max_tokens, "--max-tokens")):
+        if value is not None:
+            raise ValueError(f"{option} applies to one engine's scenarios, not to node scenario {a.scenario}")
+    if a.static_sweep:
+        raise ValueError("--static-sweep applies to one engine's scenarios; on a node use --policy overcommit:K")
+    sc = load_node_scenario(a.scenario)
+    if a.steps is not None:
+        if a.steps <= 0:
+            raise ValueError(f"--steps must be > 0, got {a.steps}")
+        sc = dataclasses.replace(sc, max_steps=a.steps)
+    specs = list(dict.fromkeys(a.policy + (node_baselines(sc) if a.baselines else [])))
+    if not specs:
+        raise ValueError("give --policy SPEC (one or more) or --baselines")
+    policies = {spec: make_node_policy(spec, sc.names) for spec in specs}  # every spec is checked before anything runs
+    print(f"eval: node scenario {sc.name} ({', '.join(f'{t.name}: {t.deployment}' for t in sc.tenants)}), "
+          f"{a.episodes} episode(s) of {sc.max_steps} x {sc.decision_interval_s:g} s, seeds {a.seed}..{a.seed + a.episodes - 1}")
+    results = run_eval(list(policies.values()), sc, a.episodes, a.seed, a.shield)
+    first = next(iter(results.values()))
+    print(f"workload (episode 1): {first['workload']}\nclock: {first['clock']}")
+    print(format_table(results, extra_rows=EVAL_ROWS + _node_rows(results)))
+    if a.json:
+        _write_json(a, {"scenario": sc.name, "results": results})
+    if a.plot:
+        from rlctl.plot import draw
+
+        draw(results, a.plot, title=f"{sc.name}: {sc.description}")
+        print(f"wrote {a.plot}")
+    return 0
+
+
 def cmd_eval(a: argparse.Namespace) -> int:
     from agents.spec import baselines, make_policy, static_sweep
+    from env.node_scenario import is_node_scenario
     from rlctl.evaluate import eval_scenario, run_eval
+
+    if a.scenario is not None and is_node_scenario(a.scenario):
+        return _eval_node(a)
 
     sc = eval_scenario(a.scenario, a.trace, a.time_scale, a.max_tokens, a.steps, a.load, a.deployment)
     sweep = static_sweep(sc.engine_config().overcommit_max) if a.static_sweep else []

@@ -91,11 +91,21 @@ def eval_scenario(scenario: str | None, trace: str | None, time_scale: float | N
     return sc
 
 
+def make_env(scenario, shield: bool):
+    """The environment of ``scenario``: ``rlctl/SharedGPU-v0`` for a node scenario (several engines
+    on one GPU), else ``rlctl/Overcommit-v0``; with the safety shield if ``shield``."""
+    from agents.shield import NodeShield, Shield
+    from env.node_scenario import is_node_scenario
+    from env.shared_gpu_env import SharedGPUEnv
+
+    if is_node_scenario(scenario):
+        return SharedGPUEnv(scenario, shield=NodeShield() if shield else None)
+    return OvercommitEnv(scenario, shield=Shield() if shield else None)
+
+
 def run_eval(policies: list[Policy], scenario, episodes: int, seed: int, shield: bool) -> dict[str, dict]:
     """Every policy on the same ``episodes`` seeds of ``scenario``."""
-    from agents.shield import Shield
-
     if episodes <= 0:
         raise ValueError(f"--episodes must be > 0, got {episodes}")
-    env = OvercommitEnv(scenario, shield=Shield() if shield else None)
+    env = make_env(scenario, shield)
     return {p.name: evaluate(env, p, episodes, seed) for p in policies}
