@@ -10,9 +10,12 @@ observation           features (env/observation.py FEATURES), low, high, scales 
                       ``observation:``); version 2's features are deployment-free (shares of the
                       KV capacity), so a policy is not bound to the deployment it trained on
 actions               engine/control.py ACTIONS
+node                  a node's policy only (rlctl/SharedGPU-v0): engines (their names, in order)
+                      and deployments; its features and actions are then env/node_observation.py's
+                      and engine/node_control.py's for those engines
 network               obs_dim, n_actions, net_arch, dueling: enough to rebuild the network
 training              the training configuration, as given
-scenario              name, deployment
+scenario              name, deployment (none for a node)
 source_commit         git commit of the code that trained it ("unknown" outside a checkout)
 weights               dtype, sha256 of each tensor's bytes
 ```
@@ -41,8 +44,10 @@ from safetensors.torch import save_file
 
 from agents.policy import Policy
 from agents.networks import NumpyQNetwork, q_network
+from env.node_observation import node_bounds, node_features
 from env.observation import FEATURES, HIGH, LOW
 from engine.control import ACTIONS
+from engine.node_control import action_names
 
 FORMAT = "rlctl-policy"
 VERSION = 2
@@ -62,6 +67,15 @@ _REPO = Path(__file__).resolve().parent.parent
 
 class PolicyFileError(ValueError):
     """A policy file that cannot be used; the message names the file and the problem."""
+
+
+def layout(engines: list[str] | None = None) -> tuple[list[str], np.ndarray, np.ndarray, list[str]]:
+    """(features, low, high, actions) of this build: one engine's (env/observation.py,
+    engine/control.py), or a node's of ``engines`` (env/node_observation.py, engine/node_control.py)."""
+    if engines is None:
+        return list(FEATURES), LOW, HIGH, list(ACTIONS)
+    low, high = node_bounds(engines)
+    return node_features(engines), low, high, list(action_names(engines))
 
 
 # ---- export ------------------------------------------------------------------------------------
@@ -86,27 +100,31 @@ def export_policy(model, path: str | Path, *, scenario, training_config: dict,
     The file is written beside ``path`` and renamed into place, so a reader never sees half of it.
     """
     qnet = model.policy.q_net
-    if qnet.features_dim != len(FEATURES) or qnet.action_space.n != len(ACTIONS):
+    engines = list(scenario.names) if hasattr(scenario, "tenants") else None  # a node's policy
+    features, low, high, actions = layout(engines)
+    if qnet.features_dim != len(features) or qnet.action_space.n != len(actions):
         raise ValueError(f"export_policy: the model sees {qnet.features_dim} features and {qnet.action_space.n} "
-                         f"actions, this build has {len(FEATURES)} and {len(ACTIONS)}")
+                         f"actions, this build has {len(features)} and {len(actions)}")
     weights = {k: v.detach().to("cpu", torch.float32).contiguous() for k, v in qnet.q_net.state_dict().items()}
     header = {
         "format": FORMAT,
         "version": VERSION,
         "observation": {
-            "features": list(FEATURES),
-            "low": [float(x) for x in LOW],
-            "high": [float(x) for x in HIGH],
+            "features": list(features),
+            "low": [float(x) for x in low],
+            "high": [float(x) for x in high],
             "scales": dataclasses.asdict(scenario.observation),
         },
-        "actions": list(ACTIONS),
+        "actions": list(actions),
         "network": {"obs_dim": int(qnet.features_dim), "n_actions": int(qnet.action_space.n),
                     "net_arch": [int(w) for w in qnet.net_arch], "dueling": bool(qnet.dueling)},
         "training": training_config,
-        "scenario": {"name": scenario.name, "deployment": scenario.deployment},
+        "scenario": {"name": scenario.name, "deployment": getattr(scenario, "deployment", None)},
         "source_commit": source_commit or git_commit(),
         "weights": {"dtype": "float32", "sha256": {k: _sha256(v) for k, v in sorted(weights.items())}},
     }
+    if engines is not None:
+        header["node"] = {"engines": engines, "deployments": [t.deployment for t in scenario.tenants]}
     # a non-JSON value in the training config (a Path, say) is recorded as its text, not refused
     text = json.dumps(header, default=str, sort_keys=True)
     path = Path(path)
@@ -224,38 +242,43 @@ def _policy_header(path: Path, raw: dict) -> dict:
 
 def _check_layout(path: Path, header: dict) -> None:
     fail = lambda problem: PolicyFileError(f"policy file {path}: {problem}")  # noqa: E731
+    node = header.get("node")
+    if node is not None and (not isinstance(node, dict) or not isinstance(node.get("engines"), list)
+                             or not node["engines"] or not all(isinstance(n, str) and n for n in node["engines"])):
+        raise fail(f"node.engines must list the node's engine names, got {node!r}")
+    ours_features, ours_low, ours_high, ours_actions = layout(node["engines"] if node else None)
     obs = header["observation"]
     features = obs["features"]
     if not isinstance(features, list):
         raise fail(f"observation.features must be a list, got {features!r}")
-    for i, (a, b) in enumerate(zip(features, FEATURES)):
+    for i, (a, b) in enumerate(zip(features, ours_features)):
         if a != b:
             raise fail(f"observation layout differs from this build's: feature {i} is {a!r}, this build has {b!r}")
-    if len(features) != len(FEATURES):
-        extra = features[len(FEATURES):] or FEATURES[len(features):]
+    if len(features) != len(ours_features):
+        extra = features[len(ours_features):] or ours_features[len(features):]
         raise fail(f"observation layout differs from this build's: {len(features)} features, this build has "
-                   f"{len(FEATURES)} (first {'extra' if len(features) > len(FEATURES) else 'missing'}: {extra[0]!r})")
-    for bound, ours in (("low", LOW), ("high", HIGH)):
+                   f"{len(ours_features)} (first {'extra' if len(features) > len(ours_features) else 'missing'}: {extra[0]!r})")
+    for bound, ours in (("low", ours_low), ("high", ours_high)):
         theirs = obs[bound]
-        if not isinstance(theirs, list) or len(theirs) != len(FEATURES):
-            raise fail(f"observation.{bound} must list {len(FEATURES)} bounds, got {theirs!r}")
-        for name, a, b in zip(FEATURES, theirs, ours):
+        if not isinstance(theirs, list) or len(theirs) != len(ours_features):
+            raise fail(f"observation.{bound} must list {len(ours_features)} bounds, got {theirs!r}")
+        for name, a, b in zip(ours_features, theirs, ours):
             if a != float(b):
                 raise fail(f"observation layout differs from this build's: {bound} bound of {name!r} is {a}, "
                            f"this build has {float(b)}")
     actions = header["actions"]
     if not isinstance(actions, list):
         raise fail(f"actions must be a list, got {actions!r}")
-    if len(actions) != len(ACTIONS):
+    if len(actions) != len(ours_actions):
         raise fail(f"action list differs from this build's: {len(actions)} actions {actions}, "
-                   f"this build has {len(ACTIONS)} {list(ACTIONS)}")
-    diff = _first_difference(actions, list(ACTIONS))
+                   f"this build has {len(ours_actions)} {list(ours_actions)}")
+    diff = _first_difference(actions, list(ours_actions))
     if diff:
         raise fail(f"action list differs from this build's: {diff}")
     net = header["network"]
-    if net["obs_dim"] != len(FEATURES) or net["n_actions"] != len(ACTIONS):
+    if net["obs_dim"] != len(ours_features) or net["n_actions"] != len(ours_actions):
         raise fail(f"network shape obs_dim={net['obs_dim']} n_actions={net['n_actions']} does not match the "
-                   f"{len(FEATURES)} features and {len(ACTIONS)} actions")
+                   f"{len(ours_features)} features and {len(ours_actions)} actions")
 
 
 def read_capped(f: BinaryIO, path: Path, max_bytes: int) -> bytes:

@@ -397,20 +397,22 @@ def cmd_results(a: argparse.Namespace) -> int:
 
 
 def cmd_train(a: argparse.Namespace) -> int:
-    from rlctl.train import load_train_config, train
+    from rlctl.train import is_node_config, load_train_config, train
 
     seeds = a.seeds or [a.seed]
     configs = [(path, load_train_config(path, timesteps=a.timesteps, seed=s, n_envs=a.n_envs))
                for path in a.config for s in seeds]  # every config is checked before anything runs
     runs = []
     for path, cfg in configs:
-        print(f"train: {path}: scenarios {', '.join(cfg.scenarios)} x loads {list(cfg.loads)}, {cfg.timesteps} steps, seed {cfg.seed}, "
+        node = is_node_config(cfg)
+        where = f"node scenario {cfg.scenarios[0]}" if node else f"scenarios {', '.join(cfg.scenarios)} x loads {list(cfg.loads)}"
+        print(f"train: {path}: {where}, {cfg.timesteps} steps, seed {cfg.seed}, "
               f"double={cfg.double} dueling={cfg.dueling} prioritized={cfg.prioritized} n_steps={cfg.n_steps}")
         out = train(cfg, a.logdir, a.resume, progress_bar=not a.no_progress,
                     baseline_specs=None if not runs else [])
         runs.append((path, cfg, out))
         print(f"held-out evaluation ({cfg.eval_episodes} episodes, seeds {cfg.eval_seed}..):")
-        print(format_table(out["results"], extra_rows=EVAL_ROWS))
+        print(format_table(out["results"], extra_rows=EVAL_ROWS + (_node_rows(out["results"]) if node else [])))
         print(f"run: {out['run']} ({out['timesteps']} steps, {out['wall_s']:.0f} s, {out['n_envs']} envs)\n"
               f"policy: {out['policy']}\nreview: tensorboard --logdir {a.logdir}")
     if len(runs) > 1:

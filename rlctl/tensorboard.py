@@ -6,10 +6,10 @@ the event files back).
   ``OvercommitEnv`` (``DummyVecEnv`` or ``SubprocVecEnv``). At each episode end (an ``info`` with
   ``summary``) it records to the model's logger, under ``episode/...``, ``actions/...`` and
   ``rolling/...``: the episode reward, each reward term's contribution, goodput, tokens/s, KV
-  utilisation (mean, p99), OOM events, preemptions, the share of each applied action, the mean
-  overcommit factor and the shield's overrides; then it dumps the logger at that step, so that no
-  episode is lost between SB3's own dumps (episodes of several environments that end at the same
-  step are averaged). The model's own ``train/*`` (loss, q_mean, td_abs_mean, per_beta,
+  utilisation (mean, p99), OOM events, preemptions, the share of each applied action (a node's as
+  ``actions/share_<engine>/<action>``), the mean overcommit factor and the shield's overrides;
+  then it dumps the logger at that step, so that no episode is lost between SB3's own dumps
+  (episodes of several environments that end at the same step are averaged). The model's own ``train/*`` (loss, q_mean, td_abs_mean, per_beta,
   priority_mean) and ``rollout/exploration_rate`` go out with these dumps and SB3's.
 - ``log_evaluation``: ``rlctl.evaluate``'s results as a markdown table (text plugin, tag
   ``eval/table``) and as scalars ``eval/<policy>/<figure>``.
@@ -78,7 +78,7 @@ class _Episode:
         self.terms = dict.fromkeys(TERMS, 0.0)
         self.weighted: dict[str, float] | None = dict.fromkeys(TERMS, 0.0)
         self.overcommit: list[float] = []
-        self.actions = dict.fromkeys(ACTIONS, 0)
+        self.actions = dict.fromkeys(ACTIONS, 0)  # a node's actions (engine:action) are added as they come
 
     def add(self, reward: float, info: dict) -> None:
         self.reward += float(reward)
@@ -94,8 +94,8 @@ class _Episode:
                 self.weighted[k] += float(weighted.get(k, 0.0))
         if _number(info.get("overcommit")) is not None:
             self.overcommit.append(float(info["overcommit"]))
-        if info.get("applied_action") in self.actions:
-            self.actions[info["applied_action"]] += 1
+        if isinstance(info.get("applied_action"), str):
+            self.actions[info["applied_action"]] = self.actions.get(info["applied_action"], 0) + 1
 
 
 class ReviewCallback(BaseCallback):
@@ -167,12 +167,13 @@ class ReviewCallback(BaseCallback):
                 v = _number(summary.get(key))
                 if v is not None:
                     values[f"episode/{tag}"] = v
-            if isinstance(summary.get("actions"), dict):
-                counts = {a: summary["actions"].get(a, 0) for a in ACTIONS}
+            if isinstance(summary.get("actions"), dict):  # one engine's ACTIONS, or a node's (engine:action)
+                counts = {a: n for a, n in summary["actions"].items() if _number(n) is not None}
         total = sum(counts.values())
         if total > 0:
-            for a in ACTIONS:
-                values[f"actions/share_{a}"] = counts.get(a, 0) / total
+            names = list(ACTIONS) if set(counts) <= set(ACTIONS) else list(counts)
+            for a in names:
+                values[f"actions/share_{a.replace(':', '/')}"] = counts.get(a, 0) / total
         for tag, v in values.items():
             self.logger.record_mean(tag, v)
         for tag in ("episode/reward", "episode/goodput_tokens_per_s", "episode/oom_events", "episode/kv_util_mean"):

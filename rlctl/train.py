@@ -6,6 +6,10 @@ hyperparameters. A run writes under ``<logdir>/<name>/``: TensorBoard events, ch
 the replay buffer, so ``--resume`` continues where it stopped), the evaluation table against the
 baselines, and ``policy.rlpolicy``, the pickle-free exported policy that ``rlctl eval`` and
 ``rlctl serve`` load.
+
+A configuration whose one scenario is a node scenario (several engines on one GPU) trains on
+``rlctl/SharedGPU-v0`` and is judged against the node's baselines (agents/node_spec.py); its
+policy file records the node's engines, and is refused on any other node or on one engine.
 """
 from __future__ import annotations
 
@@ -25,13 +29,14 @@ from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv
 from agents.policy import Policy
 from agents.spec import baselines, make_policy
 from agents.dqn import OvercommitDQN
+from agents.node_spec import make_node_policy, node_baselines
 from agents.shield import Shield
 from env.mixture import MixtureEnv
-from env.overcommit_env import OvercommitEnv
+from env.node_scenario import is_node_scenario, load_node_scenario
 from env.scenario import Scenario, ScenarioError, TraceWorkload
 from env.scenario_yaml import from_mapping, load_scenario, read_yaml
 from experiments import TRAIN, bundled, find
-from rlctl.evaluate import evaluate
+from rlctl.evaluate import evaluate, make_env
 
 
 @dataclass(frozen=True)
@@ -100,15 +105,28 @@ def load_train_config(path: str | Path, **overrides) -> TrainConfig:
     except ValueError as exc:
         raise ScenarioError(str(exc) if str(exc).startswith(str(p)) else f"{p}: {exc}") from None
     try:  # a bad scenario or load fails now, not after the first checkpoint
-        MixtureEnv(training_scenarios(cfg))
+        scenarios = training_scenarios(cfg)
+        if not is_node_config(cfg):
+            MixtureEnv(scenarios)
         held_out(cfg)
     except ValueError as exc:
         raise ScenarioError(f"{p}: {exc}") from None
     return cfg
 
 
+def is_node_config(cfg: TrainConfig) -> bool:
+    """Whether ``cfg`` trains a node's policy (its one scenario has several engines on one GPU)."""
+    node = [is_node_scenario(name) for name in cfg.scenarios]
+    if any(node) and (len(node) > 1 or cfg.loads != (1.0,) or cfg.eval_starts is not None):
+        raise ScenarioError("scenarios: a node policy trains on one node scenario, at its own load, on held-out "
+                            f"seeds (no loads, no eval_starts); got {list(cfg.scenarios)}")
+    return any(node)
+
+
 def training_scenarios(cfg: TrainConfig) -> list[Scenario]:
     """Every training scenario at every load."""
+    if is_node_config(cfg):
+        return [load_node_scenario(cfg.scenarios[0])]
     out = []
     for name in cfg.scenarios:
         sc = load_scenario(name)
@@ -118,6 +136,8 @@ def training_scenarios(cfg: TrainConfig) -> list[Scenario]:
 
 def held_out(cfg: TrainConfig) -> list[Scenario]:
     """The evaluation scenarios: the training ones at their own load, with the held-out trace windows."""
+    if is_node_config(cfg):
+        return [load_node_scenario(cfg.scenarios[0])]
     out = []
     for name in cfg.scenarios:
         sc = load_scenario(name)
@@ -145,7 +165,7 @@ class HeldOutEval(BaseCallback):
 
     def __init__(self, scenarios: list[Scenario], cfg: TrainConfig) -> None:
         super().__init__()
-        self.envs = [OvercommitEnv(sc, shield=Shield() if cfg.shield else None) for sc in scenarios]
+        self.envs = [make_env(sc, cfg.shield) for sc in scenarios]
         self.cfg, self.last = cfg, 0
         self.history: list[dict] = []
 
@@ -172,7 +192,7 @@ FIGURES = ("goodput_tokens_per_s", "tokens_per_s", "kv_util_mean", "kv_util_p99"
 def _make_env(scenarios: list[Scenario], shield: bool):
     def make():
         if len(scenarios) == 1:
-            return OvercommitEnv(scenarios[0], shield=Shield() if shield else None)
+            return make_env(scenarios[0], shield)
         return MixtureEnv(scenarios, shield=Shield() if shield else None)
     return make
 
@@ -229,14 +249,17 @@ def train(cfg: TrainConfig, logdir: str | Path = "runs", resume: str | None = No
         header = export_policy(model, run / "policy.rlpolicy", scenario=scenarios[0],
                                training_config=dataclasses.asdict(cfg))
         tables = {}
+        node = is_node_config(cfg)
+        make = make_node_policy if node else make_policy
         for sc in evaluation:
-            specs = baseline_specs if baseline_specs is not None else baselines(sc.best_static)
-            eval_env = OvercommitEnv(sc, shield=Shield() if cfg.shield else None)
-            table = {"dqn": evaluate(eval_env, make_policy(str(run / "policy.rlpolicy")), cfg.eval_episodes,
+            specs = baseline_specs if baseline_specs is not None else (
+                node_baselines(sc) if node else baselines(sc.best_static))
+            eval_env = make_env(sc, cfg.shield)
+            table = {"dqn": evaluate(eval_env, make(str(run / "policy.rlpolicy")), cfg.eval_episodes,
                                      cfg.eval_seed)}
             table["dqn"]["policy"] = "dqn"
             for spec in specs:
-                policy = make_policy(spec)
+                policy = make(spec)
                 table[policy.name] = evaluate(eval_env, policy, cfg.eval_episodes, cfg.eval_seed)
             tables[sc.name] = table
             log_evaluation(run, table, model.num_timesteps, tag="eval" if len(evaluation) == 1 else f"eval/{sc.name}")
