@@ -130,15 +130,30 @@ class KVPool:
             seg[:, :, seg_off] = part.permute(1, 2, 0, 3, 4, 5)
 
     def copy_blocks(self, moves: list[tuple[int, int]]) -> None:
-        """Copy each source block's data to its destination (compaction): one gather and one
-        scatter per pair of segments, no staging copy. Sources and destinations are disjoint."""
+        """Copy each source block's data to its destination (compaction). Sources and destinations
+        are disjoint, so the copies may run in any order and need no staging buffer.
+
+        Moves whose sources and destinations both run consecutively (within one segment each) go
+        as one slice copy over every layer, so each byte moves once. A batched index_select +
+        index_copy_ moves every byte twice through a staging tensor the size of the move, and
+        measured 2x (buffer reused) to 10x (fresh buffer: page faults) slower on CPU."""
         if not moves or not self.materialize:
             return
-        dev = self.device.torch_device
-        src = torch.tensor([m[0] for m in moves], dtype=torch.long, device=dev)
-        dst = torch.tensor([m[1] for m in moves], dtype=torch.long, device=dev)
         S = self.segment_blocks
-        pairs = torch.stack((src // S, dst // S), dim=1)
-        for ss, ds in torch.unique(pairs, dim=0).tolist():
-            m = (pairs[:, 0] == ss) & (pairs[:, 1] == ds)
-            self.segments[ds][:, :, dst[m] % S] = self.segments[ss][:, :, src[m] % S]
+        for src, dst, n in _runs(sorted(moves), S):
+            (ss, so), (ds, do) = divmod(src, S), divmod(dst, S)
+            self.segments[ds][:, :, do:do + n].copy_(self.segments[ss][:, :, so:so + n])
+
+
+def _runs(moves: list[tuple[int, int]], segment_blocks: int) -> list[tuple[int, int, int]]:
+    """(first source, first destination, length) of each maximal run of moves with consecutive
+    sources and consecutive destinations that crosses no segment boundary on either side."""
+    runs: list[tuple[int, int, int]] = []
+    for src, dst in moves:
+        if runs:
+            s0, d0, n = runs[-1]
+            if src == s0 + n and dst == d0 + n and src % segment_blocks and dst % segment_blocks:
+                runs[-1] = (s0, d0, n + 1)
+                continue
+        runs.append((src, dst, 1))
+    return runs
