@@ -13,7 +13,7 @@ from typing import Callable
 
 import torch
 
-from engine.attention import AttentionBatch
+from engine.attention import AttentionBatch, PrefillChunk
 from engine.kv_pool import KVPool
 from engine.model import LlamaModel
 from engine.scheduler import Work, batch_tokens
@@ -34,6 +34,12 @@ def timed_call(fn: Callable[[], object], device: torch.device) -> tuple[float, o
     return time.perf_counter() - t0, result
 
 
+def _additive(masked: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """An attention mask to add to the scores: -inf where ``masked``, 0 elsewhere. Built once per
+    step, so that no layer converts a boolean mask again."""
+    return torch.zeros(masked.shape, dtype=dtype, device=masked.device).masked_fill_(masked, float("-inf"))
+
+
 class TorchExecutor:
     """Runs the decoder; greedy sampling. Duration = measured wall time of the forward pass."""
 
@@ -44,31 +50,51 @@ class TorchExecutor:
         self.device = pool.device.torch_device
 
     def prepare(self, work: list[Work]) -> tuple[torch.Tensor, torch.Tensor, AttentionBatch, list[Work]]:
-        """Flat input ids and positions plus the attention metadata; the work reordered, decodes first."""
+        """Flat input ids and positions plus the attention metadata; the work reordered, decodes first.
+
+        Python touches each sequence once; per-token indices are tensor arithmetic.
+        """
         order = sorted(work, key=lambda w: w.num_tokens != 1)
-        ids, pos, blocks, offsets, qlens, clens, rows = [], [], [], [], [], [], []
-        bs = self.pool.block_size
+        pool, bs, dev = self.pool, self.pool.block_size, self.device
+        ids, starts, qlens, rows = [], [], [], []
         for w in order:
             s, start, n = w.seq, w.seq.num_computed, w.num_tokens
             ids += s.token_ids[start:start + n]
-            p = list(range(start, start + n))
-            pos += p
-            blocks += [s.block_table[i // bs] for i in p]
-            offsets += [i % bs for i in p]
+            starts.append(start)
             qlens.append(n)
-            clens.append(start + n)
             if w.produces_token:
                 rows.append(len(ids) - 1)
+        ctx = [st + n for st, n in zip(starts, qlens)]
+        nd = qlens.count(1)
         width = max(len(w.seq.block_table) for w in order)
-        tables = [w.seq.block_table + [0] * (width - len(w.seq.block_table)) for w in order]
-        num_decodes = sum(1 for w in order if w.num_tokens == 1)
-        dev = self.device
-        batch = AttentionBatch(
-            slot_blocks=torch.tensor(blocks, device=dev), slot_offsets=torch.tensor(offsets, device=dev),
-            query_lens=qlens, context_lens=clens, block_tables=torch.tensor(tables, device=dev),
-            decode_lens=torch.tensor(clens[:num_decodes], device=dev), num_decodes=num_decodes,
-            logit_rows=torch.tensor(rows, dtype=torch.long, device=dev))
-        return torch.tensor(ids, device=dev), torch.tensor(pos, device=dev), batch, order
+        tables = torch.tensor([w.seq.block_table + [0] * (width - len(w.seq.block_table)) for w in order])
+        # each token's sequence, position, and the pool slot its K and V go to
+        seq = torch.repeat_interleave(torch.arange(len(order)), torch.tensor(qlens), output_size=len(ids))
+        first_row = torch.tensor([0] + qlens[:-1]).cumsum(0)
+        positions = torch.arange(len(ids)) - first_row[seq] + torch.tensor(starts)[seq]
+        slots = tables[seq, positions // bs] * bs + positions % bs
+
+        batch = AttentionBatch(slots=pool.locate(slots.to(dev), bs), num_decodes=nd, decode_blocks=None,
+                               decode_width=0, decode_len=0, decode_mask=None, prefills=[],
+                               logit_rows=None if len(rows) == len(ids) else torch.tensor(rows, device=dev))
+        if nd:
+            batch.decode_len = max(ctx[:nd])
+            batch.decode_width = -(-batch.decode_len // bs)
+            batch.decode_blocks = pool.locate(tables[:nd, :batch.decode_width].reshape(-1).to(dev))
+            if min(ctx[:nd]) < batch.decode_len:  # shorter contexts are padded out: mask the padding
+                lens = torch.tensor(ctx[:nd], device=dev)
+                batch.decode_mask = _additive(torch.arange(batch.decode_len, device=dev)[None, :] >= lens[:, None],
+                                              pool.dtype)[:, None, None, :]
+        row = nd
+        for i in range(nd, len(order)):
+            n, c = qlens[i], ctx[i]
+            nblocks = -(-c // bs)
+            # query j sits at position c - n + j and sees keys 0 .. c - n + j
+            future = torch.arange(c, device=dev)[None, :] > torch.arange(c - n, c, device=dev)[:, None]
+            batch.prefills.append(PrefillChunk(row, n, c, pool.locate(tables[i, :nblocks].to(dev)), nblocks,
+                                               _additive(future, pool.dtype)[None, None]))
+            row += n
+        return torch.tensor(ids, device=dev), positions.to(dev), batch, order
 
     def execute(self, work: list[Work]) -> tuple[dict[str, int], float]:
         """Run the iteration; returns the next token of each sequence whose chunk reached its end."""

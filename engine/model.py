@@ -30,21 +30,26 @@ class RMSNorm(nn.Module):
 
 
 class Rotary(nn.Module):
-    """Rotary position embedding, rotate-half convention."""
+    """Rotary position embedding, rotate-half convention; cos/sin computed once per forward pass."""
 
     def __init__(self, head_dim: int, theta: float) -> None:
         super().__init__()
         inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
         self.register_buffer("inv_freq", inv_freq, persistent=False)
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        # x: [tokens, heads, head_dim]; positions: [tokens]
+    def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and signed sin for ``rotate``, [tokens, 1, head_dim] in ``dtype``."""
         freqs = positions.float()[:, None] * self.inv_freq[None, :]
         emb = torch.cat((freqs, freqs), dim=-1)
-        cos, sin = emb.cos()[:, None, :].to(x.dtype), emb.sin()[:, None, :].to(x.dtype)
-        half = x.shape[-1] // 2
-        rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-        return x * cos + rotated * sin
+        cos, sin = emb.cos().to(dtype), emb.sin().to(dtype)
+        half = sin.shape[-1] // 2
+        # rotate_half(x) * sin == roll(x, half) * [-sin_lo, sin_hi], bit for bit (negation is exact)
+        return cos[:, None, :], torch.cat((-sin[:, :half], sin[:, half:]), dim=-1)[:, None, :]
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """RoPE on x [tokens, heads, head_dim] with what ``Rotary`` computed for the step."""
+    return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * signed_sin
 
 
 class Attention(nn.Module):
@@ -57,13 +62,13 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=False)
         self.o_proj = nn.Linear(cfg.num_heads * cfg.head_dim, cfg.hidden_size, bias=False)
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, rotary: Rotary,
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
                 batch: AttentionBatch, pool: KVPool) -> torch.Tensor:
         n = x.shape[0]
-        q = rotary(self.q_proj(x).view(n, self.num_heads, self.head_dim), positions)
-        k = rotary(self.k_proj(x).view(n, self.num_kv_heads, self.head_dim), positions)
+        q = rotate(self.q_proj(x).view(n, self.num_heads, self.head_dim), *rope)
+        k = rotate(self.k_proj(x).view(n, self.num_kv_heads, self.head_dim), *rope)
         v = self.v_proj(x).view(n, self.num_kv_heads, self.head_dim)
-        pool.write(self.layer, batch.slot_blocks, batch.slot_offsets, k, v)
+        pool.write_slots(self.layer, batch.slots, k, v)
         out = paged_attention(q, self.layer, batch, pool)
         return self.o_proj(out.reshape(n, self.num_heads * self.head_dim))
 
@@ -87,8 +92,8 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg)
 
-    def forward(self, x, positions, rotary, batch, pool):
-        x = x + self.self_attn(self.input_layernorm(x), positions, rotary, batch, pool)
+    def forward(self, x, rope, batch, pool):
+        x = x + self.self_attn(self.input_layernorm(x), rope, batch, pool)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -129,10 +134,12 @@ class LlamaModel(nn.Module):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, batch: AttentionBatch,
                 pool: KVPool) -> torch.Tensor:
         x = self.model.embed_tokens(input_ids)
+        rope = self.rotary(positions, x.dtype)
         for layer in self.model.layers:
-            x = layer(x, positions, self.rotary, batch, pool)
-        x = self.model.norm(x[batch.logit_rows])
-        return self.lm_head(x)
+            x = layer(x, rope, batch, pool)
+        if batch.logit_rows is not None:
+            x = x[batch.logit_rows]
+        return self.lm_head(self.model.norm(x))
 
     def weight_bytes(self) -> int:
         return sum(p.numel() * p.element_size() for p in self.parameters())
