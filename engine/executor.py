@@ -74,9 +74,9 @@ class TorchExecutor:
         positions = torch.arange(len(ids)) - first_row[seq] + torch.tensor(starts)[seq]
         slots = tables[seq, positions // bs] * bs + positions % bs
 
+        logit_rows = None if len(rows) == len(ids) else torch.tensor(rows, dtype=torch.long, device=dev)
         batch = AttentionBatch(slots=pool.locate(slots.to(dev), bs), num_decodes=nd, decode_blocks=None,
-                               decode_width=0, decode_len=0, decode_mask=None, prefills=[],
-                               logit_rows=None if len(rows) == len(ids) else torch.tensor(rows, device=dev))
+                               decode_width=0, decode_len=0, decode_mask=None, prefills=[], logit_rows=logit_rows)
         if nd:
             batch.decode_len = max(ctx[:nd])
             batch.decode_width = -(-batch.decode_len // bs)
