@@ -30,12 +30,25 @@ class RMSNorm(nn.Module):
 
 
 class Rotary(nn.Module):
-    """Rotary position embedding, rotate-half convention; cos/sin computed once per forward pass."""
+    """Rotary position embedding, rotate-half convention, computed once per forward pass.
+
+    As in the reference implementation the frequencies, the angles and their cos/sin are float32
+    whatever the model's dtype, and only cos/sin are cast to it: a bf16 ``inv_freq`` would put
+    positions ~2000 a third of a radian off.
+    """
 
     def __init__(self, head_dim: int, theta: float) -> None:
         super().__init__()
         inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
         self.register_buffer("inv_freq", inv_freq, persistent=False)
+
+    def _apply(self, fn, recurse=True):
+        # Module.to(dtype) (and .half(), .bfloat16()) casts floating buffers too: keep the float32
+        # values and follow only the device the buffer went to
+        exact = self.inv_freq
+        super()._apply(fn, recurse)
+        self.inv_freq = exact.to(self.inv_freq.device)
+        return self
 
     def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and signed sin for ``rotate``, [tokens, 1, head_dim] in ``dtype``."""

@@ -78,7 +78,7 @@ class BenchSizes:
 
 def hf_twin(model: LlamaModel):
     """Hugging Face's ``LlamaForCausalLM`` with exactly the weights of our ``model``, on its device."""
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import AutoModelForCausalLM, LlamaConfig
 
     mc = model.config
     hfc = LlamaConfig(vocab_size=mc.vocab_size, hidden_size=mc.hidden_size, intermediate_size=mc.intermediate_size,
@@ -87,10 +87,13 @@ def hf_twin(model: LlamaModel):
                       rope_theta=mc.rope_theta, rms_norm_eps=mc.rms_norm_eps,
                       tie_word_embeddings=mc.tie_word_embeddings, bos_token_id=None, eos_token_id=None,
                       pad_token_id=None)
-    hf = LlamaForCausalLM(hfc).eval()
-    hf.load_state_dict(model.state_dict(), strict=True)
     param = next(model.parameters())
-    return hf.to(device=param.device, dtype=param.dtype)
+    # built in the target dtype, as from_pretrained(dtype=...) builds it: the parameters in that
+    # dtype, RoPE's inv_freq in float32. A .to(dtype) afterwards would round inv_freq too, and the
+    # twin would agree with an engine that has the same bug.
+    hf = AutoModelForCausalLM.from_config(hfc, dtype=param.dtype).eval()
+    hf.load_state_dict(model.state_dict(), strict=True)
+    return hf.to(device=param.device)
 
 
 def _sig(x: float | None, digits: int = 4) -> float | None:
