@@ -29,6 +29,32 @@ class RMSNorm(nn.Module):
         return self.weight * xf.to(x.dtype)
 
 
+def stacked(module: nn.Module, fused: str, in_features: int, parts: dict[str, int]) -> nn.Linear:
+    """``module.<fused>``: a Linear whose weight stacks projections of the same input, ``parts``
+    (name -> output features), so that they cost one GEMM: a decode batch's GEMMs are small and
+    each call has its own overhead. ``module``'s state dict still holds them apart, under
+    transformers' names and in its order, so that checkpoints load and ``state_dict`` loads into
+    transformers as they are."""
+    names, sizes = [f"{name}.weight" for name in parts], list(parts.values())
+
+    def split(mod, state: dict, prefix: str, _metadata) -> None:
+        # this module's keys are the dict's last (its children were just saved): re-add them in order
+        own = [(k, state.pop(k)) for k in [k for k in state if k.startswith(prefix)]]
+        for key, value in own:
+            if key == f"{prefix}{fused}.weight":
+                state.update(zip([prefix + n for n in names], value.split(sizes)))
+            else:
+                state[key] = value
+
+    def join(mod, state: dict, prefix: str, *_) -> None:
+        if all(prefix + n in state for n in names):  # otherwise load_state_dict reports what is missing
+            state[f"{prefix}{fused}.weight"] = torch.cat([state.pop(prefix + n) for n in names])
+
+    module.register_state_dict_post_hook(split)
+    module.register_load_state_dict_pre_hook(join)
+    return nn.Linear(in_features, sum(sizes), bias=False)
+
+
 class Rotary(nn.Module):
     """Rotary position embedding, rotate-half convention, computed once per forward pass.
 
@@ -70,17 +96,16 @@ class Attention(nn.Module):
         super().__init__()
         self.layer = layer
         self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-        self.q_proj = nn.Linear(cfg.hidden_size, cfg.num_heads * cfg.head_dim, bias=False)
-        self.k_proj = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=False)
-        self.v_proj = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=False)
+        q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+        self.qkv_proj = stacked(self, "qkv_proj", cfg.hidden_size, {"q_proj": q, "k_proj": kv, "v_proj": kv})
         self.o_proj = nn.Linear(cfg.num_heads * cfg.head_dim, cfg.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
                 batch: AttentionBatch, pool: KVPool) -> torch.Tensor:
-        n = x.shape[0]
-        q = rotate(self.q_proj(x).view(n, self.num_heads, self.head_dim), *rope)
-        k = rotate(self.k_proj(x).view(n, self.num_kv_heads, self.head_dim), *rope)
-        v = self.v_proj(x).view(n, self.num_kv_heads, self.head_dim)
+        n, h, kvh = x.shape[0], self.num_heads, self.num_kv_heads
+        qkv = self.qkv_proj(x).view(n, h + 2 * kvh, self.head_dim)
+        qk = rotate(qkv[:, :h + kvh], *rope)  # q and k heads in one go
+        q, k, v = qk[:, :h], qk[:, h:], qkv[:, h + kvh:]
         pool.write_slots(self.layer, batch.slots, k, v)
         out = paged_attention(q, self.layer, batch, pool)
         return self.o_proj(out.reshape(n, self.num_heads * self.head_dim))
@@ -89,12 +114,13 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        i = cfg.intermediate_size
+        self.gate_up_proj = stacked(self, "gate_up_proj", cfg.hidden_size, {"gate_proj": i, "up_proj": i})
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
 
 
 class DecoderLayer(nn.Module):

@@ -61,10 +61,11 @@ def sharpened(cfg: ModelConfig, seed: int) -> LlamaModel:
     exactly in every dtype."""
     model = LlamaModel.from_seed(cfg, seed)
     with torch.no_grad():
-        for layer in model.model.layers:
-            layer.self_attn.q_proj.weight.mul_(32)
-            layer.self_attn.k_proj.weight.mul_(32)
-        model.lm_head.weight.mul_(16)  # logits far apart: argmax decided by the model, not by rounding
+        for name, weight in model.state_dict().items():  # views of the parameters
+            if name.endswith(("q_proj.weight", "k_proj.weight")):
+                weight.mul_(32)
+            elif name == "lm_head.weight":
+                weight.mul_(16)  # logits far apart: argmax decided by the model, not by rounding
     return model
 
 
