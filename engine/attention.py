@@ -22,10 +22,10 @@ class PrefillChunk:
 
     start: int
     num_tokens: int
-    context_len: int           # KV length after this chunk
-    blocks: Located            # its first ceil(context_len / block_size) blocks, located in the pool
+    context_len: int     # KV length after this chunk
+    blocks: Located      # its first ceil(context_len / block_size) blocks, located in the pool
     num_blocks: int
-    mask: torch.Tensor         # [1, 1, num_tokens, context_len] additive causal mask
+    mask: torch.Tensor   # [1, 1, num_tokens, context_len] additive causal mask
 
 
 @dataclass
@@ -36,14 +36,17 @@ class AttentionBatch:
     then the prefill chunks.
     """
 
-    slots: Located                    # each new token's slot (block * block_size + offset), located
+    slots: Located                   # each new token's slot (block * block_size + offset), located
     num_decodes: int
-    decode_blocks: Located | None     # the decodes' block tables, [num_decodes, decode_width] flattened
-    decode_width: int                 # blocks per decode table: enough for the longest context
-    decode_len: int                   # the longest decode context
-    decode_mask: torch.Tensor | None  # [num_decodes, 1, 1, decode_len] additive; None: no padding
     prefills: list[PrefillChunk]
-    logit_rows: torch.Tensor | None   # rows of the flat batch whose logits are wanted; None: all
+    logit_rows: torch.Tensor | None  # rows of the flat batch whose logits are wanted; None: all
+    # what the decodes read: their block tables, [num_decodes, decode_width] flattened and located,
+    # as far as the longest context (decode_len); an additive mask [num_decodes, 1, 1, decode_len]
+    # for the padding of the shorter ones, None when all are as long
+    decode_blocks: Located | None = None
+    decode_width: int = 0
+    decode_len: int = 0
+    decode_mask: torch.Tensor | None = None
 
 
 def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:

@@ -75,26 +75,34 @@ class TorchExecutor:
         slots = tables[seq, positions // bs] * bs + positions % bs
 
         logit_rows = None if len(rows) == len(ids) else torch.tensor(rows, dtype=torch.long, device=dev)
-        batch = AttentionBatch(slots=pool.locate(slots.to(dev), bs), num_decodes=nd, decode_blocks=None,
-                               decode_width=0, decode_len=0, decode_mask=None, prefills=[], logit_rows=logit_rows)
+        batch = AttentionBatch(slots=pool.locate(slots.to(dev), bs), num_decodes=nd, prefills=[],
+                               logit_rows=logit_rows)
         if nd:
-            batch.decode_len = max(ctx[:nd])
-            batch.decode_width = -(-batch.decode_len // bs)
-            batch.decode_blocks = pool.locate(tables[:nd, :batch.decode_width].reshape(-1).to(dev))
-            if min(ctx[:nd]) < batch.decode_len:  # shorter contexts are padded out: mask the padding
-                lens = torch.tensor(ctx[:nd], device=dev)
-                batch.decode_mask = _additive(torch.arange(batch.decode_len, device=dev)[None, :] >= lens[:, None],
-                                              pool.dtype)[:, None, None, :]
+            self._decode_reads(batch, tables[:nd], ctx[:nd])
         row = nd
         for i in range(nd, len(order)):
-            n, c = qlens[i], ctx[i]
-            nblocks = -(-c // bs)
-            # query j sits at position c - n + j and sees keys 0 .. c - n + j
-            future = torch.arange(c, device=dev)[None, :] > torch.arange(c - n, c, device=dev)[:, None]
-            batch.prefills.append(PrefillChunk(row, n, c, pool.locate(tables[i, :nblocks].to(dev)), nblocks,
-                                               _additive(future, pool.dtype)[None, None]))
-            row += n
+            batch.prefills.append(self._prefill_chunk(row, qlens[i], ctx[i], tables[i]))
+            row += qlens[i]
         return torch.tensor(ids, device=dev), positions.to(dev), batch, order
+
+    def _decode_reads(self, batch: AttentionBatch, tables: torch.Tensor, ctx: list[int]) -> None:
+        """The blocks the decodes read, as far as the longest context, and a mask for the padding
+        of the shorter ones (none when all are as long)."""
+        bs, dev = self.pool.block_size, self.device
+        batch.decode_len = max(ctx)
+        batch.decode_width = -(-batch.decode_len // bs)
+        batch.decode_blocks = self.pool.locate(tables[:, :batch.decode_width].reshape(-1).to(dev))
+        if min(ctx) < batch.decode_len:
+            padding = torch.arange(batch.decode_len, device=dev)[None, :] >= torch.tensor(ctx, device=dev)[:, None]
+            batch.decode_mask = _additive(padding, self.pool.dtype)[:, None, None, :]
+
+    def _prefill_chunk(self, start: int, n: int, ctx: int, table: torch.Tensor) -> PrefillChunk:
+        """A chunk of ``n`` tokens, rows ``start`` on of the flat batch, that ends a context of ``ctx`` tokens."""
+        dev, nblocks = self.device, -(-ctx // self.pool.block_size)
+        # query j sits at position ctx - n + j and sees keys 0 .. ctx - n + j
+        future = torch.arange(ctx, device=dev)[None, :] > torch.arange(ctx - n, ctx, device=dev)[:, None]
+        return PrefillChunk(start, n, ctx, self.pool.locate(table[:nblocks].to(dev)), nblocks,
+                            _additive(future, self.pool.dtype)[None, None])
 
     def execute(self, work: list[Work]) -> tuple[dict[str, int], float]:
         """Run the iteration; returns the next token of each sequence whose chunk reached its end."""
