@@ -97,9 +97,10 @@ class BlockManager:
             return
         src, dst = np.asarray(moves, dtype=np.int64).T
         rc = self.ref_counts
-        ok = (rc[src] > 0) & (rc[dst] == 0)
-        if not ok.all() or len(np.unique(np.concatenate((src, dst)))) != 2 * len(moves):
-            bad = int(np.flatnonzero(~ok)[0]) if not ok.all() else 0
-            raise AssertionError(f"bad move {src[bad]} -> {dst[bad]} (of {len(moves)} moves)")
+        bad = np.flatnonzero((rc[src] <= 0) | (rc[dst] != 0))
+        if bad.size:
+            raise AssertionError(f"bad move {src[bad[0]]} -> {dst[bad[0]]}")
+        if len(np.unique(np.concatenate((src, dst)))) != 2 * len(moves):
+            raise AssertionError("bad moves: a block is moved, or moved to, more than once")
         rc[dst], rc[src] = rc[src], 0
         self._free = np.flatnonzero(rc == 0).tolist()
