@@ -68,11 +68,17 @@ class TorchExecutor:
         nd = qlens.count(1)
         width = max(len(w.seq.block_table) for w in order)
         tables = torch.tensor([w.seq.block_table + [0] * (width - len(w.seq.block_table)) for w in order])
-        # each token's sequence, position, and the pool slot its K and V go to
-        seq = torch.repeat_interleave(torch.arange(len(order)), torch.tensor(qlens), output_size=len(ids))
-        first_row = torch.tensor([0] + qlens[:-1]).cumsum(0)
-        positions = torch.arange(len(ids)) - first_row[seq] + torch.tensor(starts)[seq]
-        slots = tables[seq, positions // bs] * bs + positions % bs
+        # each token's position and the block its K and V go to: one lookup for all the decodes, one
+        # per prefill chunk (repeat_interleave would do it in one, but starts a thread pool job)
+        parts = []
+        if nd:
+            pos = torch.tensor(starts[:nd])
+            parts.append((pos, tables[torch.arange(nd), pos // bs]))
+        for i in range(nd, len(order)):
+            pos = torch.arange(starts[i], ctx[i])
+            parts.append((pos, tables[i, pos // bs]))
+        positions = torch.cat([pos for pos, _ in parts])
+        slots = torch.cat([blocks for _, blocks in parts]) * bs + positions % bs
 
         logit_rows = None if len(rows) == len(ids) else torch.tensor(rows, dtype=torch.long, device=dev)
         batch = AttentionBatch(slots=pool.locate(slots.to(dev), bs), num_decodes=nd, prefills=[],
