@@ -13,7 +13,7 @@ from typing import Callable
 
 import torch
 
-from engine.attention import AttentionBatch
+from engine.attention import AttentionBatch, PrefillChunk
 from engine.kv_pool import KVPool
 from engine.model import LlamaModel
 from engine.scheduler import Work, batch_tokens
@@ -34,6 +34,12 @@ def timed_call(fn: Callable[[], object], device: torch.device) -> tuple[float, o
     return time.perf_counter() - t0, result
 
 
+def _additive(masked: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """An attention mask to add to the scores: -inf where ``masked``, 0 elsewhere. Built once per
+    step, so that no layer converts a boolean mask again."""
+    return torch.zeros(masked.shape, dtype=dtype, device=masked.device).masked_fill_(masked, float("-inf"))
+
+
 class TorchExecutor:
     """Runs the decoder; greedy sampling. Duration = measured wall time of the forward pass."""
 
@@ -44,31 +50,65 @@ class TorchExecutor:
         self.device = pool.device.torch_device
 
     def prepare(self, work: list[Work]) -> tuple[torch.Tensor, torch.Tensor, AttentionBatch, list[Work]]:
-        """Flat input ids and positions plus the attention metadata; the work reordered, decodes first."""
+        """Flat input ids and positions plus the attention metadata; the work reordered, decodes first.
+
+        Python touches each sequence once; per-token indices are tensor arithmetic.
+        """
         order = sorted(work, key=lambda w: w.num_tokens != 1)
-        ids, pos, blocks, offsets, qlens, clens, rows = [], [], [], [], [], [], []
-        bs = self.pool.block_size
+        pool, bs, dev = self.pool, self.pool.block_size, self.device
+        ids, starts, qlens, rows = [], [], [], []
         for w in order:
             s, start, n = w.seq, w.seq.num_computed, w.num_tokens
             ids += s.token_ids[start:start + n]
-            p = list(range(start, start + n))
-            pos += p
-            blocks += [s.block_table[i // bs] for i in p]
-            offsets += [i % bs for i in p]
+            starts.append(start)
             qlens.append(n)
-            clens.append(start + n)
             if w.produces_token:
                 rows.append(len(ids) - 1)
+        ctx = [st + n for st, n in zip(starts, qlens)]
+        nd = qlens.count(1)
         width = max(len(w.seq.block_table) for w in order)
-        tables = [w.seq.block_table + [0] * (width - len(w.seq.block_table)) for w in order]
-        num_decodes = sum(1 for w in order if w.num_tokens == 1)
-        dev = self.device
-        batch = AttentionBatch(
-            slot_blocks=torch.tensor(blocks, device=dev), slot_offsets=torch.tensor(offsets, device=dev),
-            query_lens=qlens, context_lens=clens, block_tables=torch.tensor(tables, device=dev),
-            decode_lens=torch.tensor(clens[:num_decodes], device=dev), num_decodes=num_decodes,
-            logit_rows=torch.tensor(rows, dtype=torch.long, device=dev))
-        return torch.tensor(ids, device=dev), torch.tensor(pos, device=dev), batch, order
+        tables = torch.tensor([w.seq.block_table + [0] * (width - len(w.seq.block_table)) for w in order])
+        # each token's position and the block its K and V go to: one lookup for all the decodes, one
+        # per prefill chunk (repeat_interleave would do it in one, but starts a thread pool job)
+        parts = []
+        if nd:
+            pos = torch.tensor(starts[:nd])
+            parts.append((pos, tables[torch.arange(nd), pos // bs]))
+        for i in range(nd, len(order)):
+            pos = torch.arange(starts[i], ctx[i])
+            parts.append((pos, tables[i, pos // bs]))
+        positions = torch.cat([pos for pos, _ in parts])
+        slots = torch.cat([blocks for _, blocks in parts]) * bs + positions % bs
+
+        logit_rows = None if len(rows) == len(ids) else torch.tensor(rows, dtype=torch.long, device=dev)
+        batch = AttentionBatch(slots=pool.locate(slots.to(dev), bs), num_decodes=nd, prefills=[],
+                               logit_rows=logit_rows)
+        if nd:
+            self._decode_reads(batch, tables[:nd], ctx[:nd])
+        row = nd
+        for i in range(nd, len(order)):
+            batch.prefills.append(self._prefill_chunk(row, qlens[i], ctx[i], tables[i]))
+            row += qlens[i]
+        return torch.tensor(ids, device=dev), positions.to(dev), batch, order
+
+    def _decode_reads(self, batch: AttentionBatch, tables: torch.Tensor, ctx: list[int]) -> None:
+        """The blocks the decodes read, as far as the longest context, and a mask for the padding
+        of the shorter ones (none when all are as long)."""
+        bs, dev = self.pool.block_size, self.device
+        batch.decode_len = max(ctx)
+        batch.decode_width = -(-batch.decode_len // bs)
+        batch.decode_blocks = self.pool.locate(tables[:, :batch.decode_width].reshape(-1).to(dev))
+        if min(ctx) < batch.decode_len:
+            padding = torch.arange(batch.decode_len, device=dev)[None, :] >= torch.tensor(ctx, device=dev)[:, None]
+            batch.decode_mask = _additive(padding, self.pool.dtype)[:, None, None, :]
+
+    def _prefill_chunk(self, start: int, n: int, ctx: int, table: torch.Tensor) -> PrefillChunk:
+        """A chunk of ``n`` tokens, rows ``start`` on of the flat batch, that ends a context of ``ctx`` tokens."""
+        dev, nblocks = self.device, -(-ctx // self.pool.block_size)
+        # query j sits at position ctx - n + j and sees keys 0 .. ctx - n + j
+        future = torch.arange(ctx, device=dev)[None, :] > torch.arange(ctx - n, ctx, device=dev)[:, None]
+        return PrefillChunk(start, n, ctx, self.pool.locate(table[:nblocks].to(dev)), nblocks,
+                            _additive(future, self.pool.dtype)[None, None])
 
     def execute(self, work: list[Work]) -> tuple[dict[str, int], float]:
         """Run the iteration; returns the next token of each sequence whose chunk reached its end."""
