@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from engine.config import ModelConfig
 from engine.kv_pool import KVPool, Located
 
 
@@ -71,3 +72,41 @@ def paged_attention(q: torch.Tensor, layer: int, batch: AttentionBatch, pool: KV
                     kv[1].transpose(0, 1)[None], c.mask)
         parts.append(o[0].transpose(0, 1))
     return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+
+SCORE_BYTES = 4  # score and probability matrices counted in float32, the widest any kernel keeps them
+
+
+def _sdpa_bytes(model: ModelConfig, batch: int, queries: int, keys: int, gathered: int) -> int:
+    """Bytes one ``_attend`` call allocates when SDPA takes its math kernel, which an additive mask
+    with grouped-query heads selects on CUDA (the fused kernels take one or the other): the K/V
+    gathered from the pool (``gathered`` token slots, whole blocks), K/V repeated to every query
+    head, scaled copies of q and K, the score matrix, the masked scores and their softmax, the output."""
+    h, kvh, d, dt = model.num_heads, model.num_kv_heads, model.head_dim, model.dtype_bytes
+    expanded = 2 * batch * h * keys * d * dt if h != kvh else 0
+    return (2 * batch * gathered * kvh * d * dt + expanded + batch * h * (queries + keys) * d * dt
+            + 3 * batch * h * queries * keys * SCORE_BYTES + batch * h * queries * d * dt)
+
+
+def workspace_bytes(model: ModelConfig, block_size: int, decode_contexts: list[int],
+                    chunks: list[tuple[int, int]]) -> int:
+    """Peak bytes ``paged_attention`` and its metadata take in one step beyond the pool: the masks
+    ``TorchExecutor.prepare`` builds for the whole step (the decodes' padding mask, each prefill
+    chunk's causal mask), the largest of the step's SDPA calls (they run one after another, each
+    with its own gathered K/V), and the per-sequence outputs with their concatenation.
+
+    ``decode_contexts``: the context length of each decode after the step; ``chunks``: (new
+    tokens, context length after the step) of each prefill chunk. Decodes are padded to the
+    longest one's whole blocks, as ``paged_attention`` reads them.
+    """
+    dt = model.dtype_bytes
+    masks, calls, tokens = 0, [0], len(decode_contexts)
+    if decode_contexts:
+        nd, longest = len(decode_contexts), max(decode_contexts)
+        masks += nd * longest * dt
+        calls.append(_sdpa_bytes(model, nd, 1, longest, -(-longest // block_size) * block_size))
+    for n, ctx in chunks:
+        masks += n * ctx * dt
+        calls.append(_sdpa_bytes(model, 1, n, ctx, -(-ctx // block_size) * block_size))
+        tokens += n
+    return masks + max(calls) + 2 * tokens * model.num_heads * model.head_dim * dt

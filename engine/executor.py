@@ -13,7 +13,9 @@ from typing import Callable
 
 import torch
 
+from engine import attention
 from engine.attention import AttentionBatch, PrefillChunk
+from engine.config import EngineConfig, ModelConfig
 from engine.kv_pool import KVPool
 from engine.model import LlamaModel
 from engine.scheduler import Work, batch_tokens
@@ -110,6 +112,26 @@ class TorchExecutor:
         return PrefillChunk(start, n, ctx, self.pool.locate(table[:nblocks].to(dev)), nblocks,
                             _additive(future, self.pool.dtype)[None, None])
 
+    def workspace_bytes(self, model: ModelConfig, work: list[Work]) -> int:
+        """What the forward pass of ``work`` allocates beyond weights and pool: every batched
+        token's activations, and what this plain-PyTorch attention materialises
+        (``attention.workspace_bytes``: padding, masks, the math kernel's score matrices)."""
+        decodes = [w.seq.num_computed + 1 for w in work if w.num_tokens == 1]
+        chunks = [(w.num_tokens, w.seq.num_computed + w.num_tokens) for w in work if w.num_tokens != 1]
+        num_tokens = len(decodes) + sum(n for n, _ in chunks)
+        return (num_tokens * model.workspace_bytes_per_token()
+                + attention.workspace_bytes(model, self.pool.block_size, decodes, chunks))
+
+    @staticmethod
+    def max_workspace_bytes(model: ModelConfig, cfg: EngineConfig, max_len: int) -> int:
+        """The most ``workspace_bytes`` can be for an engine of ``cfg`` with contexts up to
+        ``max_len``: a full batch of decodes at that length, or a full prefill chunk at its end."""
+        chunk = min(cfg.max_num_batched_tokens, max_len)
+        decodes = min(cfg.max_num_seqs, cfg.max_num_batched_tokens)
+        attn = max(attention.workspace_bytes(model, cfg.block_size, [max_len] * decodes, []),
+                   attention.workspace_bytes(model, cfg.block_size, [], [(chunk, max_len)]))
+        return cfg.max_num_batched_tokens * model.workspace_bytes_per_token() + attn
+
     def execute(self, work: list[Work]) -> tuple[dict[str, int], float]:
         """Run the iteration; returns the next token of each sequence whose chunk reached its end."""
         def forward() -> tuple[list[int], list[Work]]:
@@ -143,6 +165,19 @@ class ProfiledExecutor:
     def bind(self, model: LlamaModel | None, pool: KVPool) -> None:
         if self.runner is not None:
             self.runner.bind(model, pool)
+
+    def workspace_bytes(self, model: ModelConfig, work: list[Work]) -> int:
+        """The deployment's: a fused attention kernel's (``ModelConfig.workspace_bytes``); the
+        runner's own when the model runs."""
+        if self.runner is not None:
+            return self.runner.workspace_bytes(model, work)
+        shape = batch_tokens(work)
+        return model.workspace_bytes(shape.num_tokens, shape.context_tokens)
+
+    def max_workspace_bytes(self, model: ModelConfig, cfg: EngineConfig, max_len: int) -> int:
+        if self.runner is not None:
+            return self.runner.max_workspace_bytes(model, cfg, max_len)
+        return model.workspace_bytes(cfg.max_num_batched_tokens, cfg.num_blocks * cfg.block_size)
 
     def execute(self, work: list[Work]) -> tuple[dict[str, int], float]:
         if self.runner is not None:
