@@ -1,8 +1,10 @@
 """Paged attention over block tables, in plain PyTorch so that it runs unchanged on CPU and CUDA.
 
-Each sequence's K and V are gathered from the pool through its block table, then
-``scaled_dot_product_attention`` does the arithmetic. Decodes (one query each) are batched
-together with a padding mask; each prefill chunk attends causally to its whole context.
+K and V stay in the pool's blocks. Each layer copies the blocks a step reads into one scratch
+tensor (one ``index_select`` per segment touched; where they live was worked out once for the
+step) and ``scaled_dot_product_attention`` does the arithmetic. Decodes (one query each) are
+batched together, with a mask only when their contexts differ in length; each prefill chunk
+attends causally to its whole context.
 """
 from __future__ import annotations
 
@@ -11,53 +13,100 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from engine.kv_pool import KVPool
+from engine.config import ModelConfig
+from engine.kv_pool import KVPool, Located
+
+
+@dataclass
+class PrefillChunk:
+    """One sequence's prefill chunk: rows ``start .. start + num_tokens`` of the flat batch."""
+
+    start: int
+    num_tokens: int
+    context_len: int     # KV length after this chunk
+    blocks: Located      # its first ceil(context_len / block_size) blocks, located in the pool
+    num_blocks: int
+    mask: torch.Tensor   # [1, 1, num_tokens, context_len] additive causal mask
 
 
 @dataclass
 class AttentionBatch:
-    """Where a flat batch of tokens reads and writes KV; the same for every layer.
+    """Where a flat batch of tokens writes and reads KV, the same for every layer.
 
     Tokens are laid out sequence by sequence: first ``num_decodes`` sequences with one token each,
-    then the prefill chunks. ``context_lens`` is each sequence's length after this step.
+    then the prefill chunks.
     """
 
-    slot_blocks: torch.Tensor    # [tokens] physical block of each new token
-    slot_offsets: torch.Tensor   # [tokens] offset within that block
-    query_lens: list[int]        # new tokens per sequence
-    context_lens: list[int]      # KV length per sequence, new tokens included
-    block_tables: torch.Tensor   # [sequences, max blocks], padded with block 0
-    decode_lens: torch.Tensor    # [num_decodes] context lengths of the decodes, on the device
+    slots: Located                   # each new token's slot (block * block_size + offset), located
     num_decodes: int
-    logit_rows: torch.Tensor     # rows of the flat batch whose logits are wanted
+    prefills: list[PrefillChunk]
+    logit_rows: torch.Tensor | None  # rows of the flat batch whose logits are wanted; None: all
+    # what the decodes read: their block tables, [num_decodes, decode_width] flattened and located,
+    # as far as the longest context (decode_len); an additive mask [num_decodes, 1, 1, decode_len]
+    # for the padding of the shorter ones, None when all are as long
+    decode_blocks: Located | None = None
+    decode_width: int = 0
+    decode_len: int = 0
+    decode_mask: torch.Tensor | None = None
 
 
-def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    # q: [B, H, Q, D]; k, v: [B, KVH, T, D]; mask: bool [B, 1, Q, T] (True = attend)
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    # q: [B, H, Q, D]; k, v: [B, KVH, T, D]; mask: additive [B, 1, Q, T] or None
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=q.shape[1] != k.shape[1])
 
 
 def paged_attention(q: torch.Tensor, layer: int, batch: AttentionBatch, pool: KVPool) -> torch.Tensor:
     """Attention output [tokens, heads, head_dim] for queries [tokens, heads, head_dim]."""
-    out = torch.empty_like(q)
-    nd = batch.num_decodes
+    nd, bs = batch.num_decodes, pool.block_size
+    parts = []
     if nd:
-        tables = batch.block_tables[:nd, : (max(batch.context_lens[:nd]) + pool.block_size - 1) // pool.block_size]
-        kv = pool.gather(layer, tables)  # [2, nd, T, kvh, d]
-        T = kv.shape[2]
-        mask = torch.arange(T, device=q.device)[None, :] < batch.decode_lens[:, None]
-        o = _attend(q[:nd].unsqueeze(2), kv[0].transpose(1, 2), kv[1].transpose(1, 2), mask[:, None, None, :])
-        out[:nd] = o.squeeze(2)
-    row = nd
-    for i in range(nd, len(batch.query_lens)):
-        n, ctx = batch.query_lens[i], batch.context_lens[i]
-        nblocks = (ctx + pool.block_size - 1) // pool.block_size
-        kv = pool.gather(layer, batch.block_tables[i, :nblocks])[:, :ctx]  # [2, ctx, kvh, d]
-        # query j sits at position ctx - n + j and sees keys 0 .. ctx - n + j
-        qpos = torch.arange(ctx - n, ctx, device=q.device)
-        mask = torch.arange(ctx, device=q.device)[None, :] <= qpos[:, None]
-        o = _attend(q[row:row + n].transpose(0, 1)[None], kv[0].transpose(0, 1)[None],
-                    kv[1].transpose(0, 1)[None], mask[None, None])
-        out[row:row + n] = o[0].transpose(0, 1)
-        row += n
-    return out
+        w = batch.decode_width
+        kv = pool.gather_blocks(layer, batch.decode_blocks, nd * w)  # [2, nd * w, bs, kvh, d]
+        kv = kv.view(2, nd, w * bs, pool.num_kv_heads, pool.head_dim)[:, :, :batch.decode_len]
+        o = _attend(q[:nd, :, None], kv[0].transpose(1, 2), kv[1].transpose(1, 2), batch.decode_mask)
+        parts.append(o.squeeze(2))
+    for c in batch.prefills:
+        kv = pool.gather_blocks(layer, c.blocks, c.num_blocks)
+        kv = kv.view(2, c.num_blocks * bs, pool.num_kv_heads, pool.head_dim)[:, :c.context_len]
+        o = _attend(q[c.start:c.start + c.num_tokens].transpose(0, 1)[None], kv[0].transpose(0, 1)[None],
+                    kv[1].transpose(0, 1)[None], c.mask)
+        parts.append(o[0].transpose(0, 1))
+    return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+
+SCORE_BYTES = 4  # score and probability matrices counted in float32, the widest any kernel keeps them
+
+
+def _sdpa_bytes(model: ModelConfig, batch: int, queries: int, keys: int, gathered: int) -> int:
+    """Bytes one ``_attend`` call allocates when SDPA takes its math kernel, which an additive mask
+    with grouped-query heads selects on CUDA (the fused kernels take one or the other): the K/V
+    gathered from the pool (``gathered`` token slots, whole blocks), K/V repeated to every query
+    head, scaled copies of q and K, the score matrix, the masked scores and their softmax, the output."""
+    h, kvh, d, dt = model.num_heads, model.num_kv_heads, model.head_dim, model.dtype_bytes
+    expanded = 2 * batch * h * keys * d * dt if h != kvh else 0
+    return (2 * batch * gathered * kvh * d * dt + expanded + batch * h * (queries + keys) * d * dt
+            + 3 * batch * h * queries * keys * SCORE_BYTES + batch * h * queries * d * dt)
+
+
+def workspace_bytes(model: ModelConfig, block_size: int, decode_contexts: list[int],
+                    chunks: list[tuple[int, int]]) -> int:
+    """Peak bytes ``paged_attention`` and its metadata take in one step beyond the pool: the masks
+    ``TorchExecutor.prepare`` builds for the whole step (the decodes' padding mask, each prefill
+    chunk's causal mask), the largest of the step's SDPA calls (they run one after another, each
+    with its own gathered K/V), and the per-sequence outputs with their concatenation.
+
+    ``decode_contexts``: the context length of each decode after the step; ``chunks``: (new
+    tokens, context length after the step) of each prefill chunk. Decodes are padded to the
+    longest one's whole blocks, as ``paged_attention`` reads them.
+    """
+    dt = model.dtype_bytes
+    masks, calls, tokens = 0, [0], len(decode_contexts)
+    if decode_contexts:
+        nd, longest = len(decode_contexts), max(decode_contexts)
+        masks += nd * longest * dt
+        calls.append(_sdpa_bytes(model, nd, 1, longest, -(-longest // block_size) * block_size))
+    for n, ctx in chunks:
+        masks += n * ctx * dt
+        calls.append(_sdpa_bytes(model, 1, n, ctx, -(-ctx // block_size) * block_size))
+        tokens += n
+    return masks + max(calls) + 2 * tokens * model.num_heads * model.head_dim * dt

@@ -85,17 +85,25 @@ class BlockManager:
         return h / math.log(total)
 
     def compaction_plan(self) -> list[tuple[int, int]]:
-        """(source, destination) moves that fill the lowest holes with the highest blocks in use."""
-        used = np.flatnonzero(self.ref_counts)[::-1]
-        holes = np.flatnonzero(self.ref_counts == 0)
-        n = min(len(used), len(holes))
-        keep = used[:n] > holes[:n]  # pairs stay ordered: once a source is below its hole, all are
-        return list(zip(used[:n][keep].tolist(), holes[:n][keep].tolist()))
+        """(source, destination) moves that pack the blocks in use into ids 0 .. num_used - 1:
+        every block in use above that prefix moves into a hole below it. Both lists ascend, so
+        neighbouring blocks stay neighbours and ``KVPool.copy_blocks`` copies them as one run."""
+        packed = self.num_used
+        sources = np.flatnonzero(self.ref_counts[packed:]) + packed
+        holes = np.flatnonzero(self.ref_counts[:packed] == 0)
+        return list(zip(sources.tolist(), holes.tolist()))
 
     def apply_moves(self, moves: list[tuple[int, int]]) -> None:
-        """Record that each source block's data and references now live at its destination."""
-        for src, dst in moves:
-            if self.ref_counts[src] <= 0 or self.ref_counts[dst] != 0:
-                raise AssertionError(f"bad move {src} -> {dst}")
-            self.ref_counts[dst], self.ref_counts[src] = self.ref_counts[src], 0
-        self._free = np.flatnonzero(self.ref_counts == 0).tolist()
+        """Record that each source block's data and references now live at its destination.
+        Sources must be in use, destinations free, and no block may appear twice."""
+        if not moves:
+            return
+        src, dst = np.asarray(moves, dtype=np.int64).T
+        rc = self.ref_counts
+        bad = np.flatnonzero((rc[src] <= 0) | (rc[dst] != 0))
+        if bad.size:
+            raise AssertionError(f"bad move {src[bad[0]]} -> {dst[bad[0]]}")
+        if len(np.unique(np.concatenate((src, dst)))) != 2 * len(moves):
+            raise AssertionError("bad moves: a block is moved, or moved to, more than once")
+        rc[dst], rc[src] = rc[src], 0
+        self._free = np.flatnonzero(rc == 0).tolist()

@@ -162,9 +162,13 @@ class MemoryPlan:
         return self.weights + self.workspace + self.kv
 
 
-def memory_plan(model: ModelConfig, cfg: EngineConfig, weight_bytes: int | None = None) -> MemoryPlan:
-    """The engine's memory; ``weight_bytes`` the loaded model's own (default: the config's count)."""
-    workspace = model.workspace_bytes(cfg.max_num_batched_tokens, cfg.num_blocks * cfg.block_size)
+def memory_plan(model: ModelConfig, cfg: EngineConfig, weight_bytes: int | None = None,
+                workspace: int | None = None) -> MemoryPlan:
+    """The engine's memory; ``weight_bytes`` the loaded model's own (default: the config's count),
+    ``workspace`` its executor's largest (default: a fused attention kernel's, for a full batch
+    reading the whole pool)."""
+    if workspace is None:
+        workspace = model.workspace_bytes(cfg.max_num_batched_tokens, cfg.num_blocks * cfg.block_size)
     weights = model.weight_bytes() if weight_bytes is None else weight_bytes
     return MemoryPlan(weights, workspace, cfg.num_blocks * cfg.block_size * model.kv_bytes_per_token())
 

@@ -29,7 +29,7 @@ from engine.kv_pool import KVPool
 from engine.model import LlamaModel
 from engine.records import Counters, IterationLog, OOMEvent, RequestRecord
 from engine.request import Request, RequestError, check_request
-from engine.scheduler import NewTokenRatio, Scheduler, Work, batch_tokens
+from engine.scheduler import NewTokenRatio, Scheduler, Work
 from engine.sequence import Sequence
 from engine.sessions import Sessions
 from engine.snapshot import LENGTH_WINDOW_S, Snapshot, take_snapshot
@@ -69,7 +69,8 @@ class Engine:
             self.executor = TorchExecutor()
         if self.model is None and self.executor.materialize:
             self.model = LlamaModel.from_seed(mcfg, cfg.seed, self.torch_device)
-        self.memory = memory_plan(mcfg, cfg, self.model.weight_bytes() if self.model is not None else None)
+        self.memory = memory_plan(mcfg, cfg, self.model.weight_bytes() if self.model is not None else None,
+                                  self.executor.max_workspace_bytes(mcfg, cfg, self.max_model_len))
         if self.device is None:
             self.device = Device.for_torch(self.torch_device, cfg.device_bytes or self.memory.total)
         self.device.charge("weights", self.memory.weights)
@@ -265,9 +266,8 @@ class Engine:
             if not work:  # the device has no room for anything now (a co-tenant holds it): wait
                 self._wait()
                 return True
-            num_tokens, context_tokens, _ = batch_tokens(work)
             try:
-                with self.device.transient("workspace", self.model_config.workspace_bytes(num_tokens, context_tokens)), \
+                with self.device.transient("workspace", self.executor.workspace_bytes(self.model_config, work)), \
                         self.device.allocating("forward"):
                     next_tokens, duration = self.executor.execute(work)
                 break
@@ -280,6 +280,7 @@ class Engine:
                 work = self._timed_schedule(admit=False) if self._preempt_newest() else []
         self.clock += duration
         self._apply(work, next_tokens)
+        num_tokens = sum(w.num_tokens for w in work)
         decodes = sum(1 for w in work if w.num_tokens == 1 and w.produces_token)
         if decodes and self.scheduler.ratio is not None:
             self.scheduler.ratio.decay()

@@ -13,7 +13,9 @@ from typing import Callable
 
 import torch
 
-from engine.attention import AttentionBatch
+from engine import attention
+from engine.attention import AttentionBatch, PrefillChunk
+from engine.config import EngineConfig, ModelConfig
 from engine.kv_pool import KVPool
 from engine.model import LlamaModel
 from engine.scheduler import Work, batch_tokens
@@ -34,6 +36,12 @@ def timed_call(fn: Callable[[], object], device: torch.device) -> tuple[float, o
     return time.perf_counter() - t0, result
 
 
+def _additive(masked: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """An attention mask to add to the scores: -inf where ``masked``, 0 elsewhere. Built once per
+    step, so that no layer converts a boolean mask again."""
+    return torch.zeros(masked.shape, dtype=dtype, device=masked.device).masked_fill_(masked, float("-inf"))
+
+
 class TorchExecutor:
     """Runs the decoder; greedy sampling. Duration = measured wall time of the forward pass."""
 
@@ -44,31 +52,85 @@ class TorchExecutor:
         self.device = pool.device.torch_device
 
     def prepare(self, work: list[Work]) -> tuple[torch.Tensor, torch.Tensor, AttentionBatch, list[Work]]:
-        """Flat input ids and positions plus the attention metadata; the work reordered, decodes first."""
+        """Flat input ids and positions plus the attention metadata; the work reordered, decodes first.
+
+        Python touches each sequence once; per-token indices are tensor arithmetic.
+        """
         order = sorted(work, key=lambda w: w.num_tokens != 1)
-        ids, pos, blocks, offsets, qlens, clens, rows = [], [], [], [], [], [], []
-        bs = self.pool.block_size
+        pool, bs, dev = self.pool, self.pool.block_size, self.device
+        ids, starts, qlens, rows = [], [], [], []
         for w in order:
             s, start, n = w.seq, w.seq.num_computed, w.num_tokens
             ids += s.token_ids[start:start + n]
-            p = list(range(start, start + n))
-            pos += p
-            blocks += [s.block_table[i // bs] for i in p]
-            offsets += [i % bs for i in p]
+            starts.append(start)
             qlens.append(n)
-            clens.append(start + n)
             if w.produces_token:
                 rows.append(len(ids) - 1)
+        ctx = [st + n for st, n in zip(starts, qlens)]
+        nd = qlens.count(1)
         width = max(len(w.seq.block_table) for w in order)
-        tables = [w.seq.block_table + [0] * (width - len(w.seq.block_table)) for w in order]
-        num_decodes = sum(1 for w in order if w.num_tokens == 1)
-        dev = self.device
-        batch = AttentionBatch(
-            slot_blocks=torch.tensor(blocks, device=dev), slot_offsets=torch.tensor(offsets, device=dev),
-            query_lens=qlens, context_lens=clens, block_tables=torch.tensor(tables, device=dev),
-            decode_lens=torch.tensor(clens[:num_decodes], device=dev), num_decodes=num_decodes,
-            logit_rows=torch.tensor(rows, dtype=torch.long, device=dev))
-        return torch.tensor(ids, device=dev), torch.tensor(pos, device=dev), batch, order
+        tables = torch.tensor([w.seq.block_table + [0] * (width - len(w.seq.block_table)) for w in order])
+        # each token's position and the block its K and V go to: one lookup for all the decodes, one
+        # per prefill chunk (repeat_interleave would do it in one, but starts a thread pool job)
+        parts = []
+        if nd:
+            pos = torch.tensor(starts[:nd])
+            parts.append((pos, tables[torch.arange(nd), pos // bs]))
+        for i in range(nd, len(order)):
+            pos = torch.arange(starts[i], ctx[i])
+            parts.append((pos, tables[i, pos // bs]))
+        positions = torch.cat([pos for pos, _ in parts])
+        slots = torch.cat([blocks for _, blocks in parts]) * bs + positions % bs
+
+        logit_rows = None if len(rows) == len(ids) else torch.tensor(rows, dtype=torch.long, device=dev)
+        batch = AttentionBatch(slots=pool.locate(slots.to(dev), bs), num_decodes=nd, prefills=[],
+                               logit_rows=logit_rows)
+        if nd:
+            self._decode_reads(batch, tables[:nd], ctx[:nd])
+        row = nd
+        for i in range(nd, len(order)):
+            batch.prefills.append(self._prefill_chunk(row, qlens[i], ctx[i], tables[i]))
+            row += qlens[i]
+        return torch.tensor(ids, device=dev), positions.to(dev), batch, order
+
+    def _decode_reads(self, batch: AttentionBatch, tables: torch.Tensor, ctx: list[int]) -> None:
+        """The blocks the decodes read, as far as the longest context, and a mask for the padding
+        of the shorter ones (none when all are as long)."""
+        bs, dev = self.pool.block_size, self.device
+        batch.decode_len = max(ctx)
+        batch.decode_width = -(-batch.decode_len // bs)
+        batch.decode_blocks = self.pool.locate(tables[:, :batch.decode_width].reshape(-1).to(dev))
+        if min(ctx) < batch.decode_len:
+            padding = torch.arange(batch.decode_len, device=dev)[None, :] >= torch.tensor(ctx, device=dev)[:, None]
+            batch.decode_mask = _additive(padding, self.pool.dtype)[:, None, None, :]
+
+    def _prefill_chunk(self, start: int, n: int, ctx: int, table: torch.Tensor) -> PrefillChunk:
+        """A chunk of ``n`` tokens, rows ``start`` on of the flat batch, that ends a context of ``ctx`` tokens."""
+        dev, nblocks = self.device, -(-ctx // self.pool.block_size)
+        # query j sits at position ctx - n + j and sees keys 0 .. ctx - n + j
+        future = torch.arange(ctx, device=dev)[None, :] > torch.arange(ctx - n, ctx, device=dev)[:, None]
+        return PrefillChunk(start, n, ctx, self.pool.locate(table[:nblocks].to(dev)), nblocks,
+                            _additive(future, self.pool.dtype)[None, None])
+
+    def workspace_bytes(self, model: ModelConfig, work: list[Work]) -> int:
+        """What the forward pass of ``work`` allocates beyond weights and pool: every batched
+        token's activations, and what this plain-PyTorch attention materialises
+        (``attention.workspace_bytes``: padding, masks, the math kernel's score matrices)."""
+        decodes = [w.seq.num_computed + 1 for w in work if w.num_tokens == 1]
+        chunks = [(w.num_tokens, w.seq.num_computed + w.num_tokens) for w in work if w.num_tokens != 1]
+        num_tokens = len(decodes) + sum(n for n, _ in chunks)
+        return (num_tokens * model.workspace_bytes_per_token()
+                + attention.workspace_bytes(model, self.pool.block_size, decodes, chunks))
+
+    @staticmethod
+    def max_workspace_bytes(model: ModelConfig, cfg: EngineConfig, max_len: int) -> int:
+        """The most ``workspace_bytes`` can be for an engine of ``cfg`` with contexts up to
+        ``max_len``: a full batch of decodes at that length, or a full prefill chunk at its end."""
+        chunk = min(cfg.max_num_batched_tokens, max_len)
+        decodes = min(cfg.max_num_seqs, cfg.max_num_batched_tokens)
+        attn = max(attention.workspace_bytes(model, cfg.block_size, [max_len] * decodes, []),
+                   attention.workspace_bytes(model, cfg.block_size, [], [(chunk, max_len)]))
+        return cfg.max_num_batched_tokens * model.workspace_bytes_per_token() + attn
 
     def execute(self, work: list[Work]) -> tuple[dict[str, int], float]:
         """Run the iteration; returns the next token of each sequence whose chunk reached its end."""
@@ -103,6 +165,19 @@ class ProfiledExecutor:
     def bind(self, model: LlamaModel | None, pool: KVPool) -> None:
         if self.runner is not None:
             self.runner.bind(model, pool)
+
+    def workspace_bytes(self, model: ModelConfig, work: list[Work]) -> int:
+        """The deployment's: a fused attention kernel's (``ModelConfig.workspace_bytes``); the
+        runner's own when the model runs."""
+        if self.runner is not None:
+            return self.runner.workspace_bytes(model, work)
+        shape = batch_tokens(work)
+        return model.workspace_bytes(shape.num_tokens, shape.context_tokens)
+
+    def max_workspace_bytes(self, model: ModelConfig, cfg: EngineConfig, max_len: int) -> int:
+        if self.runner is not None:
+            return self.runner.max_workspace_bytes(model, cfg, max_len)
+        return model.workspace_bytes(cfg.max_num_batched_tokens, cfg.num_blocks * cfg.block_size)
 
     def execute(self, work: list[Work]) -> tuple[dict[str, int], float]:
         if self.runner is not None:

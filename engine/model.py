@@ -29,22 +29,66 @@ class RMSNorm(nn.Module):
         return self.weight * xf.to(x.dtype)
 
 
+def stacked(module: nn.Module, fused: str, in_features: int, parts: dict[str, int]) -> nn.Linear:
+    """``module.<fused>``: a Linear whose weight stacks projections of the same input, ``parts``
+    (name -> output features), so that they cost one GEMM: a decode batch's GEMMs are small and
+    each call has its own overhead. ``module``'s state dict still holds them apart, under
+    transformers' names and in its order, so that checkpoints load and ``state_dict`` loads into
+    transformers as they are."""
+    names, sizes = [f"{name}.weight" for name in parts], list(parts.values())
+
+    def split(mod, state: dict, prefix: str, _metadata) -> None:
+        # this module's keys are the dict's last (its children were just saved): re-add them in order
+        own = [(k, state.pop(k)) for k in [k for k in state if k.startswith(prefix)]]
+        for key, value in own:
+            if key == f"{prefix}{fused}.weight":
+                state.update(zip([prefix + n for n in names], value.split(sizes)))
+            else:
+                state[key] = value
+
+    def join(mod, state: dict, prefix: str, *_) -> None:
+        if all(prefix + n in state for n in names):  # otherwise load_state_dict reports what is missing
+            state[f"{prefix}{fused}.weight"] = torch.cat([state.pop(prefix + n) for n in names])
+
+    module.register_state_dict_post_hook(split)
+    module.register_load_state_dict_pre_hook(join)
+    return nn.Linear(in_features, sum(sizes), bias=False)
+
+
 class Rotary(nn.Module):
-    """Rotary position embedding, rotate-half convention."""
+    """Rotary position embedding, rotate-half convention, computed once per forward pass.
+
+    As in the reference implementation the frequencies, the angles and their cos/sin are float32
+    whatever the model's dtype, and only cos/sin are cast to it: a bf16 ``inv_freq`` would put
+    positions ~2000 a third of a radian off.
+    """
 
     def __init__(self, head_dim: int, theta: float) -> None:
         super().__init__()
         inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
         self.register_buffer("inv_freq", inv_freq, persistent=False)
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        # x: [tokens, heads, head_dim]; positions: [tokens]
+    def _apply(self, fn, recurse=True):
+        # Module.to(dtype) (and .half(), .bfloat16()) casts floating buffers too: keep the float32
+        # values and follow only the device the buffer went to
+        exact = self.inv_freq
+        super()._apply(fn, recurse)
+        self.inv_freq = exact.to(self.inv_freq.device)
+        return self
+
+    def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and signed sin for ``rotate``, [tokens, 1, head_dim] in ``dtype``."""
         freqs = positions.float()[:, None] * self.inv_freq[None, :]
         emb = torch.cat((freqs, freqs), dim=-1)
-        cos, sin = emb.cos()[:, None, :].to(x.dtype), emb.sin()[:, None, :].to(x.dtype)
-        half = x.shape[-1] // 2
-        rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-        return x * cos + rotated * sin
+        cos, sin = emb.cos().to(dtype), emb.sin().to(dtype)
+        half = sin.shape[-1] // 2
+        # rotate_half(x) * sin == roll(x, half) * [-sin_lo, sin_hi], bit for bit (negation is exact)
+        return cos[:, None, :], torch.cat((-sin[:, :half], sin[:, half:]), dim=-1)[:, None, :]
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """RoPE on x [tokens, heads, head_dim] with what ``Rotary`` computed for the step."""
+    return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * signed_sin
 
 
 class Attention(nn.Module):
@@ -52,18 +96,17 @@ class Attention(nn.Module):
         super().__init__()
         self.layer = layer
         self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-        self.q_proj = nn.Linear(cfg.hidden_size, cfg.num_heads * cfg.head_dim, bias=False)
-        self.k_proj = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=False)
-        self.v_proj = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=False)
+        q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+        self.qkv_proj = stacked(self, "qkv_proj", cfg.hidden_size, {"q_proj": q, "k_proj": kv, "v_proj": kv})
         self.o_proj = nn.Linear(cfg.num_heads * cfg.head_dim, cfg.hidden_size, bias=False)
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, rotary: Rotary,
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
                 batch: AttentionBatch, pool: KVPool) -> torch.Tensor:
-        n = x.shape[0]
-        q = rotary(self.q_proj(x).view(n, self.num_heads, self.head_dim), positions)
-        k = rotary(self.k_proj(x).view(n, self.num_kv_heads, self.head_dim), positions)
-        v = self.v_proj(x).view(n, self.num_kv_heads, self.head_dim)
-        pool.write(self.layer, batch.slot_blocks, batch.slot_offsets, k, v)
+        n, h, kvh = x.shape[0], self.num_heads, self.num_kv_heads
+        qkv = self.qkv_proj(x).view(n, h + 2 * kvh, self.head_dim)
+        qk = rotate(qkv[:, :h + kvh], *rope)  # q and k heads in one go
+        q, k, v = qk[:, :h], qk[:, h:], qkv[:, h + kvh:]
+        pool.write_slots(self.layer, batch.slots, k, v)
         out = paged_attention(q, self.layer, batch, pool)
         return self.o_proj(out.reshape(n, self.num_heads * self.head_dim))
 
@@ -71,12 +114,13 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        i = cfg.intermediate_size
+        self.gate_up_proj = stacked(self, "gate_up_proj", cfg.hidden_size, {"gate_proj": i, "up_proj": i})
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
 
 
 class DecoderLayer(nn.Module):
@@ -87,8 +131,8 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg)
 
-    def forward(self, x, positions, rotary, batch, pool):
-        x = x + self.self_attn(self.input_layernorm(x), positions, rotary, batch, pool)
+    def forward(self, x, rope, batch, pool):
+        x = x + self.self_attn(self.input_layernorm(x), rope, batch, pool)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -129,10 +173,12 @@ class LlamaModel(nn.Module):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, batch: AttentionBatch,
                 pool: KVPool) -> torch.Tensor:
         x = self.model.embed_tokens(input_ids)
+        rope = self.rotary(positions, x.dtype)
         for layer in self.model.layers:
-            x = layer(x, positions, self.rotary, batch, pool)
-        x = self.model.norm(x[batch.logit_rows])
-        return self.lm_head(x)
+            x = layer(x, rope, batch, pool)
+        if batch.logit_rows is not None:
+            x = x[batch.logit_rows]
+        return self.lm_head(self.model.norm(x))
 
     def weight_bytes(self) -> int:
         return sum(p.numel() * p.element_size() for p in self.parameters())

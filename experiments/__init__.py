@@ -1,8 +1,8 @@
 """The experiments behind every published figure, shipped inside the installed package so that
 a wheel install finds them by name, as a checkout does: the scenarios (``scenarios/*.yaml``,
 ``load_scenario("burst")``), the training configurations (``train/*.yaml``,
-``rlctl train --config steady``) and trained policies (``policies/*.rlpolicy``,
-``rlctl eval --policy NAME``). This package is data and one lookup; it imports nothing of ours.
+``rlctl train --config steady``), trained policies (``policies/*.rlpolicy``,
+``rlctl eval --policy NAME``) and each scenario's sweep (``sweeps/*.json``, ``rlctl sweep``). This package is data and one lookup; it imports nothing of ours.
 """
 from __future__ import annotations
 

@@ -13,7 +13,7 @@ from contextlib import contextmanager
 import pytest
 import torch
 
-from engine.config import EngineConfig, ModelConfig, memory_plan
+from engine.config import EngineConfig, ModelConfig, max_model_len, memory_plan
 from engine.cost_model import CostModel
 from engine.device import Device, DeviceOOM
 from engine.engine import Engine
@@ -65,9 +65,11 @@ def requests() -> list[Request]:
 def engine(mode: str, device: Device | None = None) -> Engine:
     mc, cfg = ModelConfig(), EngineConfig(num_blocks=48, segment_blocks=2, max_num_seqs=8, max_num_batched_tokens=128,
                                          max_model_len=768, oom_mode=mode, restart_downtime_s=0.5, seed=3)
-    if device is None:
-        device = FaultyDevice(memory_plan(mc, cfg).total)
-    eng = Engine(mc, cfg, executor=ProfiledExecutor(COST, materialize=True), device=device, keep_outputs=True)
+    executor = ProfiledExecutor(COST, materialize=True)
+    if device is None:  # the engine's own plan: its executor's largest workspace
+        workspace = executor.max_workspace_bytes(mc, cfg, max_model_len(mc, cfg))
+        device = FaultyDevice(memory_plan(mc, cfg, workspace=workspace).total)
+    eng = Engine(mc, cfg, executor=executor, device=device, keep_outputs=True)
     for r in requests():
         eng.submit(r)
     return eng

@@ -87,3 +87,12 @@ def test_local_checkpoint_loads_and_matches_transformers(tmp_path):
     eng.run()
     for i, p in enumerate(prompts):
         assert eng.outputs[f"c{i}"] == hf_greedy(hf, p, 10)
+
+
+def test_a_prompt_alone_in_chunks_that_produce_no_token_matches_transformers(make_engine):
+    # only the last chunk of the prompt wants logits: the steps before it select no row at all
+    eng = make_engine(num_blocks=32, block_size=4, max_num_batched_tokens=16)
+    prompt = _prompts(eng.model_config.vocab_size, [45], seed=7)[0]
+    eng.submit(Request("solo", 0.0, len(prompt), 6, 6, prompt_ids=tuple(prompt)))
+    eng.run()
+    assert eng.outputs["solo"] == hf_greedy(hf_twin(eng.model), prompt, 6)

@@ -49,7 +49,10 @@ def test_the_gpu_checks_code_runs_on_the_cpu():
     assert checks["torch_executor"]["bigger"]["all_served"]
     oom = checks["oom_crash"]
     assert oom["oom_events"] == 1 and oom["requests_lost"] == [] and oom["pool_bytes_after_crash"] == 0
-    assert oom["oom_sources"] == ["kv pool growth: device ledger"]  # on CUDA: torch's OutOfMemoryError
+    # the ledger refuses the pool's next segment, or first the iteration's workspace (decodes of
+    # unequal lengths read every layer's K/V expanded to all heads): on CUDA torch's OutOfMemoryError
+    assert len(oom["oom_sources"]) == 1
+    assert oom["oom_sources"][0] in ("kv pool growth: device ledger", "iteration workspace: device ledger")
     copy = checks["copy_bandwidth"]
     assert copy["compaction"]["kept_data"] and copy["swap_kept_data"] and copy["compaction"]["bytes_moved"] > 0
 

@@ -503,3 +503,18 @@ def test_a_swapped_sequence_returns_when_only_an_idle_context_holds_its_blocks()
     eng.run(max_iterations=3000)
     assert eng.records["t"].finish_s is not None
     assert eng.records["x"].finish_s is not None
+
+
+def test_copy_blocks_splits_runs_at_segment_boundaries():
+    # consecutive moves whose sources or destinations cross from one segment into the next
+    pool = KVPool(TINY, BLOCK_SIZE, 32, 4, Device(64 * BLOCK_BYTES))
+    pool.ensure(31)
+    ids = list(range(32))
+    data = torch.randn((32,) + pool.block_shape, generator=torch.Generator().manual_seed(0))
+    pool.write_blocks(ids, data)
+    moves = [(10, 2), (11, 3), (12, 4), (13, 5), (21, 6), (22, 7), (23, 8), (30, 14), (31, 15)]
+    pool.copy_blocks(moves)
+    expected = data.clone()
+    for src, dst in moves:
+        expected[dst] = data[src]
+    assert torch.equal(pool.read_blocks(ids), expected)

@@ -66,7 +66,7 @@ class BenchSizes:
 
 def hf_twin(model: LlamaModel):
     """Hugging Face's ``LlamaForCausalLM`` with exactly the weights of our ``model``, on its device."""
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import AutoModelForCausalLM, LlamaConfig
 
     mc = model.config
     hfc = LlamaConfig(vocab_size=mc.vocab_size, hidden_size=mc.hidden_size, intermediate_size=mc.intermediate_size,
@@ -75,10 +75,13 @@ def hf_twin(model: LlamaModel):
                       rope_theta=mc.rope_theta, rms_norm_eps=mc.rms_norm_eps,
                       tie_word_embeddings=mc.tie_word_embeddings, bos_token_id=None, eos_token_id=None,
                       pad_token_id=None)
-    hf = LlamaForCausalLM(hfc).eval()
-    hf.load_state_dict(model.state_dict(), strict=True)
     param = next(model.parameters())
-    return hf.to(device=param.device, dtype=param.dtype)
+    # built in the target dtype, as from_pretrained(dtype=...) builds it: the parameters in that
+    # dtype, RoPE's inv_freq in float32. A .to(dtype) afterwards would round inv_freq too, and the
+    # twin would agree with an engine that has the same bug.
+    hf = AutoModelForCausalLM.from_config(hfc, dtype=param.dtype).eval()
+    hf.load_state_dict(model.state_dict(), strict=True)
+    return hf.to(device=param.device)
 
 
 
@@ -205,7 +208,11 @@ def block_stamp(kv: KVCache, b: int) -> int:
 
 
 def bench_compaction(sizes: BenchSizes, device: str) -> dict:
-    """Bytes/s of ``KVCache.compact`` against ``Tensor.copy_`` of as many bytes."""
+    """Bytes/s of ``KVCache.compact`` against ``Tensor.copy_`` of as many bytes on the same device.
+
+    The two are timed in turn, as many times each (each compaction on a freshly fragmented pool),
+    so that a busy machine slows both alike; the best of each counts.
+    """
     dev = torch.device(device)
     def fragmented() -> tuple[KVCache, list[int]]:
         return fragmented_cache(sizes.kv_model, sizes.block_size, sizes.kv_blocks, sizes.kv_blocks,
@@ -213,18 +220,19 @@ def bench_compaction(sizes: BenchSizes, device: str) -> dict:
 
     kv, live = fragmented()
     kv.compact()  # warm-up
-    best, intact = math.inf, True
-    for _ in range(sizes.repeats):
+    best, copy_s, intact, src = math.inf, math.inf, True, None
+    # a copy takes milliseconds, so each gets many tries to find a moment the machine is quiet
+    for _ in range(10 * sizes.repeats):
         kv, live = fragmented()
         t, moves = timed_call(kv.compact, dev)
         best = min(best, t)
         moved = len(moves) * kv.pool.block_bytes
         intact = intact and all(block_stamp(kv, moves.get(b, b)) == b for b in live)
-    src = torch.ones(moved // kv.pool.dtype.itemsize, dtype=kv.pool.dtype, device=dev)
-    dst = torch.zeros_like(src)
-    dst.copy_(src)  # warm-up
-    # a copy takes milliseconds, so it gets more tries to find a moment the machine is quiet
-    copy_s = min(timed_call(lambda: dst.copy_(src), dev)[0] for _ in range(10 * sizes.repeats))
+        if src is None:
+            src = torch.ones(moved // kv.pool.dtype.itemsize, dtype=kv.pool.dtype, device=dev)
+            dst = torch.zeros_like(src)
+            dst.copy_(src)  # warm-up
+        copy_s = min(copy_s, timed_call(lambda: dst.copy_(src), dev)[0])
     compaction_rate, copy_rate = moved / best, moved / copy_s
     return {
         "kv_model": asdict(sizes.kv_model),

@@ -10,6 +10,11 @@ stopped and reported failed), all within 8 minutes:
   the GPU, a co-tenant tensor allocated here that leaves less free memory than the pool's next
   segment; the OOM event is counted, the co-tenant freed, and the replay completes with no
   request lost.
+* ``workspace``: the workspace the engine charges for an iteration covers what its forward pass
+  really allocates (``torch.cuda.max_memory_allocated``; on the CPU dry run, every tensor created,
+  with SDPA's math kernel, the one CUDA takes for the engine's masked grouped-query attention):
+  decodes of unequal lengths padded to the longest, and long prefill chunks with their score
+  matrices.
 * ``copy_bandwidth``: ``compact`` and swap out / in, in bytes/s, against the device's own copy
   bandwidth (a plain ``copy_``) and host <-> device copies of pinned memory.
 * ``nvml``: NVML's telemetry ("no GPU: ..." where there is none).
@@ -38,8 +43,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 TOTAL_BUDGET_S = 470.0  # under the 8 minutes the whole check may take
-BUDGETS_S = {"cuda": 60, "torch_executor": 120, "oom_crash": 120, "copy_bandwidth": 90, "nvml": 30, "mps": 30}
-GPU_CHECKS = ("torch_executor", "oom_crash", "copy_bandwidth")
+BUDGETS_S = {"cuda": 60, "torch_executor": 100, "oom_crash": 100, "workspace": 60, "copy_bandwidth": 80,
+             "nvml": 30, "mps": 30}
+GPU_CHECKS = ("torch_executor", "oom_crash", "workspace", "copy_bandwidth")
 CHECKS = ("cuda",) + GPU_CHECKS + ("nvml", "mps")
 NO_CUDA = "CUDA is not available"
 
@@ -64,6 +70,8 @@ class Sizes:
     oom_output_len: int = 800
     oom_segment_blocks: int = 512
     oom_num_blocks: int = 2048
+    workspace_chunk: int = 2048  # workspace: prefill chunk (max_num_batched_tokens); contexts up to 4x
+    workspace_blocks: int = 2048
     kv_model: dict = field(default_factory=dict)  # copy_bandwidth
     kv_blocks: int = 1024
     kv_segment_blocks: int = 256
@@ -85,7 +93,8 @@ class Sizes:
         # 4 layers: an iteration's gathered KV (one layer's) stays well under half a segment
         small = dict(vocab_size=512, hidden_size=128, intermediate_size=256, num_layers=4, num_heads=4, num_kv_heads=2)
         return cls("cpu", small, requests=4, prompt_len=64, output_len=16, oom_requests=4, oom_prompt_len=60,
-                   oom_output_len=100, oom_segment_blocks=32, oom_num_blocks=128, kv_model=small, kv_blocks=128,
+                   oom_output_len=100, oom_segment_blocks=32, oom_num_blocks=128, workspace_chunk=256,
+                   workspace_blocks=256, kv_model=small, kv_blocks=128,
                    kv_segment_blocks=32, repeats=1)
 
 
@@ -254,6 +263,111 @@ def check_oom_crash(sizes: Sizes, deadline: Deadline) -> dict:
     return {"status": "failed", "error": "; ".join(problems), **report} if problems else {"status": "ok", **report}
 
 
+class _LiveBytes:
+    """Bytes of the tensors created while it is active and still alive, and their peak: every
+    aten op's new outputs are counted until their storage is freed (outputs that share an input's
+    storage, in-place results and views, are not new)."""
+
+    def __init__(self) -> None:
+        import weakref
+
+        from torch.utils._python_dispatch import TorchDispatchMode
+        from torch.utils._pytree import tree_leaves
+
+        import torch
+
+        counter = self
+
+        class Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                kwargs = kwargs or {}
+                if func is torch.ops.aten.scaled_dot_product_attention.default:
+                    with self:  # its kernel's own ops (inference mode hands it over whole)
+                        return func.decompose(*args, **kwargs)
+                out = func(*args, **kwargs)
+                inputs = {id(t.untyped_storage()) for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)}
+                for t in tree_leaves(out):
+                    if not isinstance(t, torch.Tensor):
+                        continue
+                    st = t.untyped_storage()
+                    key, n = id(st), st.nbytes()
+                    if key in inputs or key in counter.seen or n == 0:
+                        continue
+                    counter.seen.add(key)
+                    counter.now += n
+                    counter.peak = max(counter.peak, counter.now)
+                    weakref.finalize(st, counter._free, key, n)
+                return out
+
+        self.mode, self.seen, self.now, self.peak = Mode(), set(), 0, 0
+
+    def _free(self, key: int, n: int) -> None:
+        self.seen.discard(key)
+        self.now -= n
+
+
+def peak_bytes(fn, device: str) -> tuple[int, object]:
+    """Peak bytes ``fn`` allocates on ``device`` beyond what was allocated before it, and its result."""
+    import torch
+
+    if device == "cuda":
+        torch.cuda.synchronize()
+        base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        result = fn()
+        torch.cuda.synchronize()
+        return torch.cuda.max_memory_allocated() - base, result
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    live = _LiveBytes()
+    with live.mode, sdpa_kernel(SDPBackend.MATH):
+        result = fn()
+    return live.peak, result
+
+
+def check_workspace(sizes: Sizes, deadline: Deadline) -> dict:
+    """Each iteration's measured peak against the workspace the engine charged for it."""
+    from engine.config import EngineConfig
+    from engine.engine import Engine
+    from engine.request import Request
+
+    mc = _model(**sizes.big_model)
+    chunk = sizes.workspace_chunk
+    cfg = EngineConfig(num_blocks=sizes.workspace_blocks, max_model_len=4 * chunk, max_num_batched_tokens=chunk)
+    eng = Engine(mc, cfg, torch_device=sizes.device)
+    executor, rows = eng.executor, []
+    execute = executor.execute
+
+    def measured(work):
+        charged = executor.workspace_bytes(mc, work)
+        shape = [w.num_tokens for w in work]
+        context = sum(w.seq.num_computed + w.num_tokens for w in work)
+        peak, result = peak_bytes(lambda: execute(work), sizes.device)
+        rows.append({"tokens": sum(shape), "decodes": shape.count(1), "context_tokens": context,
+                     "peak_bytes": peak, "charged_bytes": charged,
+                     "fused_estimate_bytes": mc.workspace_bytes(sum(shape), context)})
+        return result
+
+    executor.execute = measured
+    # decodes of very different lengths (padding), beside a prompt long enough for full chunks late in
+    # a long context (score matrices of chunk x context)
+    for i, n in enumerate((8, 40, 3 * chunk // 4)):
+        eng.submit(Request(f"d{i}", 0.0, n, 24, 24))
+    eng.submit(Request("long", 0.0, 3 * chunk + chunk // 2, 4, 4))
+    _serve(eng, deadline, "the workspace replay")
+    over = [r for r in rows if r["peak_bytes"] > r["charged_bytes"]]
+    worst = max(rows, key=lambda r: r["peak_bytes"] / r["charged_bytes"])
+    report = {"iterations": len(rows), "worst": worst,
+              "max_peak_over_charged": round(worst["peak_bytes"] / worst["charged_bytes"], 3),
+              "min_peak_over_charged": round(min(r["peak_bytes"] / r["charged_bytes"] for r in rows), 3),
+              "iterations_over_fused_estimate": sum(r["peak_bytes"] > r["fused_estimate_bytes"] for r in rows),
+              "iterations_over_charged": len(over)}
+    if over:
+        return {"status": "failed", "error": f"{len(over)} of {len(rows)} iterations allocated more than "
+                f"the workspace charged for them, e.g. {over[0]}", **report}
+    return {"status": "ok", **report}
+
+
 def _fragmented(sizes: Sizes, host_bytes: int):
     """rlctl bench's fragmented pool (every block stamped with its id) at the check's sizes."""
     from rlctl.bench.engine import fragmented_cache
@@ -403,6 +517,7 @@ def check_mps(sizes: Sizes, deadline: Deadline, limit_bytes: int = 2 << 30) -> d
 
 
 RUNNERS = {"cuda": check_cuda, "torch_executor": check_torch_executor, "oom_crash": check_oom_crash,
+           "workspace": check_workspace,
            "copy_bandwidth": check_copy_bandwidth, "nvml": check_nvml, "mps": check_mps}
 
 
