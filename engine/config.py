@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from typing import Callable
 
 import torch
 
@@ -173,12 +174,18 @@ def memory_plan(model: ModelConfig, cfg: EngineConfig, weight_bytes: int | None 
     return MemoryPlan(weights, workspace, cfg.num_blocks * cfg.block_size * model.kv_bytes_per_token())
 
 
-def kv_blocks_within(model: ModelConfig, cfg: EngineConfig, limit_bytes: int, weight_bytes: int | None = None) -> int:
+def kv_blocks_within(model: ModelConfig, cfg: EngineConfig, limit_bytes: int, weight_bytes: int | None = None,
+                     workspace: Callable[[EngineConfig], int] | None = None) -> int:
     """The most KV blocks an engine can hold within a memory limit of ``limit_bytes`` (an MPS
     client's pinned-memory limit): ``memory_plan`` solved for ``num_blocks``, so that weights, a
-    full batch's workspace and every block fit the limit. 0 when the weights and workspace alone
-    do not fit."""
+    full batch's workspace and every block fit the limit. ``workspace``: the engine's executor's
+    largest workspace for a configuration (``max_workspace_bytes``; default: a fused attention
+    kernel's, as ``memory_plan``'s). 0 when the weights and workspace alone do not fit."""
     weights = model.weight_bytes() if weight_bytes is None else weight_bytes
     tokens_bytes = model.workspace_bytes(cfg.max_num_batched_tokens, 0)
     per_block = cfg.block_size * (model.kv_bytes_per_token() + model.kv_bytes_per_token() // model.num_layers)
-    return max((limit_bytes - weights - tokens_bytes) // per_block, 0)
+    blocks = max((limit_bytes - weights - tokens_bytes) // per_block, 0)
+    if workspace is not None:  # an executor's workspace shrinks with the blocks, if at all: this many is an upper bound
+        taken = weights + workspace(replace(cfg, num_blocks=blocks))
+        blocks = min(blocks, max((limit_bytes - taken) // (cfg.block_size * model.kv_bytes_per_token()), 0))
+    return blocks

@@ -9,6 +9,9 @@ and ``evict``; outside code reads the engine through the methods under "reading"
 
 The engine composes its parts and edits none of their state: the scheduler owns the queues and
 every move between them, the session store the kept contexts, the KV cache the blocks.
+
+It runs past 350 lines because it is the one place where those parts meet: each method is an
+engine-level event (a step, an OOM, a restart, a lever) that touches several of them at once.
 """
 from __future__ import annotations
 
@@ -20,7 +23,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import torch
 
-from engine.config import EngineConfig, ModelConfig, max_model_len, memory_plan
+from engine.config import EngineConfig, MemoryPlan, ModelConfig, max_model_len, memory_plan
 from engine.decode_run import decode_run
 from engine.device import Device, DeviceOOM
 from engine.executor import ProfiledExecutor, TorchExecutor
@@ -69,8 +72,7 @@ class Engine:
             self.executor = TorchExecutor()
         if self.model is None and self.executor.materialize:
             self.model = LlamaModel.from_seed(mcfg, cfg.seed, self.torch_device)
-        self.memory = memory_plan(mcfg, cfg, self.model.weight_bytes() if self.model is not None else None,
-                                  self.executor.max_workspace_bytes(mcfg, cfg, self.max_model_len))
+        self.memory = self.plan_memory(cfg)
         if self.device is None:
             self.device = Device.for_torch(self.torch_device, cfg.device_bytes or self.memory.total)
         self.device.charge("weights", self.memory.weights)
@@ -211,6 +213,15 @@ class Engine:
         self.counters.oom_events += 1
         self._lose_everything()
 
+    def max_workspace_bytes(self, cfg: EngineConfig) -> int:
+        """The largest iteration workspace this engine's executor may ask for under ``cfg``."""
+        return self.executor.max_workspace_bytes(self.model_config, cfg, max_model_len(self.model_config, cfg))
+
+    def plan_memory(self, cfg: EngineConfig) -> MemoryPlan:
+        """This engine's weights, largest workspace and KV under ``cfg`` (its own, or a new KV size)."""
+        return memory_plan(self.model_config, cfg, self.model.weight_bytes() if self.model is not None else None,
+                           self.max_workspace_bytes(cfg))
+
     def restart(self, num_blocks: int | None = None) -> None:
         """A graceful restart, not an OOM: what a new MPS memory limit needs, since MPS binds a
         limit only at a client's start. Every request held goes back to the front of the queue
@@ -224,8 +235,7 @@ class Engine:
         self._lose_everything(num_blocks)
         if num_blocks is not None:
             self.config = replace(self.config, num_blocks=num_blocks)
-            self.memory = memory_plan(self.model_config, self.config,
-                                      self.model.weight_bytes() if self.model is not None else None)
+            self.memory = self.plan_memory(self.config)
 
     def _lose_everything(self, num_blocks: int | None = None) -> None:
         """The process ends: requests held go back to the queue, the KV (device and host) and the

@@ -25,10 +25,11 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import replace
 
-from engine.config import EngineConfig, ModelConfig, kv_blocks_within, memory_plan
+from engine.config import EngineConfig, ModelConfig, kv_blocks_within, max_model_len
 from engine.control import Event, advance
 from engine.device import KINDS, Device, DeviceOOM
 from engine.engine import Engine
+from engine.executor import TorchExecutor
 
 
 class DeviceShare(Device):
@@ -94,7 +95,9 @@ class Node:
         if not name or name in self.engines:
             raise ValueError(f"engine name {name!r} is empty or already in the node")
         share = DeviceShare(self.device, int(limit), name)
-        blocks = kv_blocks_within(model_config, config, int(limit))
+        executor = engine_kwargs.setdefault("executor", TorchExecutor())
+        blocks = kv_blocks_within(model_config, config, int(limit), workspace=lambda c: executor.max_workspace_bytes(
+            model_config, c, max_model_len(model_config, c)))
         if blocks * config.block_size < min(config.max_model_len, model_config.max_position):
             raise ValueError(f"engine {name!r}: an MPS limit of {limit / 1e9:.2f} GB holds {blocks} KV blocks, "
                              f"less than one {config.max_model_len}-token sequence after its weights and workspace")
@@ -138,7 +141,7 @@ class Node:
         """The MPS limit an engine needs to hold ``num_blocks`` KV blocks (weights, a full batch's
         workspace and the blocks: ``memory_plan``)."""
         e = self.engines[name]
-        return memory_plan(e.model_config, replace(e.config, num_blocks=num_blocks), e.memory.weights).total
+        return e.plan_memory(replace(e.config, num_blocks=num_blocks)).total
 
     def set_limit(self, name: str, limit: int) -> bool:
         """Restart engine ``name`` gracefully under a new MPS limit (MPS binds a limit only at a
@@ -150,7 +153,7 @@ class Node:
             return False
         if not 0 < limit <= self.device.capacity:
             raise ValueError(f"engine {name!r}: an MPS limit must be in (0, {self.device.capacity}] B, got {limit}")
-        blocks = kv_blocks_within(e.model_config, e.config, limit, e.memory.weights)
+        blocks = kv_blocks_within(e.model_config, e.config, limit, e.memory.weights, e.max_workspace_bytes)
         e.restart(blocks)  # raises, changing nothing, when the blocks cannot hold one sequence
         share.set_limit(limit)
         return True
