@@ -32,6 +32,12 @@ def is_baseline(spec: str) -> bool:
     return isinstance(spec, str) and (spec.startswith("static:") or spec in _SIMPLE)
 
 
+def is_trained(spec: str) -> bool:
+    """Whether ``spec`` names a trained policy (a policy file), which acts behind the safety shield,
+    as it is served; a baseline or the oracle does not."""
+    return not is_baseline(spec) and spec != "oracle"
+
+
 def make_policy(spec: str) -> Policy:
     """A policy from its spec: ``static:K``, ``watermark``, ``vllm``, ``random``, the path of a
     policy file (``*.rlpolicy``, agents/export.py) for a trained one, or the name of one shipped in

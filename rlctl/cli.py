@@ -326,7 +326,7 @@ def _eval_node(a: argparse.Namespace) -> int:
 
 
 def cmd_eval(a: argparse.Namespace) -> int:
-    from agents.spec import baselines, make_policy, static_sweep
+    from agents.spec import baselines, is_trained, make_policy, static_sweep
     from env.node_scenario import is_node_scenario
     from rlctl.evaluate import eval_scenario, run_eval
 
@@ -341,7 +341,9 @@ def cmd_eval(a: argparse.Namespace) -> int:
     policies = {spec: make_policy(spec) for spec in specs}  # every spec is checked before anything runs
     print(f"eval: scenario {sc.name} ({sc.deployment}), {a.episodes} episode(s) of {sc.max_steps} x "
           f"{sc.decision_interval_s:g} s, seeds {a.seed}..{a.seed + a.episodes - 1}")
-    results = run_eval(list(policies.values()), sc, a.episodes, a.seed, a.shield)
+    results = {}  # a trained policy acts behind the shield, as it is served; a baseline only with --shield
+    for spec, policy in policies.items():
+        results.update(run_eval([policy], sc, a.episodes, a.seed, a.shield or is_trained(str(spec))))
     first = next(iter(results.values()))
     print(f"workload (episode 1): {first['workload']}\nclock: {first['clock']}")
     print(format_table(results, extra_rows=EVAL_ROWS))
@@ -502,7 +504,8 @@ def parser() -> argparse.ArgumentParser:
     e.add_argument("--episodes", type=int, default=1)
     e.add_argument("--steps", type=int, default=None, help="decisions per episode (default: the scenario's)")
     e.add_argument("--seed", type=int, default=0, help="episode k uses seed + k, the same for every policy")
-    e.add_argument("--shield", action="store_true", help="filter every action through the safety shield")
+    e.add_argument("--shield", action="store_true",
+                   help="filter the baselines' actions through the safety shield too (a trained policy's always are)")
     _json_option(e, "every figure and time series")
     e.add_argument("--plot", default=None, help="draw utilisation, factor, queue and OOMs over time to this PNG")
     e.set_defaults(fn=cmd_eval)

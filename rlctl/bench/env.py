@@ -25,7 +25,7 @@ from rlctl.bench.machine import machine, sig
 from rlctl.evaluate import run_episode
 
 # ---- the environment ---------------------------------------------------------------------------
-ENV_TARGET_STEPS_PER_S = 200  # the target: environment steps per second on one CPU core
+ENV_TARGET_STEPS_PER_S = 1000  # environment steps per second on one CPU core: fast enough to train and to run the oracle
 
 
 @dataclass(frozen=True)
