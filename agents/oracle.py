@@ -11,7 +11,9 @@ so that admitting a long request is judged by what it does to the memory later, 
 interval. The score is the environment's reward over the horizon: output tokens of requests that
 finished within their SLO, plus the tokens still-running requests produced (work under way counts,
 or the last seconds of every horizon would look idle), over the reward's normaliser, less omega per
-OOM event. Candidates: ``levels``, and no reservation at all (factor inf) on a preempting engine.
+OOM event. Candidates: ``levels`` up to the scenario's ``overcommit_max``, the scenario's tuned
+fixed factor (``best_static``, so that the best incumbent's own setting is always on the table),
+and no reservation at all (factor inf) on a preempting engine.
 
 A controller's share of headroom is ``(controller - best incumbent) / (oracle - best incumbent)``.
 """
@@ -27,7 +29,7 @@ from engine import metrics
 from engine.clone import clone
 from engine.control import EVICT, HOLD, run_interval
 
-LEVELS = (1.0, 1.25, 1.5, 2.0, 2.5, 3.0, 4.0, 6.0)
+LEVELS = (1.0, 1.25, 1.5, 2.0, 2.5, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0)
 
 
 class Oracle(Policy):
@@ -49,8 +51,12 @@ class Oracle(Policy):
         self.env, self._next, self.chosen = env, 0.0, []
 
     def candidates(self) -> tuple[float, ...]:
-        preempting = self.env.engine.config.oom_mode == "preempt"
-        return self.levels + ((math.inf,) if preempting else ())
+        scenario = self.env.scenario
+        cfg = scenario.engine_config()
+        levels = {f for f in self.levels if f <= cfg.overcommit_max}
+        if min(self.levels) <= scenario.best_static <= cfg.overcommit_max:
+            levels.add(scenario.best_static)
+        return tuple(sorted(levels)) + ((math.inf,) if cfg.oom_mode == "preempt" else ())
 
     def score(self, factor: float) -> float:
         """The reward a copy of the engine earns holding ``factor`` over the horizon."""
