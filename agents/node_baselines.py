@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from agents.baselines import Watermark
 from agents.policy import Policy
 from engine.node_control import NODE_HOLD, encode_action
 from env.node_observation import DEVICE_FEATURES, ENGINE_EXTRAS
@@ -89,13 +90,9 @@ _RULES = ((lambda u, w: u >= w.stop, "back_off"), (lambda u, w: u >= w.evict, "e
 
 
 @dataclass
-class NodeWatermark(Policy):
-    high: float = 0.92
-    evict: float = 0.95
-    stop: float = 0.99
-    resume: float = 0.75
-    name: str = "watermark"
-    engine_overrides: dict = field(default_factory=dict)
+class NodeWatermark(Watermark):
+    """The one-engine watermark's thresholds, per engine; of the engines a rule hits, the one
+    moved longest ago moves (one engine per decision)."""
 
     def __post_init__(self) -> None:
         self.reset()

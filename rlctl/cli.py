@@ -286,6 +286,18 @@ def _node_rows(results: dict) -> list:
     return rows
 
 
+def _write_eval(a: argparse.Namespace, sc, results: dict) -> int:
+    """``rlctl eval``'s files: the JSON document (``--json``) and the plot (``--plot``)."""
+    if a.json:
+        _write_json(a, {"scenario": sc.name, "results": results})
+    if a.plot:
+        from rlctl.plot import draw
+
+        draw(results, a.plot, title=f"{sc.name}: {sc.description}")
+        print(f"wrote {a.plot}")
+    return 0
+
+
 def _eval_node(a: argparse.Namespace) -> int:
     """``rlctl eval`` on a node scenario (several engines on one GPU, rlctl/SharedGPU-v0)."""
     import dataclasses
@@ -315,14 +327,7 @@ def _eval_node(a: argparse.Namespace) -> int:
     first = next(iter(results.values()))
     print(f"workload (episode 1): {first['workload']}\nclock: {first['clock']}")
     print(format_table(results, extra_rows=EVAL_ROWS + _node_rows(results)))
-    if a.json:
-        _write_json(a, {"scenario": sc.name, "results": results})
-    if a.plot:
-        from rlctl.plot import draw
-
-        draw(results, a.plot, title=f"{sc.name}: {sc.description}")
-        print(f"wrote {a.plot}")
-    return 0
+    return _write_eval(a, sc, results)
 
 
 def cmd_eval(a: argparse.Namespace) -> int:
@@ -351,14 +356,7 @@ def cmd_eval(a: argparse.Namespace) -> int:
         best = max((results[policies[s].name] for s in sweep), key=lambda r: r["goodput_tokens_per_s"])
         print(f"best fixed factor: {best['policy']} (goodput {best['goodput_tokens_per_s']:.1f} tok/s, "
               f"{best['oom_events']:g} OOM events) on seeds {a.seed}..{a.seed + a.episodes - 1}")
-    if a.json:
-        _write_json(a, {"scenario": sc.name, "results": results})
-    if a.plot:
-        from rlctl.plot import draw
-
-        draw(results, a.plot, title=f"{sc.name}: {sc.description}")
-        print(f"wrote {a.plot}")
-    return 0
+    return _write_eval(a, sc, results)
 
 
 def cmd_sweep(a: argparse.Namespace) -> int:
