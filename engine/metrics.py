@@ -10,13 +10,38 @@ finished or not. KV utilisation is time-weighted over iterations; its p99 is ove
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
 
 
+def percentile(values, q: float) -> float:
+    """``float(np.percentile(values, q))`` (its default, linear method) of a non-empty list or
+    array, to the last bit: the same virtual index, neighbours and interpolation, without
+    ``np.percentile``'s general machinery, which costs ~30 us a call and the environment takes
+    five a step. Data with a NaN go to ``np.percentile`` itself."""
+    if isinstance(values, np.ndarray):
+        ordered = np.sort(values).tolist()
+    else:
+        ordered = sorted(values)
+    if any(v != v for v in ordered):  # NaN: numpy's answer is NaN
+        return float(np.percentile(values, q))
+    n = len(ordered)
+    virtual = (n - 1) * (q / 100)
+    if virtual >= n - 1:  # numpy takes the last value for both neighbours (index -1)
+        below = above = -1
+    else:
+        below = math.floor(virtual)
+        above = below + 1
+    gamma = virtual - below
+    a, b = ordered[below], ordered[above]
+    diff = b - a
+    return b - diff * (1 - gamma) if gamma >= 0.5 else a + diff * gamma
+
+
 def _pct(values: list[float], q: float) -> float | None:
-    return float(np.percentile(values, q)) if values else None
+    return percentile(values, q) if values else None
 
 
 def meets_slo(record, ttft_slo_s: float | None, tpot_slo_s: float | None) -> bool:
@@ -58,7 +83,7 @@ def kv_utilisation(engine, its: tuple[int, int]) -> tuple[float, float] | None:
     util = engine.iterations.column("alloc_ratio", *its)
     weights = engine.iterations.column("duration_s", *its)
     mean = float(np.average(util, weights=weights)) if weights.sum() > 0 else float(util.mean())
-    return mean, float(np.percentile(util, 99))
+    return mean, percentile(util, 99)
 
 
 def summarize(engine, start_s: float = 0.0, end_s: float | None = None) -> dict:

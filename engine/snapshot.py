@@ -6,6 +6,7 @@ observation is the environment's job, so the sidecar and the environment read th
 from __future__ import annotations
 
 import math
+from bisect import bisect_right
 from dataclasses import dataclass
 
 import numpy as np
@@ -52,11 +53,15 @@ class Snapshot:
 
 
 def histogram(lengths: list[int]) -> tuple[float, ...]:
-    """Share of ``lengths`` in each ``HIST_EDGES`` bin (all zeros when empty)."""
+    """Share of ``lengths`` (token counts, >= 0) in each ``HIST_EDGES`` bin (all zeros when empty).
+    Counted with ``bisect``, not ``np.histogram`` (the same counts and shares, a tenth of the
+    time on a few dozen lengths, twice a decision)."""
     if not lengths:
         return (0.0,) * (len(HIST_EDGES) - 1)
-    counts, _ = np.histogram(lengths, bins=np.array(HIST_EDGES[:-1] + (np.finfo(float).max,)))
-    return tuple((counts / len(lengths)).tolist())
+    counts = [0] * (len(HIST_EDGES) - 1)
+    for n in lengths:  # bin i holds [HIST_EDGES[i], HIST_EDGES[i + 1]), the last one everything above
+        counts[bisect_right(HIST_EDGES, n, 1, len(HIST_EDGES) - 1) - 1] += 1
+    return tuple(c / len(lengths) for c in counts)
 
 
 def take_snapshot(engine, previous: Snapshot | None) -> Snapshot:
@@ -70,13 +75,13 @@ def take_snapshot(engine, previous: Snapshot | None) -> Snapshot:
     first = log.find(since)  # the iterations of the last interval
     decodes = log.column("duration_s", first)[log.column("decode_tokens", first) > 0]
     finished = [f for f in engine.finished_lengths if f[0] >= now - LENGTH_WINDOW_S]
-    recent = [f[1] for f in finished]
+    recent = np.array([f[1] for f in finished])
     on_host = len(s.swapped) + engine.sessions.on_host()
     dev = engine.device
     return Snapshot(
         time_s=now, alloc_ratio=alloc, alloc_slope=slope, frag_entropy=kv.blocks.frag_entropy(),
         queue_len=len(s.waiting), prefill_frac=(sum(q.in_prefill for q in s.running) / len(s.running)) if s.running else 0.0,
-        len_mean=float(np.mean(recent)) if recent else 0.0, len_std=float(np.std(recent)) if recent else 0.0,
+        len_mean=float(recent.mean()) if recent.size else 0.0, len_std=float(recent.std()) if recent.size else 0.0,
         swapped=on_host, decode_ms=1000.0 * float(np.mean(decodes)) if decodes.size else 0.0,
         overcommit=engine.overcommit, reserved_ratio=s.reserved_blocks() / kv.num_blocks,
         device_free=max(dev.available(), 0) / dev.capacity,
