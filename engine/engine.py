@@ -304,14 +304,15 @@ class Engine:
         for w in work:
             seq = w.seq
             seq.num_computed += w.num_tokens
-            if seq.id not in next_tokens:
+            token = next_tokens.get(seq.id)
+            if token is None:
                 continue
-            seq.token_ids.append(int(next_tokens[seq.id]))
+            seq.token_ids.append(int(token))
             seq.num_generated += 1
             self.counters.tokens_generated += 1
             if seq.record.first_token_s is None:
                 seq.record.first_token_s = self.clock
-            if seq.done or len(seq) >= self.max_model_len:
+            if seq.done or len(seq.token_ids) >= self.max_model_len:
                 self._finish(seq)
 
     def _finish(self, seq: Sequence) -> None:

@@ -19,7 +19,7 @@ from engine.sequence import Sequence, Status
 from engine.sessions import Sessions
 
 
-@dataclass
+@dataclass(slots=True)
 class Work:
     """One sequence's share of an iteration: ``num_tokens`` tokens from ``num_computed`` on."""
 
@@ -28,7 +28,7 @@ class Work:
 
     @property
     def produces_token(self) -> bool:
-        return self.seq.num_computed + self.num_tokens == len(self.seq)
+        return self.seq.num_computed + self.num_tokens == len(self.seq.token_ids)
 
 
 class BatchShape(NamedTuple):
@@ -131,6 +131,8 @@ class Scheduler:
         return self.sessions.drop_least_recent()
 
     def _grow(self, seq: Sequence, num_tokens: int) -> None:
+        if num_tokens <= len(seq.block_table) * seq.block_size:
+            return  # the table holds them already (most decodes): nothing to allocate
         need = seq.blocks_for(num_tokens) - len(seq.block_table)
         while need > 0:
             try:
@@ -182,20 +184,23 @@ class Scheduler:
         budget = self.max_num_batched_tokens
         self._swap_in(swap_in_reserve)
         work: list[Work] = []
+        prefills = []  # a decode's growth reclaims only waiting turns and idle contexts: no phase changes
         for seq in self.running:  # decodes first: they hold memory and each needs one token
-            if not seq.in_prefill:
-                self._grow(seq, seq.num_computed + 1)
-                work.append(Work(seq, 1))
-                budget -= 1
-        for seq in self.running:  # then the chunks of prefills already under way
-            if seq.in_prefill and budget > 0:
+            if seq.in_prefill:
+                prefills.append(seq)
+                continue
+            self._grow(seq, seq.num_computed + 1)
+            work.append(Work(seq, 1))
+            budget -= 1
+        for seq in prefills:  # then the chunks of prefills already under way
+            if budget > 0:
                 n = min(seq.num_uncomputed, budget)
                 self._grow(seq, seq.num_computed + n)
                 work.append(Work(seq, n))
                 budget -= n
 
-        if self.swapped or not admit:
-            return work  # nothing new is admitted while admitted work waits on the host
+        if self.swapped or not admit or not self.waiting:
+            return work  # nothing new is admitted while admitted work waits on the host (or nothing waits)
         limit = overcommit * self.kv.num_blocks
         reserved = self.reserved_blocks()
         held, future = self.sglang_books() if self.ratio is not None else (0, 0)

@@ -28,6 +28,9 @@ class Sequence:
     def __init__(self, request: Request, token_ids: list[int], context_len: int, block_size: int,
                  record: RequestRecord, max_model_len: int) -> None:
         self.request = request
+        self.id = request.request_id  # a request is frozen: read on every iteration, kept
+        # tokens it generates before it stops: its real output, up to the limit it declared
+        self.stop_at = min(request.output_len, request.max_tokens)
         self.token_ids = token_ids
         self.block_size = block_size
         self.max_model_len = max_model_len
@@ -40,10 +43,6 @@ class Sequence:
         self.status = Status.WAITING
         self.admit_order = -1
         self.contextualized = request.session_id is None  # a turn gets its session's context once
-
-    @property
-    def id(self) -> str:
-        return self.request.request_id
 
     def __len__(self) -> int:
         return len(self.token_ids)
@@ -66,7 +65,8 @@ class Sequence:
 
     @property
     def in_prefill(self) -> bool:
-        return self.num_uncomputed > 1
+        # ``num_uncomputed > 1``, written out: the scheduler asks it of every sequence every iteration
+        return len(self.token_ids) - self.num_computed > 1
 
     def blocks_for(self, num_tokens: int) -> int:
         """Blocks needed to hold KV for the first ``num_tokens`` tokens."""
@@ -74,4 +74,4 @@ class Sequence:
 
     @property
     def done(self) -> bool:
-        return self.num_generated >= min(self.request.output_len, self.request.max_tokens)
+        return self.num_generated >= self.stop_at
