@@ -64,6 +64,22 @@ def _sglang_held(engine, k: int) -> int:
     return k
 
 
+def _decode_books(running, block_size: int, max_model_len: int) -> tuple[list[int], list[int], int] | None:
+    """What a run needs of each running sequence, read in one pass: the iteration in which it
+    produces its last token, the first iteration past its block table, and the tokens computed
+    in all. None when one is not decoding (a prefill chunk, or its first token still to come):
+    the engine steps that iteration exactly."""
+    finish, first, computed = [], [], 0
+    for q in running:
+        length, done = len(q.token_ids), q.num_computed
+        if length - done > 1 or q.record.first_token_s is None:
+            return None
+        finish.append(min(q.stop_at - q.num_generated, max_model_len - length))
+        first.append(len(q.block_table) * block_size - done + 1)
+        computed += done
+    return finish, first, computed
+
+
 def decode_run(engine, until: float | None) -> int:
     """Advance a run of decode iterations (see the module docstring); how many (0: step exactly)."""
     s, kv, pool, dev = engine.scheduler, engine.kv, engine.pool, engine.device
@@ -74,26 +90,25 @@ def decode_run(engine, until: float | None) -> int:
     nxt = s.next_arrival()
     if nxt is not None and nxt <= engine.clock:
         return 0
-    if any(q.in_prefill or q.record.first_token_s is None for q in running):
+    bs = engine.config.block_size
+    books = _decode_books(running, bs, engine.max_model_len)
+    if books is None:
         return 0
     held = _admission_held(engine)
     if held == 0:
         return 0
-    bs, mml = engine.config.block_size, engine.max_model_len
+    finish, first, base = books  # iterations until each sequence finishes, the first past its table
     nd = len(running)
-    # iterations until each sequence finishes (the iteration in which it produces its last token)
-    finish = [min(min(q.request.output_len, q.request.max_tokens) - q.num_generated, mml - len(q)) for q in running]
     horizon = min(finish)
     if horizon < 1:
         return 0
-    base = sum(q.num_computed for q in running)
     j = np.arange(1, horizon + 1, dtype=np.int64)
     context = base + nd * j
     durations = engine.executor.cost.iterations_s(nd, context, context)
-    ends = np.add.accumulate(np.concatenate(([engine.clock], durations)))[1:]
-    starts = np.concatenate(([engine.clock], ends[:-1]))
+    times = np.add.accumulate(np.concatenate(([engine.clock], durations)))  # iteration j starts at times[j - 1]
+    ends = times[1:]
     limit = min(x for x in (until, nxt, math.inf) if x is not None)
-    k = int(np.searchsorted(starts, limit, side="left"))  # iterations that start before the limit
+    k = int(np.searchsorted(times[:-1], limit, side="left"))  # iterations that start before the limit
     k = min(k, horizon)
     if held == -1:
         k = _sglang_held(engine, k)
@@ -101,9 +116,9 @@ def decode_run(engine, until: float | None) -> int:
         return 0
     # the blocks each sequence needs, at the iteration it needs them, in the scheduler's order
     needs: list[tuple[int, int]] = []  # (iteration, position in running)
-    for i, q in enumerate(running):
-        first = len(q.block_table) * bs - q.num_computed + 1  # the first iteration past the table
-        needs += [(jj, i) for jj in range(max(first, 1), k + 1, bs)]
+    for i, f in enumerate(first):
+        if f <= k:
+            needs += [(jj, i) for jj in range(max(f, 1), k + 1, bs)]
     needs.sort()
     # blocks come lowest id first: the free ones below the pool's held segments, then (the pool
     # growing a segment at a time) the ones above, in order
@@ -127,13 +142,15 @@ def decode_run(engine, until: float | None) -> int:
             grown = top - held
     if k < 1:
         return 0
-    # each iteration's workspace must fit what the device has free then
-    workspace = engine.model_config.workspace_bytes(nd, context[:k])
-    over = np.flatnonzero(workspace > free_bytes - np.cumsum(growth[:k]))
-    if over.size:
-        k = int(over[0])
-        if k < 1:
-            return 0
+    # each iteration's workspace must fit what the device has free then; the workspace grows and
+    # the free bytes fall over the run, so when the last iteration's fits, every one's does
+    if engine.model_config.workspace_bytes(nd, int(context[k - 1])) > free_bytes - int(growth[:k].sum()):
+        workspace = engine.model_config.workspace_bytes(nd, context[:k])
+        over = np.flatnonzero(workspace > free_bytes - np.cumsum(growth[:k]))
+        if over.size:
+            k = int(over[0])
+            if k < 1:
+                return 0
     _apply(engine, k, needs, durations[:k], ends[:k], nd, finish)
     return k
 
@@ -149,8 +166,9 @@ def _apply(engine, k: int, needs: list[tuple[int, int]], durations, ends, nd: in
             running[i].block_table.append(block)
     # blocks in use after each iteration: those held before plus the run's allocations so far
     usage = used + np.searchsorted(np.array([jj for jj, _ in events], dtype=np.int64), np.arange(1, k + 1), side="right")
+    tokens = [0] * k  # a tensor-free engine's tokens
     for q in running:
-        q.token_ids.extend([0] * k)
+        q.token_ids.extend(tokens)
         q.num_computed += k
         q.num_generated += k
     if engine.scheduler.ratio is not None:
