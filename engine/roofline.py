@@ -63,6 +63,15 @@ class RooflineCostModel:
                 raise ValueError(f"{name} must be in (0, 1], got {getattr(self, name)}")
         if self.overhead_s < 0 or self.copy_fixed_s < 0:
             raise ValueError("overhead_s and copy_fixed_s must be >= 0")
+        # the model's and the device's figures every iteration reads, worked out once (all of
+        # them frozen): the same integers and products ``iterations_s`` used to form each call
+        m = self.model
+        matmul_params = m.param_count() - m.vocab_size * m.hidden_size * (0 if m.tie_word_embeddings else 1)
+        for name, value in (("_token_flops", 2 * matmul_params), ("_pair_flops", 4 * m.num_layers * m.hidden_size),
+                            ("_weight_bytes", m.weight_bytes()), ("_kv_token_bytes", m.kv_bytes_per_token()),
+                            ("_flops_per_s", self.gpu.peak_flops * self.flops_efficiency),
+                            ("_bytes_per_s", self.gpu.memory_bytes_per_s * self.memory_efficiency)):
+            object.__setattr__(self, name, value)
 
     def iteration_s(self, shape: BatchShape) -> float:
         return float(self.iterations_s(shape.num_tokens, shape.context_tokens, shape.attended))
@@ -70,12 +79,10 @@ class RooflineCostModel:
     def iterations_s(self, num_tokens, context_tokens, attended):
         """``iteration_s`` elementwise: each argument an int or an array of ints (a run of decode
         iterations, engine/decode_run.py), with the same arithmetic, so the same durations."""
-        m = self.model
-        matmul_params = m.param_count() - m.vocab_size * m.hidden_size * (0 if m.tie_word_embeddings else 1)
-        flops = 2 * matmul_params * num_tokens + 4 * m.num_layers * m.hidden_size * attended
-        nbytes = m.weight_bytes() + m.kv_bytes_per_token() * (context_tokens + num_tokens)
-        compute = flops / (self.gpu.peak_flops * self.flops_efficiency)
-        memory = nbytes / (self.gpu.memory_bytes_per_s * self.memory_efficiency)
+        flops = self._token_flops * num_tokens + self._pair_flops * attended
+        nbytes = self._weight_bytes + self._kv_token_bytes * (context_tokens + num_tokens)
+        compute = flops / self._flops_per_s
+        memory = nbytes / self._bytes_per_s
         return self.overhead_s + np.maximum(compute, memory)
 
     def copy_s(self, nbytes: int, link: str = "device") -> float:
