@@ -66,8 +66,9 @@ class BlockManager:
 
     def free_runs(self) -> list[int]:
         """Lengths of the maximal runs of free blocks over the whole block map."""
-        free = np.concatenate(([0], (self.ref_counts == 0).astype(np.int8), [0]))
-        edges = np.flatnonzero(np.diff(free))
+        free = np.zeros(self.num_blocks + 2, dtype=bool)  # padded: a run may start or end at either end
+        np.equal(self.ref_counts, 0, out=free[1:-1])
+        edges = np.flatnonzero(free[1:] != free[:-1])
         return (edges[1::2] - edges[::2]).tolist()
 
     def holes(self) -> int:
@@ -81,7 +82,7 @@ class BlockManager:
         total = sum(runs)
         if len(runs) <= 1 or total <= 1:
             return 0.0
-        h = -sum((r / total) * math.log(r / total) for r in runs)
+        h = -sum(p * math.log(p) for p in (r / total for r in runs))
         return h / math.log(total)
 
     def compaction_plan(self) -> list[tuple[int, int]]:

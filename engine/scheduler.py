@@ -186,10 +186,12 @@ class Scheduler:
         work: list[Work] = []
         prefills = []  # a decode's growth reclaims only waiting turns and idle contexts: no phase changes
         for seq in self.running:  # decodes first: they hold memory and each needs one token
-            if seq.in_prefill:
+            computed = seq.num_computed
+            if len(seq.token_ids) - computed > 1:  # ``seq.in_prefill``, asked of every sequence
                 prefills.append(seq)
                 continue
-            self._grow(seq, seq.num_computed + 1)
+            if computed >= len(seq.block_table) * seq.block_size:  # its token starts a new block
+                self._grow(seq, computed + 1)
             work.append(Work(seq, 1))
             budget -= 1
         for seq in prefills:  # then the chunks of prefills already under way

@@ -77,6 +77,7 @@ def take_snapshot(engine, previous: Snapshot | None) -> Snapshot:
     finished = [f for f in engine.finished_lengths if f[0] >= now - LENGTH_WINDOW_S]
     recent = np.array([f[1] for f in finished])
     on_host = len(s.swapped) + engine.sessions.on_host()
+    running_lengths, waiting_lengths = [len(q) for q in s.running], [len(q) for q in s.waiting]
     dev = engine.device
     return Snapshot(
         time_s=now, alloc_ratio=alloc, alloc_slope=slope, frag_entropy=kv.blocks.frag_entropy(),
@@ -85,13 +86,13 @@ def take_snapshot(engine, previous: Snapshot | None) -> Snapshot:
         swapped=on_host, decode_ms=1000.0 * float(np.mean(decodes)) if decodes.size else 0.0,
         overcommit=engine.overcommit, reserved_ratio=s.reserved_blocks() / kv.num_blocks,
         device_free=max(dev.available(), 0) / dev.capacity,
-        queue_hist=histogram([len(q) for q in s.waiting]), running_hist=histogram([len(q) for q in s.running]),
+        queue_hist=histogram(waiting_lengths), running_hist=histogram(running_lengths),
         running=len(s.running), kv_blocks_used=kv.blocks.num_used, kv_blocks_total=kv.num_blocks,
         kv_footprint_bytes=engine.pool.footprint_bytes(), oom_events=engine.counters.oom_events,
         preemptions=engine.counters.preemptions, tokens_generated=engine.counters.tokens_generated,
         restarting=engine.down_until is not None, kv_tokens_total=kv.num_blocks * engine.pool.block_size,
         max_num_seqs=s.max_num_seqs, preempt_mode=engine.config.oom_mode == "preempt",
-        tokens_held=sum(len(q) for q in s.running),
+        tokens_held=sum(running_lengths),
         future_declared=sum(max(q.request.max_tokens - q.num_generated, 0) for q in s.running),
-        waiting_tokens=sum(len(q) for q in s.waiting),
+        waiting_tokens=sum(waiting_lengths),
         out_ratio=float(np.mean([f[2] / f[3] for f in finished])) if finished else 1.0)
