@@ -52,6 +52,20 @@ def requests(prefix: str, count: int, at: float, prompt: int, output: int) -> li
     return [Request(f"{prefix}{i}", at + 0.01 * i, prompt, output, 2 * output) for i in range(count)]
 
 
+def serve_pair(n: Node) -> tuple:
+    """Three requests to a, three to b 50 ms later (400 tokens each, declaring 800), run until served."""
+    a, b = n.engines["a"], n.engines["b"]
+    for r in requests("a", 3, 0.0, 100, 400):
+        a.submit(r)
+    for r in requests("b", 3, 0.05, 100, 400):
+        b.submit(r)
+    for k in range(1, 400):
+        run_node_interval(n, 0, 0.5 * k)
+        if not n.has_work():
+            break
+    return a, b
+
+
 def test_a_share_charges_its_limit_and_the_device():
     device = Device(1000)
     a, b = DeviceShare(device, 700, "a"), DeviceShare(device, 700, "b")  # limits sum to 1.4x the device
@@ -95,15 +109,7 @@ def test_a_tenant_that_grows_runs_the_other_out_of_memory_and_no_request_is_lost
     # the torch executor's room for its largest workspace (engine/attention.py) is, for this tiny
     # model, many times its KV, and b would grow into it
     n = node(120, (96, 96), mode)
-    a, b = n.engines["a"], n.engines["b"]
-    for r in requests("a", 3, 0.0, 100, 400):
-        a.submit(r)
-    for r in requests("b", 3, 0.05, 100, 400):
-        b.submit(r)
-    for k in range(1, 400):
-        run_node_interval(n, 0, 0.5 * k)
-        if not n.has_work():
-            break
+    a, b = serve_pair(n)
     assert not n.has_work()
     assert b.ooms and {o.cause for o in b.ooms} == {"device ledger"}  # the pool or a batch did not fit
     assert {o.source for o in b.ooms} <= {"kv pool growth", "iteration workspace"}
@@ -121,15 +127,7 @@ def test_a_tenant_that_grows_runs_the_other_out_of_memory_and_no_request_is_lost
 
 def test_within_a_static_partition_no_tenant_runs_the_other_out():
     n = node(120, (60, 60))  # the limits sum to the device: a partition
-    a, b = n.engines["a"], n.engines["b"]
-    for r in requests("a", 3, 0.0, 100, 400):
-        a.submit(r)
-    for r in requests("b", 3, 0.05, 100, 400):
-        b.submit(r)
-    for k in range(1, 400):
-        run_node_interval(n, 0, 0.5 * k)
-        if not n.has_work():
-            break
+    a, b = serve_pair(n)
     assert not a.ooms and not b.ooms
     assert len(a.completed) == len(b.completed) == 3
 
