@@ -5,7 +5,6 @@ tail can be released. The block manager knows nothing of tensors; ``KVPool`` hol
 """
 from __future__ import annotations
 
-import heapq
 import math
 
 import numpy as np
@@ -19,7 +18,7 @@ class BlockManager:
     def __init__(self, num_blocks: int) -> None:
         self.num_blocks = num_blocks
         self.ref_counts = np.zeros(num_blocks, dtype=np.int32)
-        self._free = list(range(num_blocks))  # a heap; already ordered
+        self._free = list(range(num_blocks - 1, -1, -1))  # descending: the lowest free id is last
         self.num_used = 0
 
     @property
@@ -33,8 +32,14 @@ class BlockManager:
         """The ``n`` lowest free block ids, each with reference count 1; all or nothing."""
         if n > self.num_free:
             raise OutOfBlocks(f"{n} blocks needed, {self.num_free} free")
-        ids = [heapq.heappop(self._free) for _ in range(n)]
-        self.ref_counts[ids] = 1
+        free = self._free
+        if n == 1:  # a decode crossing into a new block: most allocations
+            ids = [free.pop()]
+            self.ref_counts[ids[0]] = 1
+        else:
+            ids = free[:-n - 1:-1]
+            del free[-n:]
+            self.ref_counts[ids] = 1
         self.num_used += n
         return ids
 
@@ -55,9 +60,19 @@ class BlockManager:
             raise AssertionError(f"block {int(idx[np.argmax(counts <= 0)])} freed twice")
         counts -= 1
         self.ref_counts[idx] = counts
-        for b in idx[counts == 0].tolist():
-            heapq.heappush(self._free, b)
-        self.num_used -= int((counts == 0).sum())
+        released = idx[counts == 0]
+        if not released.size:
+            return
+        self.num_used -= released.size
+        released = np.sort(released)[::-1].tolist()
+        free = self._free
+        if not free or released[0] < free[-1]:  # all below the lowest free id: they go last
+            free.extend(released)
+        elif released[-1] > free[0]:  # all above the highest: they go first
+            free[:0] = released
+        else:  # two descending runs, which the sort merges
+            free.extend(released)
+            free.sort(reverse=True)
 
     def highest_used(self) -> int:
         """The highest block id in use, or -1 when the pool is empty."""
@@ -107,4 +122,4 @@ class BlockManager:
         if len(np.unique(np.concatenate((src, dst)))) != 2 * len(moves):
             raise AssertionError("bad moves: a block is moved, or moved to, more than once")
         rc[dst], rc[src] = rc[src], 0
-        self._free = np.flatnonzero(rc == 0).tolist()
+        self._free = np.flatnonzero(rc == 0)[::-1].tolist()

@@ -23,9 +23,11 @@ def percentile(values, q: float) -> float:
     five a step. Data with a NaN go to ``np.percentile`` itself."""
     if isinstance(values, np.ndarray):
         ordered = np.sort(values).tolist()
+        nan = ordered and ordered[-1] != ordered[-1]  # numpy sorts NaNs last
     else:
         ordered = sorted(values)
-    if any(v != v for v in ordered):  # NaN: numpy's answer is NaN
+        nan = any(v != v for v in ordered)
+    if nan:  # numpy's answer is NaN
         return float(np.percentile(values, q))
     n = len(ordered)
     virtual = (n - 1) * (q / 100)
@@ -82,7 +84,8 @@ def kv_utilisation(engine, its: tuple[int, int]) -> tuple[float, float] | None:
         return None
     util = engine.iterations.column("alloc_ratio", *its)
     weights = engine.iterations.column("duration_s", *its)
-    mean = float(np.average(util, weights=weights)) if weights.sum() > 0 else float(util.mean())
+    total = weights.sum()  # np.average's own two reductions, without its argument handling
+    mean = float(np.multiply(util, weights).sum() / total) if total > 0 else float(util.mean())
     return mean, percentile(util, 99)
 
 
