@@ -27,6 +27,11 @@ def _number(spec: str) -> float:
         raise ValueError(f"policy {spec!r}: needs a number K, e.g. {spec.split(':')[0]}:1.5") from None
 
 
+def is_node_baseline(spec: str) -> bool:
+    """Whether ``spec`` names a node baseline (not a policy file)."""
+    return spec in _SIMPLE or spec == "oracle" or spec.startswith(("overcommit:", "static:"))
+
+
 def make_node_policy(spec: str, engines: list[str] | None = None) -> Policy:
     """A node policy from its spec (see the module docstring) or a node policy file; with
     ``engines``, a policy file must have been trained on a node of those engines, in that order."""

@@ -44,13 +44,22 @@ def _unit(x: float) -> float:
 
 
 def observe_node(node: Node, snapshots: dict[str, Snapshot], shares: dict[str, float], scales: Observation) -> np.ndarray:
-    """The float32 node observation: each engine's snapshot and memory, then the device's."""
-    cap = node.device.capacity
+    """The float32 node observation of ``node``: each engine's snapshot and memory, then the device's."""
+    return observe_node_state(snapshots, {n: e.device.capacity for n, e in node.engines.items()},
+                              {n: e.device.used for n, e in node.engines.items()}, shares, node.device.capacity,
+                              max(node.device.available(), 0), scales)
+
+
+def observe_node_state(snapshots: dict[str, Snapshot], limits: dict[str, int], held: dict[str, int],
+                       shares: dict[str, float], capacity: int, free: int, scales: Observation) -> np.ndarray:
+    """The float32 node observation from what a node reports (in the environment, or on the wire to
+    a sidecar): each engine's snapshot, MPS limit, bytes held and partition share, in the order of
+    ``snapshots``; the device's capacity and free bytes."""
     parts = []
-    for name, e in node.engines.items():
-        parts.append(observe(snapshots[name], scales))
-        parts.append(np.array([_unit(e.device.capacity / cap), _unit(e.device.used / cap), _unit(shares[name])],
+    for name, snap in snapshots.items():
+        parts.append(observe(snap, scales))
+        parts.append(np.array([_unit(limits[name] / capacity), _unit(held[name] / capacity), _unit(shares[name])],
                               dtype=np.float32))
-    device = [_unit(max(node.device.available(), 0) / cap), _unit(sum(node.limits().values()) / cap / 2)]
+    device = [_unit(free / capacity), _unit(sum(limits[n] for n in snapshots) / capacity / 2)]
     parts.append(np.array(device, dtype=np.float32))
     return np.concatenate(parts).astype(np.float32)

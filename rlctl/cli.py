@@ -169,8 +169,53 @@ def _live_run(a: argparse.Namespace) -> dict[str, dict]:
                            "model": asdict(engine.model_config)}}
 
 
-def cmd_replay(a: argparse.Namespace) -> int:
+def _node_live_run(a: argparse.Namespace) -> int:
+    """A node scenario's engines (several on one GPU) steered by the node sidecar at ``--controller``
+    through one episode's workloads, every request run to completion; ``--overcommit`` is the safe
+    factor every engine falls back to."""
+    from env.shared_gpu_env import SharedGPUEnv
+    from rlctl.online.live import ClientTLS
+    from rlctl.online.node_live import NodeLiveController, replay_node_live
 
+    if not a.controller:
+        raise ValueError("--node runs a node live, steered by a node sidecar (rlctl serve --node): give --controller ADDR")
+    if a.trace is not None:
+        raise ValueError("--node replays the node scenario's own workloads: leave out --trace")
+    if len(a.overcommit) != 1 or not math.isfinite(a.overcommit[0]):
+        raise ValueError("--node: give one finite --overcommit, the safe factor every engine falls back to")
+    for given, option in ((a.metrics_port is not None, "--metrics-port"), (a.mps_next_limit is not None,
+                                                                           "--mps-next-limit")):
+        if given:
+            raise ValueError(f"{option} belongs to one engine's live loop, not to --node")
+    env = SharedGPUEnv(a.node)
+    env.reset(seed=a.seed or 0)
+    sc, node = env.scenario, env.node
+    print(f"replay: node scenario {sc.name}, seed {a.seed or 0}: "
+          + "; ".join(f"{n}: {e.config.num_blocks} KV blocks under an MPS limit of {e.device.capacity / 1e9:.1f} GB, "
+                      f"{env.workload_lines[n]}" for n, e in node.engines.items()))
+    print(f"controller {a.controller} every {sc.decision_interval_s:g} s (deadline {a.deadline_ms:g} ms, safe factor "
+          f"{a.overcommit[0]:g}); engines on their scenario's cost model")
+    tls = ClientTLS(a.controller_ca, a.controller_cert, a.controller_key) if a.controller_ca else None
+    controller = NodeLiveController(a.controller, env.shares, deadline_s=a.deadline_ms / 1000,
+                                    safe_factor=a.overcommit[0], evict_free_share=sc.evict_free_share, tls=tls)
+    try:
+        figures = replay_node_live(node, controller, sc.decision_interval_s)
+    finally:
+        controller.close()
+    print(format_table({n: f for n, f in figures["engines"].items()}, extra_rows=[("restarts", "restarts", "{:d}")]))
+    print(f"controller: {figures['controller_decisions']} decisions, {figures['fallbacks']} fallbacks "
+          f"{figures['fallbacks_by_reason']}, {figures['reconnects']} reconnects, {figures['shield_overrides']} shield "
+          f"overrides, {figures['restarts_by_resize']} restarts by resize; node actions {figures['node_actions']}")
+    if a.json:
+        _write_json(a, {"scenario": sc.name, "seed": a.seed or 0, **figures})
+    return 0
+
+
+def cmd_replay(a: argparse.Namespace) -> int:
+    if a.node is not None:
+        return _node_live_run(a)
+    if a.trace is None:
+        raise ValueError("--trace is required (or --node SCENARIO with --controller, a node of engines steered live)")
     if not a.controller:
         for given, option in ((a.metrics_port is not None, "--metrics-port"), (a.metrics_addr is not None,
                                                                                "--metrics-addr"),
@@ -238,7 +283,7 @@ def cmd_serve(a: argparse.Namespace) -> int:
     cap = {} if a.max_policy_mib is None else {"max_bytes": a.max_policy_mib << 20}  # else agents/export.py's
     confinement = Confinement(policy_dir(a.policy_dir) if a.policy_dir else None, a.allow_baselines, **cap)
     serve(a.policy, a.listen, a.metrics_port, tls, fault, say=lambda line: print(line, flush=True),
-          confinement=confinement, metrics_addr=metrics_addr, metrics_public=a.metrics_public)
+          confinement=confinement, metrics_addr=metrics_addr, metrics_public=a.metrics_public, node=a.node)
     return 0
 
 
@@ -429,7 +474,7 @@ def parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     r = sub.add_parser("replay", help="replay a trace through the engine at a fixed overcommit factor")
-    _add_workload(r, trace_required=True)
+    _add_workload(r, trace_required=False)
     _add_deployment(r)
     r.add_argument("--overcommit", type=_factor, nargs="+", default=[1.0],
                    help="overcommit factor(s), one column each (default %(default)s; inf: no reservation)")
@@ -451,6 +496,9 @@ def parser() -> argparse.ArgumentParser:
                         "default 0) to what this engine needs. The default is daemon-wide: every MPS client started "
                         "on this host afterwards gets it, not only the next engine process; a running one keeps its "
                         "limit. The previous default is restored when the replay ends (with --controller)")
+    c.add_argument("--node", default=None, metavar="SCENARIO",
+                   help="run a node scenario's engines (several on one GPU, its own workloads; --seed picks the draw) "
+                        "steered live by the node sidecar at --controller (rlctl serve --node)")
     r.set_defaults(fn=cmd_replay)
 
     sv = sub.add_parser("serve", help="host a policy for a live engine: the gRPC sidecar, health, reflection, metrics")
@@ -462,6 +510,9 @@ def parser() -> argparse.ArgumentParser:
                          "nothing outside DIR; without it ReloadPolicy is off")
     sv.add_argument("--allow-baselines", action="store_true",
                     help="let --policy and ReloadPolicy serve baseline specs (static:K, watermark, vllm, random)")
+    sv.add_argument("--node", action="store_true",
+                    help="serve a node policy (several engines on one GPU; a policy file trained on a node scenario, "
+                         "or with --allow-baselines watermark or random) to a node's DecideNode calls")
     sv.add_argument("--max-policy-mib", type=int, default=None, metavar="MIB",
                     help="refuse a policy file bigger than this, unread (default 64)")
     sv.add_argument("--listen", required=True,

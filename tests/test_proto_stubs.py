@@ -37,5 +37,5 @@ def test_the_stubs_import_as_a_package_and_name_the_versioned_service():
     assert SERVICE_NAME == "rlctl.controller.v1.Controller"
     assert controller_pb2.DESCRIPTOR.name == "rlctl/controller/v1/controller.proto"
     assert {m.name for m in controller_pb2.DESCRIPTOR.services_by_name["Controller"].methods} == {
-        "Decide", "Live", "GetPolicy", "ReloadPolicy"}
+        "Decide", "Live", "DecideNode", "GetPolicy", "ReloadPolicy"}
     assert hasattr(controller_pb2_grpc, "ControllerStub")

@@ -203,23 +203,31 @@ class LiveController:
             self.metrics.update(engine)
         return d
 
-    def _decide(self, engine: Engine, snap) -> pb.Decision | None:
+    def _ask(self, target, rpc: str, message: Callable[[int], object], check: Callable[[object, int], str | None]):
+        """The next decision through ``rpc`` on ``message(seq)``, checked by ``check(decision, seq)``;
+        None after a fault (or while backing off from one), ``target`` then falling back."""
         self._seq += 1
         if self._fault is not None:
             if time.monotonic() < self._retry_at:
-                return self._fall_back(engine, self._fault)
+                return self._fall_back(target, self._fault)
             self._connect()
             self.reconnects += 1
         try:
-            d = self._stub.Decide(snapshot_message(snap, engine.max_model_len, self.engine_id, self._seq),
-                                  timeout=self.deadline_s)
+            d = getattr(self._stub, rpc)(message(self._seq), timeout=self.deadline_s)
         except grpc.RpcError as exc:
             code = exc.code()
-            return self._faulted(engine, _REASON.get(code, "error"), f"{code.name}: {exc.details()}")
-        problem = check_decision(d, self._seq)
+            return self._faulted(target, _REASON.get(code, "error"), f"{code.name}: {exc.details()}")
+        problem = check(d, self._seq)
         if problem:
-            return self._faulted(engine, "invalid", problem)
+            return self._faulted(target, "invalid", problem)
         self._fault, self._backoff = None, self.backoff_s
+        return d
+
+    def _decide(self, engine: Engine, snap) -> pb.Decision | None:
+        d = self._ask(engine, "Decide", lambda seq: snapshot_message(snap, engine.max_model_len, self.engine_id, seq),
+                      check_decision)
+        if d is None:
+            return None
         if d.overcommit != snap.overcommit:  # a policy that pins its factor (check_decision: finite, > 0)
             self._quota.apply(d.overcommit)
         self.decisions += 1

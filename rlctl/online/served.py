@@ -16,19 +16,27 @@ import numbers
 from dataclasses import dataclass
 
 from agents.export import ExportedPolicy, PolicyFileError, load_policy
+from agents.node_spec import is_node_baseline, make_node_policy
 from agents.policy import Policy
-from agents.shield import Shield
+from agents.shield import NodeShield, Shield
 from agents.spec import is_baseline, make_policy
 from engine.control import ACTIONS
+from engine.node_control import action_names
 from engine.snapshot import HIST_EDGES, Snapshot
+from env.node_observation import node_features, observe_node_state
 from env.observation import FEATURES, observe
 from env.scenario import Observation
 from rlctl.online.confine import BaselineRefused, Confinement, ReloadOff, open_policy
+from rlctl.online.node_messages import NodeState
 from rlctl.online.proto import controller_pb2 as pb
 
 
 class PolicyError(RuntimeError):
     """The policy failed on a valid snapshot (it raised, or returned an action id outside ACTIONS)."""
+
+
+class NodeMismatch(ValueError):
+    """A node's engines are not the ones its node policy was trained on."""
 
 
 @dataclass(frozen=True)
@@ -80,6 +88,39 @@ class ServedPolicy:
                              source_commit=str(header.get("source_commit", "")))
 
 
+@dataclass(frozen=True)
+class ServedNodePolicy(ServedPolicy):
+    """A node policy (env/shared_gpu_env.py) with what a decision needs: ``engines``, the node a
+    policy file was trained on (in order; None for a baseline, which serves any node)."""
+
+    engines: tuple[str, ...] | None = None
+    node_shield: NodeShield = NodeShield()
+
+    def decide(self, state: NodeState) -> tuple[int, int]:  # type: ignore[override]
+        """(the policy's flat node action, the action after the node shield) on a checked node state."""
+        if self.engines is not None and tuple(state.names) != self.engines:
+            raise NodeMismatch(f"the node reports engines {state.names}; policy {self.spec} was trained on a node of "
+                               f"engines {list(self.engines)}, in that order")
+        obs = observe_node_state(state.snapshots, state.limits, state.held, state.shares, state.capacity, state.free,
+                                 self.scales)
+        count = len(action_names(state.names))
+        try:
+            chosen = self.policy.act(obs)
+        except Exception as exc:  # a policy bug must not take the server down with it
+            raise PolicyError(f"policy {self.policy.name} failed: {type(exc).__name__}: {exc}") from exc
+        if not isinstance(chosen, numbers.Integral) or not 0 <= chosen < count:
+            raise PolicyError(f"policy {self.policy.name} returned node action {chosen!r}, not one of 0..{count - 1}")
+        return int(chosen), self.node_shield.filter(int(chosen), state.snapshots)
+
+    def info(self) -> pb.PolicyInfo:
+        info = super().info()
+        del info.features[:], info.actions[:]
+        if self.engines is not None:
+            info.features.extend(node_features(list(self.engines)))
+            info.actions.extend(action_names(list(self.engines)))
+        return info
+
+
 def _trial_snapshot() -> Snapshot:
     bins = (0.0,) * (len(HIST_EDGES) - 1)
     return Snapshot(time_s=0.0, alloc_ratio=0.0, alloc_slope=0.0, frag_entropy=0.0, queue_len=0, prefill_frac=0.0,
@@ -87,35 +128,68 @@ def _trial_snapshot() -> Snapshot:
                     device_free=1.0, queue_hist=bins, running_hist=bins, kv_tokens_total=1024, max_num_seqs=8)
 
 
-def load_served_policy(spec: str, confinement: Confinement) -> ServedPolicy:
+def _is_baseline(spec: str, node: bool) -> bool:
+    return is_node_baseline(spec) if node else is_baseline(spec)
+
+
+def _baseline(spec: str, node: bool) -> Policy:
+    return make_node_policy(spec) if node else make_policy(spec)
+
+
+def load_served_policy(spec: str, confinement: Confinement, node: bool = False) -> ServedPolicy:
     """The operator's ``--policy``: a policy file's path (trusted: it comes from the command line),
-    or a baseline spec if ``confinement`` allows baselines. A ``ValueError`` (``PolicyFileError``
-    for a file) says why it cannot serve."""
+    or a baseline spec if ``confinement`` allows baselines; with ``node``, a node policy (a node's
+    baseline, or a file trained on a node). A ``ValueError`` (``PolicyFileError`` for a file)
+    says why it cannot serve."""
     spec = str(spec)
-    if is_baseline(spec):
+    if _is_baseline(spec, node):
         if not confinement.allow_baselines:
             raise ValueError(f"--policy {spec} is a baseline spec: serve one only with --allow-baselines")
-        return _checked(spec, make_policy(spec))
-    return _checked(spec, load_policy(spec, confinement.max_bytes))
+        return _checked(spec, _baseline(spec, node), node)
+    return _checked(spec, load_policy(spec, confinement.max_bytes), node)
 
 
-def reload_served_policy(name: str, confinement: Confinement) -> ServedPolicy:
+def reload_served_policy(name: str, confinement: Confinement, node: bool = False) -> ServedPolicy:
     """A client's ``ReloadPolicy``: a policy name inside the policy directory (rlctl/online/confine.py),
-    or a baseline spec if allowed. ``ReloadOff``, ``BaselineRefused``, ``NoSuchPolicy`` (the same
-    words whatever the reason), or a ``ValueError`` about a file inside the directory."""
+    or a baseline spec if allowed (a node's with ``node``). ``ReloadOff``, ``BaselineRefused``,
+    ``NoSuchPolicy`` (the same words whatever the reason), or a ``ValueError`` about a file inside
+    the directory."""
     if confinement.policy_dir is None:
         raise ReloadOff("ReloadPolicy is off: rlctl serve was started without --policy-dir")
-    if is_baseline(name):
+    if _is_baseline(name, node):
         if not confinement.allow_baselines:
             raise BaselineRefused(f"{name} is a baseline spec, and rlctl serve was started without --allow-baselines")
-        return _checked(name, make_policy(name))
+        return _checked(name, _baseline(name, node), node)
     f, file_name = open_policy(confinement.policy_dir, name)
     with f:  # the file's name, not its path, in messages and in GetPolicy: the directory is the operator's
-        return _checked(file_name, load_policy(file_name, confinement.max_bytes, opened=f))
+        return _checked(file_name, load_policy(file_name, confinement.max_bytes, opened=f), node)
 
 
-def _checked(spec: str, policy: Policy) -> ServedPolicy:
-    """``policy`` ready to serve: it pins nothing a running engine cannot take, and a trial decision works."""
+def _trial_node(engines: tuple[str, ...]) -> NodeState:
+    snap = _trial_snapshot()
+    return NodeState({n: snap for n in engines}, dict.fromkeys(engines, 1 << 30), dict.fromkeys(engines, 0),
+                     dict.fromkeys(engines, 1 / len(engines)), len(engines) << 30, len(engines) << 30)
+
+
+def _checked(spec: str, policy: Policy, node: bool = False) -> ServedPolicy:
+    """``policy`` ready to serve: one engine's or a node's as asked, it pins nothing a running engine
+    cannot take, and a trial decision works."""
+    trained = (policy.header.get("node") or {}).get("engines") if isinstance(policy, ExportedPolicy) else None
+    if isinstance(policy, ExportedPolicy) and node != (trained is not None):
+        raise ValueError(f"policy {spec}: trained for a node of engines {trained}: serve it with --node" if trained else
+                         f"policy {spec}: trained for one engine, not for a node: serve it without --node")
+    if node:
+        if policy.engine_overrides:
+            raise ValueError(f"policy {spec}: it pins engine settings a running node cannot take from a sidecar "
+                             f"({policy.engine_overrides}); serve a node policy that pins none")
+        engines = tuple(trained) if trained is not None else None
+        scales = Observation(**policy.header["observation"]["scales"]) if trained is not None else Observation()
+        served = ServedNodePolicy(spec, policy, scales, getattr(policy, "file_sha256", ""), None, engines=engines)
+        try:
+            served.decide(_trial_node(engines or ("a", "b")))
+        except PolicyError as exc:
+            raise ValueError(f"policy {spec}: a trial decision failed: {exc}") from None
+        return served
     overrides = dict(policy.engine_overrides)
     pinned = overrides.pop("overcommit", None)
     if overrides or (pinned is not None and not math.isfinite(pinned)):

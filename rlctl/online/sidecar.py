@@ -50,14 +50,22 @@ from prometheus_client import (
 )
 
 from engine.control import ACTIONS
-from engine.snapshot import Snapshot
+from engine.node_control import action_names
 from rlctl.online.addresses import check_metrics_addr, is_loopback_host, url_host
 from rlctl.online.confine import BaselineRefused, Confinement, NoSuchPolicy, ReloadOff
 from rlctl.online.messages import SnapshotError, snapshot_from_message
+from rlctl.online.node_messages import node_state_from_message
 from rlctl.online.proto import SERVICE_NAME
 from rlctl.online.proto import controller_pb2 as pb
 from rlctl.online.proto import controller_pb2_grpc as pb_grpc
-from rlctl.online.served import PolicyError, ServedPolicy, load_served_policy, reload_served_policy
+from rlctl.online.served import (
+    NodeMismatch,
+    PolicyError,
+    ServedNodePolicy,
+    ServedPolicy,
+    load_served_policy,
+    reload_served_policy,
+)
 
 DECIDE_THREADS = 4
 # torch intra-op threads in the sidecar, for a network too big for the numpy forward
@@ -140,35 +148,30 @@ class ControllerService(pb_grpc.ControllerServicer):
         with self._lock:
             return self._served
 
-    def _compute(self, served: ServedPolicy, snapshot: Snapshot,
-                 expires: float | None) -> tuple[int, int]:
+    @property
+    def node(self) -> bool:
+        """Whether this sidecar serves a node policy (``DecideNode``) rather than one engine's (``Decide``)."""
+        return isinstance(self._served, ServedNodePolicy)
+
+    def _compute(self, served: ServedPolicy, state, expires: float | None) -> tuple[int, int]:
         if expires is not None and time.monotonic() > expires:  # so a backlog of late work cannot snowball
             raise _Late()
         if self.fault.delay_s:
             time.sleep(self.fault.delay_s)
-        return served.decide(snapshot)
+        return served.decide(state)
 
     async def _decide(self, msg: pb.Snapshot, context) -> pb.Decision:
         t0 = time.perf_counter()
+        if self.node:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"this sidecar serves node policy "
+                                f"{self.current().spec} (rlctl serve --node): ask it with DecideNode")
         try:
             snapshot, _ = snapshot_from_message(msg)
         except SnapshotError as exc:
             self.metrics.invalid.labels(field=exc.field).inc()
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         served = self.current()
-        try:
-            if served.inline and not self.fault.delay_s:
-                chosen, action = served.decide(snapshot)
-            else:
-                remaining = context.time_remaining()
-                expires = time.monotonic() + remaining if remaining is not None else None
-                chosen, action = await asyncio.get_running_loop().run_in_executor(
-                    self.pool, self._compute, served, snapshot, expires)
-        except PolicyError as exc:
-            self.metrics.errors.inc()
-            await context.abort(grpc.StatusCode.INTERNAL, str(exc))
-        except _Late:
-            await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, "the deadline passed before a thread was free")
+        chosen, action = await self._act(served, snapshot, context)
         if self.fault.action is not None:
             action = self.fault.action
         known = 0 <= action < len(ACTIONS)
@@ -181,6 +184,53 @@ class ControllerService(pb_grpc.ControllerServicer):
         return pb.Decision(seq=msg.seq, action=action, action_name=name,
                            overcommit=served.expected_overcommit(snapshot), shield_override=overridden,
                            policy_action=chosen, policy_hash=served.policy_hash)
+
+    async def DecideNode(self, request, context):
+        """One decision for a node of engines; see the protocol."""
+        t0 = time.perf_counter()
+        if not self.node:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"this sidecar serves one engine's policy "
+                                f"{self.current().spec}: ask it with Decide (a node policy is served with --node)")
+        try:
+            state = node_state_from_message(request)
+        except SnapshotError as exc:
+            self.metrics.invalid.labels(field=exc.field).inc()
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        served = self.current()
+        chosen, action = await self._act(served, state, context)
+        names = action_names(state.names)
+        if self.fault.action is not None:
+            action = self.fault.action
+        name = names[action] if 0 <= action < len(names) else f"unknown:{action}"
+        engine, _, what = name.partition(":") if 0 < action < len(names) else ("", "", "")
+        overridden = action != chosen and self.fault.action is None
+        self.metrics.decisions.labels(action=name).inc()
+        if overridden:
+            self.metrics.shield_overrides.inc()
+        self.metrics.latency.observe(time.perf_counter() - t0)
+        return pb.NodeDecision(seq=request.seq, action=action, action_name=name, engine_id=engine, engine_action=what,
+                               shield_override=overridden, policy_action=chosen, policy_hash=served.policy_hash)
+
+    async def _act(self, served: ServedPolicy, state, context) -> tuple[int, int]:
+        """(the policy's action, the action after the shield) on a checked snapshot or node state:
+        on the event loop when cheap, else in the pool within the caller's deadline."""
+        try:
+            if served.inline and not self.fault.delay_s:
+                chosen, action = served.decide(state)
+            else:
+                remaining = context.time_remaining()
+                expires = time.monotonic() + remaining if remaining is not None else None
+                chosen, action = await asyncio.get_running_loop().run_in_executor(
+                    self.pool, self._compute, served, state, expires)
+        except NodeMismatch as exc:
+            self.metrics.invalid.labels(field="engines").inc()
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        except PolicyError as exc:
+            self.metrics.errors.inc()
+            await context.abort(grpc.StatusCode.INTERNAL, str(exc))
+        except _Late:
+            await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, "the deadline passed before a thread was free")
+        return chosen, action
 
     async def Decide(self, request, context):
         return await self._decide(request, context)
@@ -195,7 +245,7 @@ class ControllerService(pb_grpc.ControllerServicer):
     async def ReloadPolicy(self, request, context):
         try:
             new = await asyncio.get_running_loop().run_in_executor(self.pool, reload_served_policy, request.policy,
-                                                                   self.confinement)
+                                                                   self.confinement, self.node)
         except Exception as exc:  # whatever the cause, the old policy keeps serving and the caller learns why
             self.metrics.reloads.labels(result="failed").inc()
             code = next((c for kind, c in _RELOAD_REFUSALS if isinstance(exc, kind)), grpc.StatusCode.INVALID_ARGUMENT)
@@ -256,7 +306,7 @@ async def start_server(served: ServedPolicy, listen: str, confinement: Confineme
 
 def serve(policy_spec: str, listen: str, metrics_port: int | None = None, tls: TLSFiles | None = None,
           fault: Fault | None = None, say: Callable[[str], None] = print, *, confinement: Confinement,
-          metrics_addr: str = "127.0.0.1", metrics_public: bool = False) -> None:
+          metrics_addr: str = "127.0.0.1", metrics_public: bool = False, node: bool = False) -> None:
     """Load the policy, then serve it on ``listen`` until SIGINT or SIGTERM, and its metrics on
     ``metrics_addr:metrics_port`` (loopback unless ``metrics_public``). A policy that cannot serve,
     or an address that cannot be used, raises ``ValueError`` before anything listens.
@@ -266,7 +316,7 @@ def serve(policy_spec: str, listen: str, metrics_port: int | None = None, tls: T
     check_listen(listen, tls)
     check_metrics_addr(metrics_addr, metrics_public)
     torch.set_num_threads(TORCH_THREADS)
-    served = load_served_policy(policy_spec, confinement)
+    served = load_served_policy(policy_spec, confinement, node)
     asyncio.run(_serve(served, listen, confinement, metrics_port, metrics_addr, tls, fault, say))
 
 
@@ -284,7 +334,7 @@ async def _serve(served, listen, confinement, metrics_port, metrics_addr, tls, f
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    say(f"serving {served.spec} ({served.kind}, {served.policy_hash[:12]}) on {bound}"
+    say(f"serving {'node policy ' if service.node else ''}{served.spec} ({served.kind}, {served.policy_hash[:12]}) on {bound}"
         f"{' with mutual TLS' if tls and tls.client_ca else ' with TLS' if tls else ''}; health SERVING"
         + (f"; metrics on http://{url_host(metrics_addr)}:{http.server_port}/metrics" if http else "")
         + (f"; ReloadPolicy from {confinement.policy_dir}" if confinement.policy_dir else "; ReloadPolicy off")

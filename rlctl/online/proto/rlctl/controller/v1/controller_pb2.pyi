@@ -94,6 +94,50 @@ class Decision(_message.Message):
     policy_hash: str
     def __init__(self, seq: _Optional[int] = ..., action: _Optional[int] = ..., action_name: _Optional[str] = ..., overcommit: _Optional[float] = ..., shield_override: bool = ..., policy_action: _Optional[int] = ..., policy_hash: _Optional[str] = ...) -> None: ...
 
+class EngineState(_message.Message):
+    __slots__ = ("snapshot", "mps_limit_bytes", "held_bytes", "share")
+    SNAPSHOT_FIELD_NUMBER: _ClassVar[int]
+    MPS_LIMIT_BYTES_FIELD_NUMBER: _ClassVar[int]
+    HELD_BYTES_FIELD_NUMBER: _ClassVar[int]
+    SHARE_FIELD_NUMBER: _ClassVar[int]
+    snapshot: Snapshot
+    mps_limit_bytes: int
+    held_bytes: int
+    share: float
+    def __init__(self, snapshot: _Optional[_Union[Snapshot, _Mapping]] = ..., mps_limit_bytes: _Optional[int] = ..., held_bytes: _Optional[int] = ..., share: _Optional[float] = ...) -> None: ...
+
+class NodeSnapshot(_message.Message):
+    __slots__ = ("seq", "device_capacity_bytes", "device_free_bytes", "engines")
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_CAPACITY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_FREE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    ENGINES_FIELD_NUMBER: _ClassVar[int]
+    seq: int
+    device_capacity_bytes: int
+    device_free_bytes: int
+    engines: _containers.RepeatedCompositeFieldContainer[EngineState]
+    def __init__(self, seq: _Optional[int] = ..., device_capacity_bytes: _Optional[int] = ..., device_free_bytes: _Optional[int] = ..., engines: _Optional[_Iterable[_Union[EngineState, _Mapping]]] = ...) -> None: ...
+
+class NodeDecision(_message.Message):
+    __slots__ = ("seq", "action", "action_name", "engine_id", "engine_action", "shield_override", "policy_action", "policy_hash")
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    ACTION_FIELD_NUMBER: _ClassVar[int]
+    ACTION_NAME_FIELD_NUMBER: _ClassVar[int]
+    ENGINE_ID_FIELD_NUMBER: _ClassVar[int]
+    ENGINE_ACTION_FIELD_NUMBER: _ClassVar[int]
+    SHIELD_OVERRIDE_FIELD_NUMBER: _ClassVar[int]
+    POLICY_ACTION_FIELD_NUMBER: _ClassVar[int]
+    POLICY_HASH_FIELD_NUMBER: _ClassVar[int]
+    seq: int
+    action: int
+    action_name: str
+    engine_id: str
+    engine_action: str
+    shield_override: bool
+    policy_action: int
+    policy_hash: str
+    def __init__(self, seq: _Optional[int] = ..., action: _Optional[int] = ..., action_name: _Optional[str] = ..., engine_id: _Optional[str] = ..., engine_action: _Optional[str] = ..., shield_override: bool = ..., policy_action: _Optional[int] = ..., policy_hash: _Optional[str] = ...) -> None: ...
+
 class GetPolicyRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...

@@ -44,6 +44,11 @@ class ControllerStub(object):
                 request_serializer=rlctl_dot_controller_dot_v1_dot_controller__pb2.Snapshot.SerializeToString,
                 response_deserializer=rlctl_dot_controller_dot_v1_dot_controller__pb2.Decision.FromString,
                 _registered_method=True)
+        self.DecideNode = channel.unary_unary(
+                '/rlctl.controller.v1.Controller/DecideNode',
+                request_serializer=rlctl_dot_controller_dot_v1_dot_controller__pb2.NodeSnapshot.SerializeToString,
+                response_deserializer=rlctl_dot_controller_dot_v1_dot_controller__pb2.NodeDecision.FromString,
+                _registered_method=True)
         self.GetPolicy = channel.unary_unary(
                 '/rlctl.controller.v1.Controller/GetPolicy',
                 request_serializer=rlctl_dot_controller_dot_v1_dot_controller__pb2.GetPolicyRequest.SerializeToString,
@@ -69,6 +74,14 @@ class ControllerServicer(object):
     def Live(self, request_iterator, context):
         """One decision per snapshot, in order, on one long-lived stream; a snapshot the sidecar
         refuses ends the stream with INVALID_ARGUMENT.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DecideNode(self, request, context):
+        """One decision for a node of engines (a sidecar started with --node; Decide is refused there,
+        and DecideNode elsewhere, with FAILED_PRECONDITION).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -103,6 +116,11 @@ def add_ControllerServicer_to_server(servicer, server):
                     servicer.Live,
                     request_deserializer=rlctl_dot_controller_dot_v1_dot_controller__pb2.Snapshot.FromString,
                     response_serializer=rlctl_dot_controller_dot_v1_dot_controller__pb2.Decision.SerializeToString,
+            ),
+            'DecideNode': grpc.unary_unary_rpc_method_handler(
+                    servicer.DecideNode,
+                    request_deserializer=rlctl_dot_controller_dot_v1_dot_controller__pb2.NodeSnapshot.FromString,
+                    response_serializer=rlctl_dot_controller_dot_v1_dot_controller__pb2.NodeDecision.SerializeToString,
             ),
             'GetPolicy': grpc.unary_unary_rpc_method_handler(
                     servicer.GetPolicy,
@@ -169,6 +187,33 @@ class Controller(object):
             '/rlctl.controller.v1.Controller/Live',
             rlctl_dot_controller_dot_v1_dot_controller__pb2.Snapshot.SerializeToString,
             rlctl_dot_controller_dot_v1_dot_controller__pb2.Decision.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DecideNode(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rlctl.controller.v1.Controller/DecideNode',
+            rlctl_dot_controller_dot_v1_dot_controller__pb2.NodeSnapshot.SerializeToString,
+            rlctl_dot_controller_dot_v1_dot_controller__pb2.NodeDecision.FromString,
             options,
             channel_credentials,
             insecure,
