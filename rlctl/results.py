@@ -2,10 +2,11 @@
 
 For each scenario, on its held-out seeds: the trained policies (one per training seed; the table
 gives their mean +- std), the lookahead ``oracle``, the peers (``sglang``, ``vllm``), the tuned
-fixed factor (the scenario's ``best_static``), ``watermark`` and ``static:1.0``. The best incumbent
-is the best of those that run the same engine (the tuned fixed factor and ``watermark``) on a
-crashing engine, and of all four on a preempting one, where ``vllm`` and ``sglang`` are engines of
-that kind. The share of headroom a policy captures is ``(policy - best incumbent) / (oracle - best
+fixed factor (the scenario's ``best_static``), on a crashing engine also behind the safety shield
+the trained policies act behind, ``watermark`` and ``static:1.0``. The best incumbent is the best
+of those that run the same engine (the tuned fixed factor, shielded or not, and ``watermark``) on
+a crashing engine, and of the tuned factor, ``watermark``, ``vllm`` and ``sglang`` on a preempting
+one, where ``vllm`` and ``sglang`` are engines of that kind. The share of headroom a policy captures is ``(policy - best incumbent) / (oracle - best
 incumbent)``; where the oracle does no better than the best incumbent the table says "no headroom".
 """
 from __future__ import annotations
@@ -19,10 +20,18 @@ from rlctl.evaluate import run_eval
 FIGURES = ("goodput_tokens_per_s", "oom_events", "preemptions", "kv_util_mean", "ttft_p99_s")
 
 
+SHIELDED = " + shield"
+
+
 def incumbents(scenario: Scenario) -> list[str]:
-    """The policies a controller must beat on this scenario's engine."""
-    names = [f"static:{scenario.best_static:g}", "watermark"]
-    return names + (["vllm", "sglang"] if scenario.engine_config().oom_mode == "preempt" else [])
+    """The policies a controller must beat on this scenario's engine (their rows' names). On a
+    crashing engine that includes the tuned fixed factor behind the safety shield, as ``rlctl
+    serve`` serves it (the shield evicts to host before the KV is full): the trained policy acts
+    behind that shield, so a fixed factor is given it too."""
+    tuned = f"static:{scenario.best_static:g}"
+    if scenario.engine_config().oom_mode == "crash":
+        return [tuned, tuned + SHIELDED, "watermark"]
+    return [tuned, "watermark", "vllm", "sglang"]
 
 
 def share(policy: float, incumbent: float, oracle: float) -> float | None:
@@ -33,13 +42,15 @@ def share(policy: float, incumbent: float, oracle: float) -> float | None:
 def results(scenario: Scenario, policy_files: list[str], episodes: int, seed: int, oracle: bool = True) -> dict:
     specs = ["static:1.0", f"static:{scenario.best_static:g}", "watermark", "vllm", "sglang"] + (["oracle"] if oracle else [])
     baseline = run_eval([make_policy(s) for s in dict.fromkeys(specs)], scenario, episodes, seed, shield=False)
+    tuned = f"static:{scenario.best_static:g}"
+    if tuned + SHIELDED in incumbents(scenario):
+        (baseline[tuned + SHIELDED],) = run_eval([make_policy(tuned)], scenario, episodes, seed, shield=True).values()
     runs = [run_eval([make_policy(p)], scenario, episodes, seed, shield=True) for p in policy_files]
     dqn = [next(iter(r.values())) for r in runs]
     rows = {"dqn": {k: [d[k] for d in dqn] for k in FIGURES}}
     for name, r in baseline.items():
         rows[name] = {k: [r[k]] for k in FIGURES}
-    names = [make_policy(s).name for s in incumbents(scenario)]
-    best = max(names, key=lambda n: baseline[n]["goodput_tokens_per_s"])
+    best = max(incumbents(scenario), key=lambda n: baseline[n]["goodput_tokens_per_s"])
     out = {"scenario": scenario.name, "oom_mode": scenario.engine_config().oom_mode, "best_incumbent": best,
            "rows": rows, "seeds": [seed, seed + episodes - 1], "policies": list(policy_files)}
     if oracle:

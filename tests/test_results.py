@@ -1,0 +1,31 @@
+"""``rlctl results``' incumbents: on a crashing engine the tuned fixed factor also runs behind the
+safety shield the trained policy acts behind (as ``rlctl serve`` serves a fixed factor), and the
+best incumbent is taken over both; a preempting engine adds the peers instead."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+from env.scenario_yaml import load_scenario
+from rlctl.results import SHIELDED, format_results, incumbents, results
+
+
+def test_a_crashing_engines_incumbents_include_the_shielded_tuned_factor():
+    sc = replace(load_scenario("phase_shift"), max_steps=40)
+    out = results(sc, ["default"], episodes=1, seed=1000, oracle=False)
+    tuned = f"static:{sc.best_static:g}"
+    assert incumbents(sc) == [tuned, tuned + SHIELDED, "watermark"]
+    rows = out["rows"]
+    assert {tuned, tuned + SHIELDED, "watermark", "vllm", "sglang", "static:1", "dqn"} <= set(rows)
+    # the shield evicts before the KV is full: the same factor crashes no more often behind it
+    assert rows[tuned + SHIELDED]["oom_events"][0] <= rows[tuned]["oom_events"][0]
+    best = max(incumbents(sc), key=lambda n: rows[n]["goodput_tokens_per_s"][0])
+    assert out["best_incumbent"] == best
+    assert tuned + SHIELDED in format_results(out)
+
+
+def test_a_preempting_engines_incumbents_are_the_tuned_factor_watermark_and_the_peers():
+    sc = replace(load_scenario("phase_shift_preempt"), max_steps=20)
+    assert incumbents(sc) == [f"static:{sc.best_static:g}", "watermark", "vllm", "sglang"]
+    out = results(sc, ["default"], episodes=1, seed=1000, oracle=False)
+    assert not any(SHIELDED in name for name in out["rows"])
+    assert out["best_incumbent"] in incumbents(sc)
