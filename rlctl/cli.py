@@ -202,7 +202,7 @@ def _node_live_run(a: argparse.Namespace) -> int:
         figures = replay_node_live(node, controller, sc.decision_interval_s)
     finally:
         controller.close()
-    print(format_table({n: f for n, f in figures["engines"].items()}, extra_rows=[("restarts", "restarts", "{:d}")]))
+    print(format_table(figures["engines"], extra_rows=[("restarts", "restarts", "{:d}")]))
     print(f"controller: {figures['controller_decisions']} decisions, {figures['fallbacks']} fallbacks "
           f"{figures['fallbacks_by_reason']}, {figures['reconnects']} reconnects, {figures['shield_overrides']} shield "
           f"overrides, {figures['restarts_by_resize']} restarts by resize; node actions {figures['node_actions']}")

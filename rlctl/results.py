@@ -6,8 +6,9 @@ fixed factor (the scenario's ``best_static``), on a crashing engine also behind 
 the trained policies act behind, ``watermark`` and ``static:1.0``. The best incumbent is the best
 of those that run the same engine (the tuned fixed factor, shielded or not, and ``watermark``) on
 a crashing engine, and of the tuned factor, ``watermark``, ``vllm`` and ``sglang`` on a preempting
-one, where ``vllm`` and ``sglang`` are engines of that kind. The share of headroom a policy captures is ``(policy - best incumbent) / (oracle - best
-incumbent)``; where the oracle does no better than the best incumbent the table says "no headroom".
+one, where ``vllm`` and ``sglang`` are engines of that kind. The share of headroom a policy
+captures is ``(policy - best incumbent) / (oracle - best incumbent)``; where the oracle does no
+better than the best incumbent the table says "no headroom".
 """
 from __future__ import annotations
 
@@ -40,9 +41,9 @@ def share(policy: float, incumbent: float, oracle: float) -> float | None:
 
 
 def results(scenario: Scenario, policy_files: list[str], episodes: int, seed: int, oracle: bool = True) -> dict:
-    specs = ["static:1.0", f"static:{scenario.best_static:g}", "watermark", "vllm", "sglang"] + (["oracle"] if oracle else [])
-    baseline = run_eval([make_policy(s) for s in dict.fromkeys(specs)], scenario, episodes, seed, shield=False)
     tuned = f"static:{scenario.best_static:g}"
+    specs = ["static:1.0", tuned, "watermark", "vllm", "sglang"] + (["oracle"] if oracle else [])
+    baseline = run_eval([make_policy(s) for s in dict.fromkeys(specs)], scenario, episodes, seed, shield=False)
     if tuned + SHIELDED in incumbents(scenario):
         (baseline[tuned + SHIELDED],) = run_eval([make_policy(tuned)], scenario, episodes, seed, shield=True).values()
     runs = [run_eval([make_policy(p)], scenario, episodes, seed, shield=True) for p in policy_files]

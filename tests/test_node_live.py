@@ -3,6 +3,7 @@
 protocol's checks on both sides."""
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -179,8 +180,6 @@ def test_rlctl_replay_node_runs_live_and_says_what_happened(tmp_path):
         sidecar.stop()
     assert run.returncode == 0, run.stderr
     assert "0 fallbacks" in run.stdout and "requests completed" in run.stdout
-    import json
-
     figures = json.loads(out.read_text())
     assert figures["fallbacks"] == 0 and figures["seed"] == 2
     assert all(f["requests_unfinished"] == 0 for f in figures["engines"].values())

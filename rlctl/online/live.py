@@ -230,26 +230,35 @@ class LiveController:
             return None
         if d.overcommit != snap.overcommit:  # a policy that pins its factor (check_decision: finite, > 0)
             self._quota.apply(d.overcommit)
+        self._tally(d, d.action_name)
+        return d
+
+    def _tally(self, d, action: str | None) -> None:
+        """Count a decision that passed its check: ``action`` (one of ``ACTIONS``; None: none of
+        them), its shield override, the policy that made it."""
         self.decisions += 1
-        self.actions[d.action_name] += 1
+        if action is not None:
+            self.actions[action] += 1
         self.shield_overrides += d.shield_override
         if not self.policies or self.policies[-1] != d.policy_hash:
             self.policies.append(d.policy_hash)
-        return d
 
-    def _faulted(self, engine: Engine, reason: str, detail: str) -> None:
+    def _faulted(self, target, reason: str, detail: str) -> None:
         self.last_fault = f"{reason}: {detail}"
         self._fault = reason
         self._retry_at = time.monotonic() + self._backoff
         self._backoff = min(2 * self._backoff, self.backoff_max_s)
-        return self._fall_back(engine, reason)
+        return self._fall_back(target, reason)
 
-    def _fall_back(self, engine: Engine, reason: str) -> None:
+    def _fall_back(self, target, reason: str) -> None:
         self.fallbacks[reason] += 1
         if self.metrics is not None:
             self.metrics.fallback(reason)
-        self._quota.apply(self.safe_factor)  # the safe static policy: this factor, hold
+        self._safe_policy(target)
         return None
+
+    def _safe_policy(self, engine: Engine) -> None:
+        self._quota.apply(self.safe_factor)  # the safe static policy: this factor, hold
 
     def report(self) -> dict:
         return {"controller": self.address, "controller_decisions": self.decisions,

@@ -19,7 +19,7 @@ from __future__ import annotations
 from engine.control import ACTIONS
 from engine.metrics import summarize
 from engine.node import Node
-from engine.node_control import ENGINE_ACTIONS, action_names, run_node_interval
+from engine.node_control import ENGINE_ACTIONS, NODE_HOLD, action_names, run_node_interval
 from rlctl.online.live import LiveController
 from rlctl.online.node_messages import check_node_decision, node_snapshot_message
 from rlctl.online.proto import controller_pb2 as pb
@@ -43,7 +43,7 @@ class NodeLiveController(LiveController):
             raise ValueError(f"shares are given for engines {sorted(self.shares)}, the node has {node.names}")
         snapshots = {n: e.last_snapshot or e.snapshot() for n, e in node.engines.items()}
         d = self._decide_node(node, snapshots)
-        effect = run_node_interval(node, 0 if d is None else d.action, until, events, self.evict_free_share).effect
+        effect = run_node_interval(node, NODE_HOLD if d is None else d.action, until, events, self.evict_free_share).effect
         self.restarts += bool(effect.get("restarted"))
         return d
 
@@ -52,24 +52,14 @@ class NodeLiveController(LiveController):
                       lambda d, seq: check_node_decision(d, seq, node.names))
         if d is None:
             return None
-        self.decisions += 1
         self.node_actions[d.action_name] = self.node_actions.get(d.action_name, 0) + 1
-        if d.engine_action in ACTIONS:
-            self.actions[d.engine_action] += 1
-        elif not d.engine_action:
-            self.actions["hold"] += 1
-        self.shield_overrides += d.shield_override
-        if not self.policies or self.policies[-1] != d.policy_hash:
-            self.policies.append(d.policy_hash)
+        what = d.engine_action or "hold"
+        self._tally(d, what if what in ACTIONS else None)  # resize has no one-engine action to count
         return d
 
-    def _fall_back(self, node: Node, reason: str) -> None:
-        self.fallbacks[reason] += 1
-        if self.metrics is not None:
-            self.metrics.fallback(reason)
+    def _safe_policy(self, node: Node) -> None:
         for e in node.engines.values():  # the safe static policy: every engine at this factor, holding
             e.set_overcommit(self.safe_factor)
-        return None
 
     def report(self) -> dict:
         out = super().report()
