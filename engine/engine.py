@@ -120,6 +120,21 @@ class Engine:
         self.records[req.request_id] = record
         self.scheduler.add(Sequence(req, self._prompt_ids(req), 0, self.config.block_size, record, self.max_model_len))
 
+    def resume(self, req: Request, token_ids: list[int], context_len: int, num_generated: int,
+               record: RequestRecord) -> None:
+        """Take over a request that another process of this engine held when it stopped (a restart
+        under a new MPS limit: rlctl/online/process_node.py): ``token_ids`` (its context, prompt and
+        ``num_generated`` outputs) go to the front of the queue to be recomputed, and its record
+        runs on. Resume the held requests newest first, as a restart requeues them."""
+        self.validate(req)
+        if not 0 <= num_generated <= len(token_ids) - context_len - req.prompt_len:
+            raise ValueError(f"request {req.request_id!r}: {len(token_ids)} tokens cannot hold a {context_len}-token "
+                             f"context, a {req.prompt_len}-token prompt and {num_generated} outputs")
+        seq = Sequence(req, list(token_ids), context_len, self.config.block_size, record, self.max_model_len)
+        seq.num_generated, seq.contextualized = num_generated, True
+        self.records[req.request_id] = record
+        self.scheduler.requeue(seq)
+
     # ---- reading -------------------------------------------------------------------------------
     def has_work(self) -> bool:
         return self.scheduler.has_work()

@@ -175,7 +175,9 @@ def _node_live_run(a: argparse.Namespace) -> int:
     factor every engine falls back to."""
     from env.shared_gpu_env import SharedGPUEnv
     from rlctl.online.live import ClientTLS
+    from rlctl.online.mps import CLIENT_LIMIT_ENV
     from rlctl.online.node_live import NodeLiveController, replay_node_live
+    from rlctl.online.process_node import ProcessNode
 
     if not a.controller:
         raise ValueError("--node runs a node live, steered by a node sidecar (rlctl serve --node): give --controller ADDR")
@@ -187,22 +189,38 @@ def _node_live_run(a: argparse.Namespace) -> int:
                                                                            "--mps-next-limit")):
         if given:
             raise ValueError(f"{option} belongs to one engine's live loop, not to --node")
-    env = SharedGPUEnv(a.node)
-    env.reset(seed=a.seed or 0)
-    sc, node = env.scenario, env.node
-    print(f"replay: node scenario {sc.name}, seed {a.seed or 0}: "
-          + "; ".join(f"{n}: {e.config.num_blocks} KV blocks under an MPS limit of {e.device.capacity / 1e9:.1f} GB, "
-                      f"{env.workload_lines[n]}" for n, e in node.engines.items()))
+    if a.processes:
+        node = ProcessNode(a.node, seed=a.seed or 0)
+        sc, shares = node.scenario, {t.name: t.share for t in node.scenario.tenants}
+        print(f"replay: node scenario {sc.name}, seed {a.seed or 0}, every engine its own process: " + "; ".join(
+            f"{n}: pid {e.pids[0]}, {CLIENT_LIMIT_ENV}={e.env_limits[0]}, {e.num_blocks} KV blocks"
+            for n, e in node.engines.items()))
+    else:
+        env = SharedGPUEnv(a.node)
+        env.reset(seed=a.seed or 0)
+        sc, node, shares = env.scenario, env.node, env.shares
+        print(f"replay: node scenario {sc.name}, seed {a.seed or 0}: "
+              + "; ".join(f"{n}: {e.config.num_blocks} KV blocks under an MPS limit of {e.device.capacity / 1e9:.1f} "
+                          f"GB, {env.workload_lines[n]}" for n, e in node.engines.items()))
     print(f"controller {a.controller} every {sc.decision_interval_s:g} s (deadline {a.deadline_ms:g} ms, safe factor "
           f"{a.overcommit[0]:g}); engines on their scenario's cost model")
     tls = ClientTLS(a.controller_ca, a.controller_cert, a.controller_key) if a.controller_ca else None
-    controller = NodeLiveController(a.controller, env.shares, deadline_s=a.deadline_ms / 1000,
+    controller = NodeLiveController(a.controller, shares, deadline_s=a.deadline_ms / 1000,
                                     safe_factor=a.overcommit[0], evict_free_share=sc.evict_free_share, tls=tls)
     try:
         figures = replay_node_live(node, controller, sc.decision_interval_s)
     finally:
         controller.close()
-    print(format_table(figures["engines"], extra_rows=[("restarts", "restarts", "{:d}")]))
+        if a.processes:
+            node.close()
+    if a.processes:
+        for n, f in figures["engines"].items():
+            print(f"{n}: {f['requests_completed']}/{f['requests_submitted']} requests completed, goodput "
+                  f"{f['goodput_tokens_per_s']:.1f} tok/s, {f['oom_events']} OOM events, {f['preemptions']} "
+                  f"preemptions, {f['restarts']} restarts; processes {f['pids']} started with "
+                  + ", ".join(f"{CLIENT_LIMIT_ENV}={v}" for v in f["env_limits"]))
+    else:
+        print(format_table(figures["engines"], extra_rows=[("restarts", "restarts", "{:d}")]))
     print(f"controller: {figures['controller_decisions']} decisions, {figures['fallbacks']} fallbacks "
           f"{figures['fallbacks_by_reason']}, {figures['reconnects']} reconnects, {figures['shield_overrides']} shield "
           f"overrides, {figures['restarts_by_resize']} restarts by resize; node actions {figures['node_actions']}")
@@ -214,6 +232,8 @@ def _node_live_run(a: argparse.Namespace) -> int:
 def cmd_replay(a: argparse.Namespace) -> int:
     if a.node is not None:
         return _node_live_run(a)
+    if a.processes:
+        raise ValueError("--processes runs a node's engines as processes: give --node SCENARIO")
     if a.trace is None:
         raise ValueError("--trace is required (or --node SCENARIO with --controller, a node of engines steered live)")
     if not a.controller:
@@ -499,6 +519,9 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--node", default=None, metavar="SCENARIO",
                    help="run a node scenario's engines (several on one GPU, its own workloads; --seed picks the draw) "
                         "steered live by the node sidecar at --controller (rlctl serve --node)")
+    c.add_argument("--processes", action="store_true",
+                   help="with --node: every engine in its own process, an MPS client started with its limit in its "
+                        "own CUDA_MPS_PINNED_DEVICE_MEM_LIMIT and restarted under a new one (nothing lost)")
     r.set_defaults(fn=cmd_replay)
 
     sv = sub.add_parser("serve", help="host a policy for a live engine: the gRPC sidecar, health, reflection, metrics")

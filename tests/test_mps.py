@@ -17,7 +17,7 @@ import sys
 
 import pytest
 
-from rlctl.online.mps import GiB, MiB, MPSLimit, format_limit, parse_limit
+from rlctl.online.mps import GiB, MiB, MPSLimit, client_limit_value, format_limit, parse_client_limit, parse_limit
 
 FAKE = r'''#!{python}
 import json, os, re, sys
@@ -300,7 +300,7 @@ def test_mps_next_limit_says_it_is_daemon_wide_and_restores_the_default_when_the
     assert "mps: restored: daemon-wide default pinned memory limit of device 0 set to 4G" in out
 
 
-def test_the_gpu_check_limits_its_own_client_and_only_reads_the_daemons_defaults(fake_on_path):
+def test_the_gpu_check_limits_its_own_two_clients_and_only_reads_the_daemons_defaults(fake_on_path):
     import torch
 
     from tests.gpu.checks import NO_CUDA, Deadline, Sizes, check_mps
@@ -309,10 +309,23 @@ def test_the_gpu_check_limits_its_own_client_and_only_reads_the_daemons_defaults
     assert fake_on_path.stdin() == ["get_server_list\n", "get_default_device_pinned_mem_limit 0\n",
                                     "get_default_device_pinned_mem_limit 0\n", "get_server_list\n",
                                     "get_device_pinned_mem_limit 4242 0\n"]  # no set_ command: nothing changed
-    assert result["client"]["limit_env"] == "0=2G"  # the child's own environment carried the limit
+    # each child's own environment carried its own limit: two clients at once, as a node's engines run
+    assert {n: c["limit_env"] for n, c in result["clients"].items()} == {"a": "0=2G", "b": "0=1G"}
     assert result["daemon_default_before"]["value"] == result["daemon_default_after"]["value"] == 4 * GiB
     if torch.cuda.is_available():  # a GPU without MPS behind the fake: the limit is not enforced
-        assert result["status"] == "failed" and "passed the client's 2G limit" in result["error"]
+        assert result["status"] == "failed" and "passed its 0=2G limit" in result["error"]
     else:
-        assert result["status"] == "skipped" and result["reason"] == NO_CUDA and result["client"]["cuda"] is False
+        assert result["status"] == "skipped" and result["reason"] == NO_CUDA
+        assert not any(c["cuda"] for c in result["clients"].values())
 
+
+
+def test_a_clients_own_limit_is_written_and_read_as_mps_takes_it():
+    assert client_limit_value({0: 3 * GiB + 5 * MiB + 7}) == "0=3077M"  # whole MiB, rounded down
+    assert client_limit_value({0: 2 * GiB, "GPU-1a2b": 512 * MiB}) == "0=2G,GPU-1a2b=512M"
+    assert parse_client_limit("0=2G,GPU-1a2b=512M") == {"0": 2 * GiB, "GPU-1a2b": 512 * MiB}
+    for bad in ("", "0", "0=", "0=lots", "0 1=2G", "0=2G,0=1G", "0=0M"):
+        with pytest.raises(ValueError, match="CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"):
+            parse_client_limit(bad)
+    with pytest.raises(ValueError, match="at least 1 MiB"):
+        client_limit_value({0: 1000})

@@ -59,6 +59,30 @@ def parse_limit(text: str) -> int | None:
     return int(m.group(1)) * _UNITS[m.group(2).upper()] if m else None
 
 
+CLIENT_LIMIT_ENV = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"  # a client's own limits, read when it starts
+
+
+def client_limit_value(limits: dict[int | str, int]) -> str:
+    """The value of ``CLIENT_LIMIT_ENV`` that pins a client's memory on each device of ``limits``
+    (device ordinal or UUID -> bytes): ``"0=2048M"``, ``"0=2G,1=512M"``."""
+    if not limits:
+        raise ValueError("an MPS client limit needs at least one device")
+    return ",".join(f"{MPSLimit._device(dev)}={format_limit(nbytes)}" for dev, nbytes in limits.items())
+
+
+def parse_client_limit(value: str) -> dict[str, int]:
+    """The limits (device -> bytes) a ``CLIENT_LIMIT_ENV`` value sets; ``ValueError`` names a bad entry."""
+    limits = {}
+    for entry in value.split(","):
+        dev, sep, limit = entry.strip().partition("=")
+        nbytes = parse_limit(limit) if sep else None
+        if not _DEVICE.fullmatch(dev) or not nbytes or dev in limits:
+            raise ValueError(f"{CLIENT_LIMIT_ENV}={value!r}: {entry.strip()!r} is not <device>=<limit> (such as "
+                             "0=2048M), or names its device twice")
+        limits[dev] = nbytes
+    return limits
+
+
 def _gib(nbytes: int) -> str:
     return f"{nbytes / GiB:.2f} GiB"
 

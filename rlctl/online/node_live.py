@@ -22,6 +22,7 @@ from engine.node import Node
 from engine.node_control import ENGINE_ACTIONS, NODE_HOLD, action_names, run_node_interval
 from rlctl.online.live import LiveController
 from rlctl.online.node_messages import check_node_decision, node_snapshot_message
+from rlctl.online.process_node import ProcessNode
 from rlctl.online.proto import controller_pb2 as pb
 
 
@@ -69,11 +70,12 @@ class NodeLiveController(LiveController):
                 "engine_actions": list(ENGINE_ACTIONS)}
 
 
-def replay_node_live(node: Node, controller: NodeLiveController, decision_interval_s: float = 2.0,
+def replay_node_live(node: Node | ProcessNode, controller: NodeLiveController, decision_interval_s: float = 2.0,
                      max_intervals: int = 1_000_000) -> dict:
     """Run every engine's submitted requests to completion with ``controller`` deciding every
     ``decision_interval_s`` of engine time (first at time 0); the node's figures, each engine's,
-    and the controller's."""
+    and the controller's. ``node`` is an in-process node or one of engine processes
+    (rlctl/online/process_node.py): the same interval, checks and fallbacks run on either."""
     if not decision_interval_s > 0:
         raise ValueError(f"decision interval must be > 0 s, got {decision_interval_s}")
     k = 0
@@ -82,7 +84,8 @@ def replay_node_live(node: Node, controller: NodeLiveController, decision_interv
             raise RuntimeError(f"the node still has work after {max_intervals} decision intervals")
         k += 1
         controller.step_node(node, k * decision_interval_s)
-    engines = {n: {**summarize(e), "restarts": e.counters.restarts, "mps_limit_bytes": e.device.capacity}
-               for n, e in node.engines.items()}
+    engines = node.figures() if isinstance(node, ProcessNode) else {
+        n: {**summarize(e), "restarts": e.counters.restarts, "mps_limit_bytes": e.device.capacity}
+        for n, e in node.engines.items()}
     return {"engines": engines, "intervals": k, "actions": list(action_names(node.names)),
             "decision_interval_s": decision_interval_s, **controller.report()}

@@ -18,8 +18,9 @@ stopped and reported failed), all within 8 minutes:
 * ``copy_bandwidth``: ``compact`` and swap out / in, in bytes/s, against the device's own copy
   bandwidth (a plain ``copy_``) and host <-> device copies of pinned memory.
 * ``nvml``: NVML's telemetry ("no GPU: ..." where there is none).
-* ``mps``: when an MPS control daemon runs, a client started with its own pinned-memory limit
-  (``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`` in its environment) allocates under it and is refused over
+* ``mps``: when an MPS control daemon runs, two clients at once, each started with its own
+  pinned-memory limit (``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`` in its environment, as a node's engine
+  processes are), each allocating under its limit while the other holds memory and refused over
   it; the daemon's default limit is read before and after, never changed (it binds every client on
   the host); each server's limit is read. Else skipped, saying why.
 
@@ -469,7 +470,10 @@ out["cuda"] = torch.cuda.is_available()
 if out["cuda"]:
     out["free_bytes"], out["total_bytes"] = torch.cuda.mem_get_info(0)
     under = torch.empty(limit // 4, dtype=torch.uint8, device="cuda")
+    torch.cuda.synchronize()
     out["under_limit_allocated"] = True
+    import time
+    time.sleep(float(sys.argv[2]))  # the other client allocates while this one holds its memory
     try:
         over = torch.empty(2 * limit, dtype=torch.uint8, device="cuda")
         out["over_limit_refused"] = False
@@ -480,40 +484,51 @@ print(json.dumps(out))
 
 
 def check_mps(sizes: Sizes, deadline: Deadline, limit_bytes: int = 2 << 30) -> dict:
-    """An MPS client started with its own pinned-memory limit (``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT``
-    in the environment of a child process): an allocation under the limit succeeds, one over it
-    is refused. The daemon's defaults are read before and after, never set: they bind every client
-    on the host, not just this check's. Each running server's limit is read."""
-    from rlctl.online.mps import MPSLimit, format_limit
+    """Two MPS clients at once, each started with its own pinned-memory limit
+    (``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`` in its own environment, as rlctl/online/process_node.py
+    starts a node's engines: ``limit_bytes`` and half of it): each allocates under its limit while
+    the other holds its memory, and each is refused over its own limit. The daemon's defaults are
+    read before and after, never set: they bind every client on the host, not just this check's.
+    Each running server's limit is read."""
+    from rlctl.online.mps import MPSLimit, client_limit_value
 
     mps = MPSLimit(timeout_s=min(5.0, max(deadline.left() / 6, 1.0)))
     reason = mps.available()
     if reason:
         return skipped(reason)
     before = mps.get_default(0)
-    env = dict(os.environ, **{MPS_LIMIT_ENV: f"0={format_limit(limit_bytes)}"})
-    try:
-        done = subprocess.run([sys.executable, "-c", MPS_CLIENT, str(limit_bytes)], capture_output=True, text=True,
-                              env=env, timeout=max(deadline.left() - 5, 1.0))
-        lines = done.stdout.strip().splitlines()
-        client = json.loads(lines[-1]) if done.returncode == 0 and lines else {
-            "error": f"exited with status {done.returncode}: {done.stderr.strip()[-500:]}"}
-    except subprocess.TimeoutExpired:
-        client = {"error": "did not finish within the check's budget"}
+    limits = {"a": limit_bytes, "b": limit_bytes // 2}
+    procs = {name: subprocess.Popen([sys.executable, "-c", MPS_CLIENT, str(limit), "2.0"], stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, text=True,
+                                    env=dict(os.environ, **{MPS_LIMIT_ENV: client_limit_value({0: limit})}))
+             for name, limit in limits.items()}
+    clients = {}
+    for name, proc in procs.items():
+        try:
+            out, err = proc.communicate(timeout=max(deadline.left() - 5, 1.0))
+            lines = out.strip().splitlines()
+            clients[name] = json.loads(lines[-1]) if proc.returncode == 0 and lines else {
+                "error": f"exited with status {proc.returncode}: {err.strip()[-500:]}"}
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            clients[name] = {"error": "did not finish within the check's budget"}
     after = mps.get_default(0)
     servers = {pid: mps.get_server(pid, 0).to_dict() for pid in mps.server_pids()}
     report = {"daemon_default_before": before.to_dict(), "daemon_default_after": after.to_dict(),
-              "client": client, "servers": servers}
+              "clients": clients, "servers": servers}
     if before.value != after.value:
         return {"status": "failed", **report, "error": "the daemon's default limit changed during the check"}
-    if "error" in client:
-        return {"status": "failed", **report, "error": f"the MPS client {client['error']}"}
-    if not client["cuda"]:
+    for name, client in clients.items():
+        if "error" in client:
+            return {"status": "failed", **report, "error": f"MPS client {name} {client['error']}"}
+        if client["limit_env"] != client_limit_value({0: limits[name]}):
+            return {"status": "failed", **report, "error": f"MPS client {name} saw {MPS_LIMIT_ENV}="
+                                                           f"{client['limit_env']!r}"}
+    if not all(c["cuda"] for c in clients.values()):
         return skipped(NO_CUDA, **report)
-    ok = client["under_limit_allocated"] and client["over_limit_refused"]
-    return {"status": "ok" if ok else "failed", **report,
-            **({} if ok else {"error": f"an allocation of {2 * limit_bytes} B passed the client's "
-                                       f"{format_limit(limit_bytes)} limit"})}
+    wrong = [f"client {n}: an allocation of {2 * limits[n]} B passed its {client_limit_value({0: limits[n]})} limit"
+             for n, c in clients.items() if not (c["under_limit_allocated"] and c["over_limit_refused"])]
+    return {"status": "failed" if wrong else "ok", **report, **({"error": "; ".join(wrong)} if wrong else {})}
 
 
 RUNNERS = {"cuda": check_cuda, "torch_executor": check_torch_executor, "oom_crash": check_oom_crash,
