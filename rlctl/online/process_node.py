@@ -79,8 +79,11 @@ class EngineHandle:
         args = [sys.executable, "-m", "rlctl.online.engine_process", "--scenario", self.node.scenario_path,
                 "--tenant", self.name, "--config", json.dumps(asdict(self.base_config)),
                 "--ledger", str(self.node.ledger_path), "--clock", repr(clock)] + (["--down"] if down else [])
-        self.proc = subprocess.Popen(args, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, text=True, bufsize=1)
+        # its standard error goes to a file, never a pipe nobody reads while it runs (a full pipe would stall it)
+        self.stderr_path = self.node.ledger_path.with_name(f"{self.name}.{len(self.pids)}.stderr")
+        with open(self.stderr_path, "w") as err:
+            self.proc = subprocess.Popen(args, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err,
+                                         text=True, bufsize=1)
         hello = self.call("hello")
         self.pids.append(hello["pid"])
         self.env_limits.append(hello["env_limit"])
@@ -109,7 +112,7 @@ class EngineHandle:
 
     def _died(self, op: str):
         self.proc.wait(timeout=10)
-        err = self.proc.stderr.read().strip()
+        err = self.stderr_path.read_text().strip()[-2000:]
         raise EngineProcessError(f"engine {self.name!r} (pid {self.proc.pid}) exited with status "
                                  f"{self.proc.returncode} during {op}" + (f": {err}" if err else ""))
 
@@ -117,6 +120,8 @@ class EngineHandle:
         """Hand over what it holds and end the process (``drain``)."""
         out = self.call("drain")
         self.proc.wait(timeout=30)
+        self.proc.stdin.close()
+        self.proc.stdout.close()
         for k, v in out["counters"].items():
             setattr(self.counters_before, k, getattr(self.counters_before, k) + v)
         self.proc = None
@@ -270,8 +275,11 @@ class ProcessNode:
                 e.proc.kill()
                 e.proc.wait(timeout=10)
             if e.proc is not None:
-                for f in (e.proc.stdin, e.proc.stdout, e.proc.stderr):
-                    f.close()
+                for pipe in (e.proc.stdin, e.proc.stdout):
+                    try:
+                        pipe.close()
+                    except OSError:  # a dead process's stdin cannot flush what was written to it
+                        pass
         self.device.close()
         if self._tmp is not None:
             self._tmp.cleanup()
