@@ -5,7 +5,8 @@ Every ``every_s`` of engine time it copies the whole node (engine/clone.py ``clo
 engine with the requests still to arrive and their true lengths, and the device they share) and
 chooses each engine's overcommit factor in turn (coordinate ascent over the engines, one pass):
 for each candidate it runs a copy ``horizon_s`` ahead with the factors chosen so far and keeps
-the best by the environment's reward. In the copies as in the episode it keeps house with one
+the best by the environment's reward (work still under way counted as agents/oracle.py counts
+it: only while on track for its SLO). In the copies as in the episode it keeps house with one
 action per interval, the node's own rule: on a crashing engine whose KV is ``evict_at`` in use, an
 eviction to host; else a compaction of the engine whose pool holds the most free blocks, when
 they are over ``defrag_waste`` of its capacity (a pool shrinks only when compacted, and what one
@@ -18,6 +19,7 @@ import math
 
 import numpy as np
 
+from agents.oracle import generated_so_far, work_under_way
 from agents.policy import Policy
 from engine import metrics
 from engine.clone import clone_node
@@ -64,16 +66,14 @@ class NodeOracle(Policy):
         for name, f in factors.items():
             node.engines[name].set_overcommit(f)
         marks = {n: metrics.mark(e) for n, e in node.engines.items()}
-        generated = {n: e.counters.tokens_generated for n, e in node.engines.items()}
+        before = {n: generated_so_far(e) for n, e in node.engines.items()}
         interval, start = env.scenario.decision_interval_s, node.clock
         for k in range(1, int(self.horizon_s / interval) + 1):
             run_node_interval(node, self.rule(node), start + k * interval, None, env.scenario.evict_free_share)
         good, ooms = 0.0, 0
         for n, e in node.engines.items():
             f = metrics.since(e, marks[n])
-            finished = sum(r.output_len for r in e.completed[marks[n].completed:])
-            under_way = e.counters.tokens_generated - generated[n] - finished
-            good += f["goodput_tokens"] + max(under_way, 0)
+            good += f["goodput_tokens"] + work_under_way(e, before[n])
             ooms += f["oom_events"]
         w = env.scenario.reward
         return w.alpha * good / (env.tokens_per_s_scale * interval) - w.omega * ooms

@@ -4,16 +4,18 @@ Every ``every_s`` of engine time it copies the episode's engine (engine/clone.py
 requests still to arrive with their true output lengths, the co-tenant's schedule) once per
 candidate overcommit factor, runs each copy ``horizon_s`` ahead holding that factor, one decision
 interval at a time, and sets the factor whose copy scored best. In the copies as in the episode it
-evicts to host whenever the KV is ``evict_at`` in use (the shield's rule on a crashing engine), so
-that a high factor is judged with the safety valve a controller has, not as a crash waiting to
-happen. The horizon is meant to cover request lifetimes (tens of seconds),
-so that admitting a long request is judged by what it does to the memory later, not in the next
-interval. The score is the environment's reward over the horizon: output tokens of requests that
-finished within their SLO, plus the tokens still-running requests produced (work under way counts,
-or the last seconds of every horizon would look idle), over the reward's normaliser, less omega per
-OOM event. Candidates: ``levels`` up to the scenario's ``overcommit_max``, the scenario's tuned
-fixed factor (``best_static``, so that the best incumbent's own setting is always on the table),
-and no reservation at all (factor inf) on a preempting engine.
+evicts to host on a crashing engine whenever its KV is ``evict_at`` in use (the shield's rule
+there; a preempting engine recomputes instead), so that a high factor is judged with the safety
+valve a controller has, not as a crash waiting to happen. The horizon is meant to cover request
+lifetimes (tens of seconds), so that admitting a long request is judged by what it does to the
+memory later, not in the next interval. The score is the environment's reward over the horizon:
+output tokens of requests that finished within their SLO, plus the tokens that requests still
+unfinished produced, if they are still on track for their SLO (work under way counts, or the last
+seconds of every horizon would look idle; work already late does not, or thrashing would look
+productive), over the reward's normaliser, less omega per OOM event. Candidates: ``levels`` up to
+the scenario's ``overcommit_max``, the scenario's tuned fixed factor (``best_static``, so that the
+best incumbent's own setting is always on the table), and no reservation at all (factor inf) on a
+preempting engine.
 
 A controller's share of headroom is ``(controller - best incumbent) / (oracle - best incumbent)``.
 """
@@ -30,6 +32,32 @@ from engine.clone import clone
 from engine.control import EVICT, HOLD, run_interval
 
 LEVELS = (1.0, 1.25, 1.5, 2.0, 2.5, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0)
+
+
+def generated_so_far(engine) -> dict[str, int]:
+    """Tokens generated so far by every request the engine holds unfinished (queued, running, on the host)."""
+    s = engine.scheduler
+    return {q.id: q.num_generated for q in (*s.waiting, *s.running, *s.swapped)}
+
+
+def on_track(engine, seq) -> bool:
+    """Whether an unfinished request can still meet its SLO as it has run so far: its first token
+    came (or can still come) within the TTFT target, and its tokens so far came within the TPOT target."""
+    cfg, r, now = engine.config, seq.record, engine.clock
+    if r.first_token_s is None:
+        return cfg.ttft_slo_s is None or now - r.arrival_s <= cfg.ttft_slo_s
+    if cfg.ttft_slo_s is not None and r.first_token_s - r.arrival_s > cfg.ttft_slo_s:
+        return False
+    return (cfg.tpot_slo_s is None or seq.num_generated < 2
+            or (now - r.first_token_s) / (seq.num_generated - 1) <= cfg.tpot_slo_s)
+
+
+def work_under_way(engine, before: dict[str, int]) -> int:
+    """Tokens generated since ``before`` (``generated_so_far`` then) by the requests still
+    unfinished now that are on track for their SLO: what a horizon's end counts of work under way."""
+    s = engine.scheduler
+    return sum(q.num_generated - before.get(q.id, 0) for q in (*s.waiting, *s.running, *s.swapped)
+               if on_track(engine, q))
 
 
 class Oracle(Policy):
@@ -64,7 +92,7 @@ class Oracle(Policy):
         e = clone(env.engine)
         e.set_overcommit(factor)
         start = metrics.mark(e)
-        generated = e.counters.tokens_generated
+        before = generated_so_far(e)
         events, interval = deque(env.events), env.scenario.decision_interval_s
         snap = e.last_snapshot
         for k in range(1, int(self.horizon_s / interval) + 1):
@@ -72,14 +100,13 @@ class Oracle(Policy):
                                 env.scenario.evict_free_share).snapshot
         figures = metrics.since(e, start)
         span = figures["duration_s"]
-        finished_tokens = sum(r.output_len for r in e.completed[start.completed:])
-        under_way = e.counters.tokens_generated - generated - finished_tokens
-        good = figures["goodput_tokens_per_s"] * span + max(under_way, 0)
+        good = figures["goodput_tokens_per_s"] * span + work_under_way(e, before)
         w, interval = env.scenario.reward, env.scenario.decision_interval_s
         return w.alpha * good / (env.tokens_per_s_scale * interval) - w.omega * figures["oom_events"]
 
     def _rule(self, snap) -> int:
-        return EVICT if snap is not None and not snap.restarting and snap.alloc_ratio >= self.evict_at else HOLD
+        return (EVICT if snap is not None and not snap.preempt_mode and not snap.restarting
+                and snap.alloc_ratio >= self.evict_at else HOLD)
 
     def act(self, obs: np.ndarray) -> int:
         e = self.env.engine

@@ -35,7 +35,7 @@ from engine.request import Request, RequestError, check_request
 from engine.scheduler import NewTokenRatio, Scheduler, Work
 from engine.sequence import Sequence
 from engine.sessions import Sessions
-from engine.snapshot import LENGTH_WINDOW_S, Snapshot, take_snapshot
+from engine.snapshot import LENGTH_WINDOW_S, OUT_RATIO_WINDOW, Snapshot, take_snapshot
 
 IDLE_TICK_S = 0.01  # how far the clock moves when work waits but nothing can run
 
@@ -89,8 +89,11 @@ class Engine:
         self.records: dict[str, RequestRecord] = {}
         self.completed: list[RequestRecord] = []  # in completion order
         self.outputs: dict[str, list[int]] = {}
-        # (finish time, context length, output tokens, declared max_tokens) of the last 60 s' requests
-        self.finished_lengths: deque[tuple[float, int, int, int]] = deque()
+        # (finish time, context length) of the last 60 s' requests
+        self.finished_lengths: deque[tuple[float, int]] = deque()
+        # output / declared max_tokens of the last OUT_RATIO_WINDOW finished requests, however old:
+        # long outputs may finish less than once a minute, and a time window would then forget them
+        self.out_ratios: deque[float] = deque(maxlen=OUT_RATIO_WINDOW)
         self.last_snapshot: Snapshot | None = None
         self.iterations = IterationLog()
         self.ooms: list[OOMEvent] = []
@@ -334,7 +337,8 @@ class Engine:
         seq.record.finish_s = self.clock
         seq.record.output_len = seq.num_generated
         self.completed.append(seq.record)
-        self.finished_lengths.append((self.clock, len(seq), seq.num_generated, seq.request.max_tokens))
+        self.finished_lengths.append((self.clock, len(seq)))
+        self.out_ratios.append(seq.num_generated / seq.request.max_tokens)
         while self.finished_lengths[0][0] < self.clock - LENGTH_WINDOW_S:
             self.finished_lengths.popleft()
         if self.keep_outputs:

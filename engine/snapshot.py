@@ -14,6 +14,7 @@ import numpy as np
 # Fixed log-spaced bin edges (tokens) for the waiting-prompt and running-context histograms.
 HIST_EDGES = (0, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, math.inf)
 LENGTH_WINDOW_S = 60.0
+OUT_RATIO_WINDOW = 64  # finished requests out_ratio averages over
 
 
 @dataclass(frozen=True)
@@ -49,7 +50,7 @@ class Snapshot:
     tokens_held: int = 0          # tokens of the running sequences (context, prompt, output so far)
     future_declared: int = 0      # tokens the running sequences may still generate by their max_tokens
     waiting_tokens: int = 0       # tokens of the waiting sequences
-    out_ratio: float = 1.0        # output / declared max_tokens of requests finished in the last 60 s (1 without any)
+    out_ratio: float = 1.0        # output / declared max_tokens of the last 64 requests finished (1 before any)
 
 
 def histogram(lengths: list[int]) -> tuple[float, ...]:
@@ -106,4 +107,4 @@ def take_snapshot(engine, previous: Snapshot | None) -> Snapshot:
         tokens_held=sum(running_lengths),
         future_declared=sum(max(q.request.max_tokens - q.num_generated, 0) for q in s.running),
         waiting_tokens=sum(waiting_lengths),
-        out_ratio=float(np.add.reduce(np.array([f[2] / f[3] for f in finished])) / len(finished)) if finished else 1.0)
+        out_ratio=float(np.add.reduce(np.array(engine.out_ratios)) / len(engine.out_ratios)) if engine.out_ratios else 1.0)

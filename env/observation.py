@@ -12,7 +12,7 @@ shares of ``max_num_seqs``, so one policy can steer an A10 and an H200.
 | 5 | prefill_frac | share of running sequences in prefill | [0, 1] |
 | 6 | running_frac | running sequences / max_num_seqs | [0, 1] |
 | 7, 8 | len_mean, len_std | finished context lengths (last 60 s): log1p(tokens) / log1p(KV capacity) | [0, 1] |
-| 9 | out_ratio | output / declared max_tokens of requests finished in the last 60 s (1 without any) | [0, 1] |
+| 9 | out_ratio | output / declared max_tokens of the last 64 requests finished (1 before any) | [0, 1] |
 | 10 | swapped | log1p(n) / log1p(swapped_scale), clipped | [0, 1] |
 | 11 | overcommit | factor / overcommit_scale, clipped (inf: 1) | [0, 1] |
 | 12 | reserved_ratio | admitted peak demand / capacity / overcommit_scale, clipped | [0, 1] |

@@ -7,10 +7,12 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from agents.oracle import generated_so_far, on_track
 from agents.spec import make_policy
 from engine.clone import clone
-from engine.control import advance
+from engine.control import EVICT, HOLD, advance
 from engine.metrics import summarize
+from engine.request import Request
 from env.overcommit_env import OvercommitEnv
 from env.scenario_yaml import load_scenario
 from rlctl.evaluate import run_episode
@@ -54,3 +56,25 @@ def test_the_oracle_plans_from_its_candidates_and_its_rollouts_change_nothing():
             break
     assert info["summary"]["goodput_tokens_per_s"] == summary["goodput_tokens_per_s"]
     assert replay.engine.counters == env.engine.counters
+
+
+def test_the_oracle_scores_work_under_way_only_while_it_can_still_meet_its_slo(make_engine):
+    eng = make_engine(num_blocks=64, block_size=4, segment_blocks=8, max_num_seqs=1, ttft_slo_s=1.0, tpot_slo_s=0.5)
+    eng.submit(Request("a", 0.0, 8, 40, 40))
+    eng.submit(Request("b", 0.0, 8, 40, 40))  # waits behind a: one sequence at a time
+    eng.step()
+    eng.step()
+    assert set(generated_so_far(eng)) == {"a", "b"}
+    a, b = (next(q for q in eng.scheduler.running + list(eng.scheduler.waiting) if q.id == i) for i in "ab")
+    assert a.num_generated >= 1 and on_track(eng, a) and on_track(eng, b)
+    eng.clock = 2.0  # b has waited past its TTFT target; a's tokens came at > 0.5 s each
+    assert not on_track(eng, b) and not on_track(eng, a)
+
+
+def test_the_oracle_evicts_on_a_crashing_engine_only():
+    oracle = make_policy("oracle")
+    env = OvercommitEnv(load_scenario("long_outputs"))
+    env.reset(seed=0)
+    full = replace(env.engine.snapshot(), alloc_ratio=0.99)
+    assert oracle._rule(full) == EVICT and oracle._rule(replace(full, alloc_ratio=0.5)) == HOLD
+    assert oracle._rule(replace(full, preempt_mode=True)) == HOLD  # a preempting engine recomputes instead

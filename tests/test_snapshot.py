@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import math
 
-from engine.snapshot import HIST_EDGES
+from engine.snapshot import HIST_EDGES, LENGTH_WINDOW_S, OUT_RATIO_WINDOW
 from engine.request import Request
 
 
@@ -44,3 +44,24 @@ def test_snapshot_sees_fragmentation_finished_lengths_and_swapped_sequences(make
     assert eng.snapshot().swapped == 2
     eng.compact()
     assert eng.snapshot().frag_entropy == 0
+
+
+def test_out_ratio_remembers_the_last_finished_requests_however_old(make_engine):
+    """out_ratio averages output / declared max_tokens over the last OUT_RATIO_WINDOW finished
+    requests: a minute without a finish (long outputs) keeps it, where a time window would fall
+    back to 1 and read every running request as one that uses all it declared."""
+    eng = make_engine(num_blocks=64, block_size=4, segment_blocks=8)
+    assert eng.snapshot().out_ratio == 1.0  # nothing finished yet: the worst case
+    eng.submit(Request("r0", 0.0, 8, 2, 8))
+    eng.submit(Request("r1", 0.0, 8, 6, 8))
+    while eng.has_work():
+        eng.step()
+    assert eng.snapshot().out_ratio == (2 / 8 + 6 / 8) / 2
+    eng.clock += 2 * LENGTH_WINDOW_S  # long after: the lengths' window is empty, the ratio is kept
+    snap = eng.snapshot()
+    assert snap.len_mean == 0 and snap.out_ratio == 0.5
+    for i in range(OUT_RATIO_WINDOW):  # the window holds the last OUT_RATIO_WINDOW requests only
+        eng.submit(Request(f"s{i}", eng.clock, 8, 8, 8))
+    while eng.has_work():
+        eng.step()
+    assert eng.snapshot().out_ratio == 1.0
