@@ -1,21 +1,22 @@
 """``oracle``: a lookahead reference that may see the future. It measures headroom; it is never served.
 
 Every ``every_s`` of engine time it copies the episode's engine (engine/clone.py: the queues, the
-requests still to arrive with their true output lengths, the co-tenant's schedule) once per
-candidate overcommit factor, runs each copy ``horizon_s`` ahead holding that factor, one decision
-interval at a time, and sets the factor whose copy scored best. In the copies as in the episode it
-evicts to host on a crashing engine whenever its KV is ``evict_at`` in use (the shield's rule
-there; a preempting engine recomputes instead), so that a high factor is judged with the safety
-valve a controller has, not as a crash waiting to happen. The horizon is meant to cover request
-lifetimes (tens of seconds), so that admitting a long request is judged by what it does to the
-memory later, not in the next interval. The score is the environment's reward over the horizon:
+requests still to arrive with their true output lengths, the co-tenant's schedule) once per plan,
+runs each copy ``horizon_s`` ahead holding the plan, one decision interval at a time, and sets the
+plan whose copy scored best. A plan is a candidate overcommit factor and a housekeeping rule: evict
+to host whenever the KV is ``evict_at`` in use, or not. On a crashing engine every plan evicts (the
+shield's rule there), so that a high factor is judged with the safety valve a controller has, not
+as a crash waiting to happen; on a preempting engine both are scored (evicting keeps long contexts
+that recomputing would redo, and on some workloads it thrashes). The horizon is meant to cover
+request lifetimes (tens of seconds), so that admitting a long request is judged by what it does to
+the memory later, not in the next interval. The score is the environment's reward over the horizon:
 output tokens of requests that finished within their SLO, plus the tokens that requests still
 unfinished produced, if they are still on track for their SLO (work under way counts, or the last
 seconds of every horizon would look idle; work already late does not, or thrashing would look
-productive), over the reward's normaliser, less omega per OOM event. Candidates: ``levels`` up to
-the scenario's ``overcommit_max``, the scenario's tuned fixed factor (``best_static``, so that the
-best incumbent's own setting is always on the table), and no reservation at all (factor inf) on a
-preempting engine.
+productive), over the reward's normaliser, less omega per OOM event. Candidate factors: ``levels``
+up to the scenario's ``overcommit_max``, the scenario's tuned fixed factor (``best_static``, so
+that the best incumbent's own setting is always on the table), and no reservation at all (factor
+inf) on a preempting engine.
 
 A controller's share of headroom is ``(controller - best incumbent) / (oracle - best incumbent)``.
 """
@@ -71,12 +72,13 @@ class Oracle(Policy):
         self.engine_overrides = {"overcommit_min": min(levels), "overcommit_max": math.inf}
         self.env = None
         self._next = 0.0
-        self.chosen: list[tuple[float, float]] = []  # (engine time, factor)
+        self.chosen: list[tuple[float, float, bool]] = []  # (engine time, factor, evicting at evict_at)
+        self._evicting = True
 
     def reset(self, seed: int | None = None, env=None) -> None:
         if env is None:
             raise ValueError("the oracle looks inside its environment: rlctl eval gives it one")
-        self.env, self._next, self.chosen = env, 0.0, []
+        self.env, self._next, self.chosen, self._evicting = env, 0.0, [], True
 
     def candidates(self) -> tuple[float, ...]:
         scenario = self.env.scenario
@@ -86,8 +88,15 @@ class Oracle(Policy):
             levels.add(scenario.best_static)
         return tuple(sorted(levels)) + ((math.inf,) if cfg.oom_mode == "preempt" else ())
 
-    def score(self, factor: float) -> float:
-        """The reward a copy of the engine earns holding ``factor`` over the horizon."""
+    def plans(self) -> list[tuple[float, bool]]:
+        """(factor, whether to evict at ``evict_at``) pairs to score: a crashing engine always evicts
+        (the shield's rule there); a preempting one may evict or recompute, whichever scores better."""
+        preempting = self.env.scenario.engine_config().oom_mode == "preempt"
+        return [(f, evicting) for f in self.candidates() for evicting in ((False, True) if preempting else (True,))]
+
+    def score(self, factor: float, evicting: bool = True) -> float:
+        """The reward a copy of the engine earns holding ``factor`` over the horizon (evicting to
+        host at ``evict_at`` of the KV in use, or not)."""
         env = self.env
         e = clone(env.engine)
         e.set_overcommit(factor)
@@ -96,7 +105,7 @@ class Oracle(Policy):
         events, interval = deque(env.events), env.scenario.decision_interval_s
         snap = e.last_snapshot
         for k in range(1, int(self.horizon_s / interval) + 1):
-            snap = run_interval(e, self._rule(snap), start.time_s + k * interval, events,
+            snap = run_interval(e, self._rule(snap, evicting), start.time_s + k * interval, events,
                                 env.scenario.evict_free_share).snapshot
         figures = metrics.since(e, start)
         span = figures["duration_s"]
@@ -104,18 +113,19 @@ class Oracle(Policy):
         w, interval = env.scenario.reward, env.scenario.decision_interval_s
         return w.alpha * good / (env.tokens_per_s_scale * interval) - w.omega * figures["oom_events"]
 
-    def _rule(self, snap) -> int:
-        return (EVICT if snap is not None and not snap.preempt_mode and not snap.restarting
-                and snap.alloc_ratio >= self.evict_at else HOLD)
+    def _rule(self, snap, evicting: bool) -> int:
+        return (EVICT if evicting and snap is not None and not snap.restarting and snap.alloc_ratio >= self.evict_at
+                else HOLD)
 
     def act(self, obs: np.ndarray) -> int:
         e = self.env.engine
         if e.clock >= self._next:
             self._next = e.clock + self.every_s
-            scores = {f: self.score(f) for f in self.candidates()}
+            scores = {plan: self.score(*plan) for plan in self.plans()}
             # a tie means the factor does not bind within the horizon: the larger one admits what
-            # arrives before the next plan without changing what the horizon showed
-            best = max(scores, key=lambda f: (scores[f], f))
-            e.set_overcommit(best)
-            self.chosen.append((e.clock, best))
-        return self._rule(e.last_snapshot)
+            # arrives before the next plan without changing what the horizon showed (and on a tie
+            # between evicting and not, not: nothing moves to the host that need not)
+            factor, self._evicting = max(scores, key=lambda p: (scores[p], p[0], not p[1]))
+            e.set_overcommit(factor)
+            self.chosen.append((e.clock, factor, self._evicting))
+        return self._rule(e.last_snapshot, self._evicting)

@@ -41,17 +41,20 @@ def test_the_oracle_plans_from_its_candidates_and_its_rollouts_change_nothing():
     env = OvercommitEnv(sc)
     oracle = make_policy("oracle")
     summary, _ = run_episode(env, oracle, seed=3)
-    times = [t for t, _ in oracle.chosen]
+    times = [t for t, _, _ in oracle.chosen]
     assert times[0] == 0.0 and all(b - a >= oracle.every_s for a, b in zip(times, times[1:]))
-    assert {f for _, f in oracle.chosen} <= set(oracle.candidates())  # inf is one on a preempting engine
-    # the same episode with the chosen factors set directly: the same books
+    assert {(f, ev) for _, f, ev in oracle.chosen} <= set(oracle.plans())  # inf is one on a preempting engine
+    assert set(oracle.plans()) == {(f, ev) for f in oracle.candidates() for ev in (False, True)}
+    # the same episode with the chosen plans set directly: the same books
     replay = OvercommitEnv(sc)
     replay.reset(seed=3, options={"engine": oracle.engine_overrides})
-    plan = list(oracle.chosen)
+    plan, evicting = list(oracle.chosen), True
     while True:
         if plan and plan[0][0] <= replay.engine.clock:
-            replay.engine.set_overcommit(plan.pop(0)[1])
-        *_, terminated, truncated, info = replay.step(0)
+            _, factor, evicting = plan.pop(0)
+            replay.engine.set_overcommit(factor)
+        full = replay.engine.last_snapshot is not None and replay.engine.last_snapshot.alloc_ratio >= oracle.evict_at
+        *_, terminated, truncated, info = replay.step(EVICT if evicting and full else HOLD)
         if terminated or truncated:
             break
     assert info["summary"]["goodput_tokens_per_s"] == summary["goodput_tokens_per_s"]
@@ -71,10 +74,12 @@ def test_the_oracle_scores_work_under_way_only_while_it_can_still_meet_its_slo(m
     assert not on_track(eng, b) and not on_track(eng, a)
 
 
-def test_the_oracle_evicts_on_a_crashing_engine_only():
+def test_the_oracle_always_evicts_on_a_crashing_engine_and_weighs_it_on_a_preempting_one():
     oracle = make_policy("oracle")
     env = OvercommitEnv(load_scenario("long_outputs"))
     env.reset(seed=0)
+    oracle.reset(seed=0, env=env)
+    assert {ev for _, ev in oracle.plans()} == {True}  # the shield's rule on a crashing engine
     full = replace(env.engine.snapshot(), alloc_ratio=0.99)
-    assert oracle._rule(full) == EVICT and oracle._rule(replace(full, alloc_ratio=0.5)) == HOLD
-    assert oracle._rule(replace(full, preempt_mode=True)) == HOLD  # a preempting engine recomputes instead
+    assert oracle._rule(full, True) == EVICT and oracle._rule(replace(full, alloc_ratio=0.5), True) == HOLD
+    assert oracle._rule(full, False) == HOLD
