@@ -37,8 +37,7 @@ LEVELS = (1.0, 1.25, 1.5, 2.0, 2.5, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0)
 
 def generated_so_far(engine) -> dict[str, int]:
     """Tokens generated so far by every request the engine holds unfinished (queued, running, on the host)."""
-    s = engine.scheduler
-    return {q.id: q.num_generated for q in (*s.waiting, *s.running, *s.swapped)}
+    return {q.id: q.num_generated for q in engine.scheduler.unfinished()}
 
 
 def on_track(engine, seq) -> bool:
@@ -56,9 +55,7 @@ def on_track(engine, seq) -> bool:
 def work_under_way(engine, before: dict[str, int]) -> int:
     """Tokens generated since ``before`` (``generated_so_far`` then) by the requests still
     unfinished now that are on track for their SLO: what a horizon's end counts of work under way."""
-    s = engine.scheduler
-    return sum(q.num_generated - before.get(q.id, 0) for q in (*s.waiting, *s.running, *s.swapped)
-               if on_track(engine, q))
+    return sum(q.num_generated - before.get(q.id, 0) for q in engine.scheduler.unfinished() if on_track(engine, q))
 
 
 class Oracle(Policy):

@@ -15,7 +15,7 @@ def _keep(engine, memo: dict) -> None:
     for x in (engine.config, engine.model_config, engine.executor, engine.model, engine.last_snapshot):
         memo[id(x)] = x
     s = engine.scheduler
-    sequences = [p[2] for p in s.pending] + list(s.waiting) + s.running + list(s.swapped)
+    sequences = [p[2] for p in s.pending] + s.unfinished()
     for seq in sequences:
         memo[id(seq.request)] = seq.request
         memo[id(seq.token_ids)] = list(seq.token_ids)

@@ -110,6 +110,10 @@ class Scheduler:
     def has_work(self) -> bool:
         return bool(self.pending) or self.busy()
 
+    def unfinished(self) -> list[Sequence]:
+        """Every sequence that has arrived and not finished: waiting, running, on the host."""
+        return [*self.waiting, *self.running, *self.swapped]
+
     def reserved_blocks(self) -> int:
         """Admitted peak demand in blocks: the overcommit rule's left-hand side."""
         return sum(s.peak_blocks for s in self.running) + sum(s.peak_blocks for s in self.swapped)

@@ -127,17 +127,16 @@ class EngineProcess:
         return {}
 
     def drain(self) -> dict:
-        """Everything this engine holds, for the process that takes over: the requests it admitted
-        (oldest first) and those waiting, with their tokens and records; those not yet arrived."""
+        """Everything this engine holds, for the process that takes over: a graceful restart
+        (``Engine.restart``: what it admitted goes back to the front of its queue, oldest first,
+        with its tokens, its record counting the restart), then every queued request with its
+        tokens and record, and those not yet arrived. What it still charges goes back to the device."""
+        self.engine.restart()
         s, share = self.engine.scheduler, self.engine.device
         for kind, nbytes in list(share.charged.items()):  # the process ends: its memory goes back to the device
             if nbytes:
                 share.release(kind, nbytes)
-        admitted = sorted(s.running + list(s.swapped), key=lambda q: q.admit_order)
-        for q in admitted:  # as a restart in the engine's own process counts them (Engine.restart)
-            q.record.restarts += 1
-            self.engine.counters.recomputed_tokens += q.num_computed
-        held = admitted + list(s.waiting)
+        held = list(s.waiting)
         return {"held": [{"request": request_to_dict(q.request), "token_ids": list(q.token_ids),
                           "context_len": q.context_len, "num_generated": q.num_generated,
                           "record": asdict(q.record)} for q in held],

@@ -247,7 +247,6 @@ class ProcessNode:
         out = e.stop()
         for r in out["finished"]:
             self.records[name][r["request_id"]] = RequestRecord(**r)
-        e.counters_before.restarts += 1
         e.start(limit, self.clock, down=True)
         e.call("resume", held=out["held"])
         e.call("submit", requests=out["pending"])
