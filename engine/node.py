@@ -23,7 +23,9 @@ by its share of the GPU); the node shares memory.
 from __future__ import annotations
 
 from collections import deque
+from contextlib import contextmanager
 from dataclasses import replace
+from typing import Iterator
 
 from engine.config import EngineConfig, ModelConfig, kv_blocks_within, max_model_len
 from engine.control import Event, advance
@@ -37,13 +39,20 @@ class DeviceShare(Device):
 
     Every charge is made against the limit and against the shared device's ledger; either one
     refusing raises ``DeviceOOM`` and changes nothing. ``charged`` is this client's own ledger,
-    by kind; the shared device's is the sum over its clients (and its other tenants)."""
+    by kind; the shared device's is the sum over its clients (and its other tenants).
+
+    An iteration's workspace stays with the client once used, as PyTorch's caching allocator
+    keeps it: only growth past the largest workspace kept is charged, and the client keeps it
+    until it gives KV memory back (the engine then empties its cache) or its process ends. So
+    another client cannot take it between two iterations; the client runs out of memory when its
+    KV pool must grow and the device has nothing left."""
 
     def __init__(self, device: Device, limit: int, name: str = "") -> None:
         if limit > device.capacity:
             raise ValueError(f"engine {name!r}: an MPS limit of {limit} B is more than the device's {device.capacity} B")
         super().__init__(limit, device.torch_device)
         self.shared, self.name = device, name
+        self.cached = 0  # workspace bytes kept after the iteration that used them
 
     @property
     def free(self) -> int:
@@ -67,6 +76,19 @@ class DeviceShare(Device):
     def release(self, kind: str, nbytes: int) -> None:
         super().release(kind, nbytes)
         self.shared.release(kind, nbytes)
+        if kind == "kv" and self.cached:  # KV given back: the engine empties its cache, workspace too
+            self.cached, kept = 0, self.cached
+            self.release("workspace", kept)
+
+    @contextmanager
+    def transient(self, kind: str, nbytes: int) -> Iterator[None]:
+        """An iteration's workspace: charged only past what the client already keeps, then kept."""
+        if kind != "workspace":
+            raise ValueError(f"only an iteration's workspace is transient, got {kind!r}")
+        if nbytes > self.cached:
+            self.charge(kind, nbytes - self.cached)
+            self.cached = nbytes
+        yield
 
     def set_tenants(self, nbytes: int) -> None:
         raise TypeError("memory outside the node is the shared device's: set it on Node.device")

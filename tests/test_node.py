@@ -66,6 +66,36 @@ def serve_pair(n: Node) -> tuple:
     return a, b
 
 
+
+def test_a_client_keeps_its_workspace_until_it_gives_kv_back():
+    """PyTorch's caching allocator: an iteration's workspace stays with the MPS client, so another
+    client cannot take it between iterations; only growth past it is charged, and giving KV back
+    (the engine empties its cache) returns it."""
+    dev = Device(10_000)
+    a, b = DeviceShare(dev, 8_000, "a"), DeviceShare(dev, 8_000, "b")
+    a.charge("kv", 1_000)
+    with a.transient("workspace", 3_000):
+        assert dev.used == 4_000
+    assert a.charged["workspace"] == 3_000 and dev.used == 4_000  # kept after the iteration
+    with a.transient("workspace", 2_000):
+        pass
+    assert dev.used == 4_000  # a smaller iteration runs on what is kept
+    b.charge("kv", 6_000)  # b takes everything left
+    with pytest.raises(DeviceOOM):
+        b.charge("kv", 1)
+    with a.transient("workspace", 3_000):  # a's next iteration still runs
+        pass
+    with pytest.raises(DeviceOOM):
+        with a.transient("workspace", 3_001):
+            pass
+    assert a.charged["workspace"] == 3_000 and dev.used == 10_000  # a refused growth changes nothing
+    a.release("kv", 1_000)
+    assert a.charged["workspace"] == 0 and dev.used == 6_000
+    b.charge("kv", 2_000)  # b can have it now, up to its own limit
+    with pytest.raises(ValueError, match="workspace"):
+        with a.transient("kv", 1):
+            pass
+
 def test_a_share_charges_its_limit_and_the_device():
     device = Device(1000)
     a, b = DeviceShare(device, 700, "a"), DeviceShare(device, 700, "b")  # limits sum to 1.4x the device
