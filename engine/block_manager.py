@@ -98,7 +98,7 @@ class BlockManager:
         if len(runs) <= 1 or total <= 1:
             return 0.0
         h = -sum(p * math.log(p) for p in (r / total for r in runs))
-        return h / math.log(total)
+        return min(h / math.log(total), 1.0)  # all single holes: 1, where rounding may give 1 + 1e-16
 
     def compaction_plan(self) -> list[tuple[int, int]]:
         """(source, destination) moves that pack the blocks in use into ids 0 .. num_used - 1:

@@ -518,3 +518,15 @@ def test_copy_blocks_splits_runs_at_segment_boundaries():
     for src, dst in moves:
         expected[dst] = data[src]
     assert torch.equal(pool.read_blocks(ids), expected)
+
+
+@pytest.mark.parametrize("holes", [5, 12, 13, 18])
+def test_all_single_holes_give_an_entropy_of_exactly_one(holes):
+    """With these counts of single holes the normalised entropy rounds to 1 + 1e-16; a sidecar
+    refuses a snapshot ratio past 1, so the engine must report 1."""
+    from engine.block_manager import BlockManager
+
+    blocks = BlockManager(2 * holes + 1)
+    ids = blocks.allocate(2 * holes + 1)
+    blocks.free(ids[1::2])
+    assert blocks.free_runs() == [1] * holes and blocks.frag_entropy() == 1.0
