@@ -12,8 +12,9 @@ import yaml
 
 from agents.node_spec import make_node_policy
 from env.node_observation import node_features
+from env.node_scenario import load_node_scenario
 from env.scenario import ScenarioError
-from experiments import SCENARIOS
+from experiments import POLICIES, SCENARIOS
 from rlctl.cli import main
 from rlctl.train import is_node_config, load_train_config
 
@@ -92,6 +93,17 @@ def test_bad_node_training_configuration_is_refused_naming_the_field(tmp_path, e
 
 
 def test_the_shipped_node_training_configs_load():
-    for name in ("node_chat_pair", "node_mixed"):
+    for name in ("node_chat_pair", "node_mixed", "node_reasoning", "node_reasoning_preempt", "node_reasoning_trio"):
         cfg = load_train_config(name)
         assert is_node_config(cfg) and cfg.scenarios == (name,) and cfg.n_envs == 2
+
+
+def test_the_shipped_node_policies_load_by_name_and_steer_their_node(capsys):
+    """experiments/policies/node_*.rlpolicy: what the README's node results evaluate, each on its node."""
+    shipped = sorted(p.stem for p in POLICIES.glob("node_*.rlpolicy"))
+    assert "node_reasoning_preempt" in shipped
+    for name in shipped:
+        policy = make_node_policy(name, load_node_scenario(name).names)
+        assert policy.header["node"]["engines"] == load_node_scenario(name).names
+        assert main(["eval", "--scenario", name, "--policy", name, "--steps", "3"]) == 0
+        assert f"{name}" in capsys.readouterr().out

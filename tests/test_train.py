@@ -72,7 +72,7 @@ def test_a_shipped_training_config_loads_by_name_and_an_unknown_name_lists_them(
 
     cfg = load_train_config("steady")
     assert cfg.name == "steady" and cfg == load_train_config(TRAIN / "steady.yaml")
-    with pytest.raises(ScenarioError, match=r"training config stedy: no such file \(bundled: burst, default, node_chat_pair, node_mixed, phase_shift, steady, "):
+    with pytest.raises(ScenarioError, match=r"training config stedy: no such file \(bundled: burst, default, node_chat_pair, node_mixed, node_reasoning, node_reasoning_preempt, node_reasoning_trio, phase_shift, "):
         load_train_config("stedy")
 
 
