@@ -264,6 +264,7 @@ class Engine:
             seq.record.restarts += 1
         self.sessions.lose_all()
         self.kv.reset(num_blocks)
+        self.device.give_back()  # the process's memory goes back with it
         self.down_until = self.clock + self.config.restart_downtime_s
 
     def _record_oom(self, exc: BaseException) -> None:

@@ -76,7 +76,16 @@ class DeviceShare(Device):
     def release(self, kind: str, nbytes: int) -> None:
         super().release(kind, nbytes)
         self.shared.release(kind, nbytes)
-        if kind == "kv" and self.cached:  # KV given back: the engine empties its cache, workspace too
+        if kind == "kv":  # KV given back: the engine empties its cache, the kept workspace too
+            self._drop_cache()
+
+    def give_back(self) -> None:
+        """The client empties its cache (it gave KV back, or its process ended): the kept workspace goes."""
+        self._drop_cache()
+        super().give_back()
+
+    def _drop_cache(self) -> None:
+        if self.cached:
             self.cached, kept = 0, self.cached
             self.release("workspace", kept)
 

@@ -92,6 +92,10 @@ def test_a_client_keeps_its_workspace_until_it_gives_kv_back():
     a.release("kv", 1_000)
     assert a.charged["workspace"] == 0 and dev.used == 6_000
     b.charge("kv", 2_000)  # b can have it now, up to its own limit
+    with a.transient("workspace", 1_000):  # an engine whose process ends (a crash, a restart) gives it back too
+        pass
+    a.give_back()
+    assert a.charged["workspace"] == 0 and dev.used == 8_000
     with pytest.raises(ValueError, match="workspace"):
         with a.transient("kv", 1):
             pass
