@@ -66,7 +66,6 @@ def serve_pair(n: Node) -> tuple:
     return a, b
 
 
-
 def test_a_client_keeps_its_workspace_until_it_gives_kv_back():
     """PyTorch's caching allocator: an iteration's workspace stays with the MPS client, so another
     client cannot take it between iterations; only growth past it is charged, and giving KV back

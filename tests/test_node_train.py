@@ -106,4 +106,4 @@ def test_the_shipped_node_policies_load_by_name_and_steer_their_node(capsys):
         policy = make_node_policy(name, load_node_scenario(name).names)
         assert policy.header["node"]["engines"] == load_node_scenario(name).names
         assert main(["eval", "--scenario", name, "--policy", name, "--steps", "3"]) == 0
-        assert f"{name}" in capsys.readouterr().out
+        assert name in capsys.readouterr().out
