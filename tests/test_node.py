@@ -99,6 +99,7 @@ def test_a_client_keeps_its_workspace_until_it_gives_kv_back():
         with a.transient("kv", 1):
             pass
 
+
 def test_a_share_charges_its_limit_and_the_device():
     device = Device(1000)
     a, b = DeviceShare(device, 700, "a"), DeviceShare(device, 700, "b")  # limits sum to 1.4x the device
