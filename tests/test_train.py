@@ -72,7 +72,7 @@ def test_a_shipped_training_config_loads_by_name_and_an_unknown_name_lists_them(
 
     cfg = load_train_config("steady")
     assert cfg.name == "steady" and cfg == load_train_config(TRAIN / "steady.yaml")
-    shipped = ("burst, default, long_outputs, long_outputs_no_double, long_outputs_no_dueling, long_outputs_no_per, "
+    shipped = ("burst, default, default_no_per, default_vanilla, long_outputs, long_outputs_no_double, long_outputs_no_dueling, long_outputs_no_per, "
                "long_outputs_vanilla, node_chat_pair, node_mixed, node_reasoning, node_reasoning_preempt, "
                "node_reasoning_trio, phase_shift, ")
     with pytest.raises(ScenarioError, match=r"training config stedy: no such file \(bundled: " + shipped):
@@ -80,15 +80,17 @@ def test_a_shipped_training_config_loads_by_name_and_an_unknown_name_lists_them(
 
 
 
-def test_each_shipped_ablation_is_the_reference_run_with_only_its_switches_off():
-    """The README's ablation table compares these five runs: anything else that differed would be measured too."""
-    reference = load_train_config("long_outputs")
-    assert (reference.double, reference.dueling, reference.prioritized, reference.n_steps) == (True, True, True, 3)
+@pytest.mark.parametrize("reference, suffixes", [("long_outputs", ("no_double", "no_dueling", "no_per", "vanilla")),
+                                                 ("default", ("no_per", "vanilla"))])
+def test_each_shipped_ablation_is_the_reference_run_with_only_its_switches_off(reference, suffixes):
+    """The README's ablations compare these runs: anything else that differed would be measured too."""
+    full = load_train_config(reference)
+    assert (full.double, full.dueling, full.prioritized, full.n_steps) == (True, True, True, 3)
     switches = {"no_double": {"double": False}, "no_dueling": {"dueling": False}, "no_per": {"prioritized": False},
                 "vanilla": {"double": False, "dueling": False, "prioritized": False, "n_steps": 1}}
-    for suffix, off in switches.items():
-        name = f"long_outputs_{suffix}"
-        assert load_train_config(name) == dataclasses.replace(reference, name=name, **off)
+    for suffix in suffixes:
+        name = f"{reference}_{suffix}"
+        assert load_train_config(name) == dataclasses.replace(full, name=name, **switches[suffix])
 
 def test_every_shipped_training_config_pins_its_environment_count():
     """The demo and the README's tables come from these: one per core would change them with the machine."""
