@@ -72,12 +72,11 @@ def test_a_shipped_training_config_loads_by_name_and_an_unknown_name_lists_them(
 
     cfg = load_train_config("steady")
     assert cfg.name == "steady" and cfg == load_train_config(TRAIN / "steady.yaml")
-    shipped = ("burst, default, default_no_per, default_vanilla, long_outputs, long_outputs_no_double, long_outputs_no_dueling, long_outputs_no_per, "
-               "long_outputs_vanilla, node_chat_pair, node_mixed, node_reasoning, node_reasoning_preempt, "
-               "node_reasoning_trio, phase_shift, ")
+    shipped = ("burst, default, default_no_per, default_vanilla, long_outputs, long_outputs_no_double, "
+               "long_outputs_no_dueling, long_outputs_no_per, long_outputs_vanilla, node_chat_pair, node_mixed, "
+               "node_reasoning, node_reasoning_preempt, node_reasoning_trio, phase_shift, ")
     with pytest.raises(ScenarioError, match=r"training config stedy: no such file \(bundled: " + shipped):
         load_train_config("stedy")
-
 
 
 @pytest.mark.parametrize("reference, suffixes", [("long_outputs", ("no_double", "no_dueling", "no_per", "vanilla")),
@@ -91,6 +90,7 @@ def test_each_shipped_ablation_is_the_reference_run_with_only_its_switches_off(r
     for suffix in suffixes:
         name = f"{reference}_{suffix}"
         assert load_train_config(name) == dataclasses.replace(full, name=name, **switches[suffix])
+
 
 def test_every_shipped_training_config_pins_its_environment_count():
     """The demo and the README's tables come from these: one per core would change them with the machine."""
