@@ -19,10 +19,10 @@ import math
 
 import numpy as np
 
-from agents.oracle import generated_so_far, work_under_way
 from agents.policy import Policy
 from engine import metrics
 from engine.clone import clone_node
+from engine.metrics import generated_so_far, work_under_way
 from engine.node_control import NODE_HOLD, encode_action, run_node_interval
 
 LEVELS = (0.5, 1.0, 1.5, 2.0, 3.0, 4.0)

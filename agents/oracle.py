@@ -31,31 +31,9 @@ from agents.policy import Policy
 from engine import metrics
 from engine.clone import clone
 from engine.control import EVICT, HOLD, run_interval
+from engine.metrics import generated_so_far, work_under_way
 
 LEVELS = (1.0, 1.25, 1.5, 2.0, 2.5, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0)
-
-
-def generated_so_far(engine) -> dict[str, int]:
-    """Tokens generated so far by every request the engine holds unfinished (queued, running, on the host)."""
-    return {q.id: q.num_generated for q in engine.scheduler.unfinished()}
-
-
-def on_track(engine, seq) -> bool:
-    """Whether an unfinished request can still meet its SLO as it has run so far: its first token
-    came (or can still come) within the TTFT target, and its tokens so far came within the TPOT target."""
-    cfg, r, now = engine.config, seq.record, engine.clock
-    if r.first_token_s is None:
-        return cfg.ttft_slo_s is None or now - r.arrival_s <= cfg.ttft_slo_s
-    if cfg.ttft_slo_s is not None and r.first_token_s - r.arrival_s > cfg.ttft_slo_s:
-        return False
-    return (cfg.tpot_slo_s is None or seq.num_generated < 2
-            or (now - r.first_token_s) / (seq.num_generated - 1) <= cfg.tpot_slo_s)
-
-
-def work_under_way(engine, before: dict[str, int]) -> int:
-    """Tokens generated since ``before`` (``generated_so_far`` then) by the requests still
-    unfinished now that are on track for their SLO: what a horizon's end counts of work under way."""
-    return sum(q.num_generated - before.get(q.id, 0) for q in engine.scheduler.unfinished() if on_track(engine, q))
 
 
 class Oracle(Policy):

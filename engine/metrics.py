@@ -120,6 +120,37 @@ def summarize(engine, start_s: float = 0.0, end_s: float | None = None) -> dict:
     }
 
 
+def generated_so_far(engine) -> dict[str, int]:
+    """Tokens generated so far by every request the engine holds unfinished (queued, running, on the host)."""
+    return {q.id: q.num_generated for q in engine.scheduler.unfinished()}
+
+
+def on_track(engine, seq) -> bool:
+    """Whether an unfinished request can still meet its SLO as it has run so far: its first token
+    came (or can still come) within the TTFT target, and its tokens so far came within the TPOT target."""
+    cfg, r, now = engine.config, seq.record, engine.clock
+    if r.first_token_s is None:
+        return cfg.ttft_slo_s is None or now - r.arrival_s <= cfg.ttft_slo_s
+    if cfg.ttft_slo_s is not None and r.first_token_s - r.arrival_s > cfg.ttft_slo_s:
+        return False
+    return (cfg.tpot_slo_s is None or seq.num_generated < 2
+            or (now - r.first_token_s) / (seq.num_generated - 1) <= cfg.tpot_slo_s)
+
+
+def work_under_way(engine, before: dict[str, int]) -> int:
+    """Tokens generated since ``before`` (``generated_so_far`` then) by the requests still
+    unfinished now that are on track for their SLO: what a horizon's end counts of work under way."""
+    return sum(q.num_generated - before.get(q.id, 0) for q in engine.scheduler.unfinished() if on_track(engine, q))
+
+
+def tokens_under_way(engine) -> int:
+    """Tokens generated so far by the unfinished requests that are still on track for their SLO:
+    the work under way that will count as goodput if it finishes as it has run (the potential of
+    the training reward's shaping, env/overcommit_env.py)."""
+    return sum(q.num_generated for q in engine.scheduler.unfinished() if on_track(engine, q))
+
+
+
 @dataclass(frozen=True)
 class Mark:
     """Where an interval starts: the clock, and how far the engine's logs and counters had got."""

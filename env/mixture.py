@@ -15,13 +15,13 @@ from env.scenario import Scenario
 class MixtureEnv(gym.Env):
     metadata = {"render_modes": []}
 
-    def __init__(self, scenarios: list[Scenario], shield=None) -> None:
+    def __init__(self, scenarios: list[Scenario], shield=None, shaping_gamma: float | None = None) -> None:
         if not scenarios:
             raise ValueError("a mixture needs at least one scenario")
         scales = {sc.observation for sc in scenarios}
         if len(scales) > 1:
             raise ValueError(f"the scenarios of a mixture must share their observation scales, got {sorted(map(str, scales))}")
-        self.envs = [OvercommitEnv(sc, shield=shield) for sc in scenarios]
+        self.envs = [OvercommitEnv(sc, shield=shield, shaping_gamma=shaping_gamma) for sc in scenarios]
         self.observation_space = self.envs[0].observation_space
         self.action_space = self.envs[0].action_space
         self.current = self.envs[0]

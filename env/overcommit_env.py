@@ -22,6 +22,15 @@ scenario's ``reward`` (env/scenario.py ``Reward``):
   again), over what a step of the normaliser produces.
 - alloc: mean KV utilisation over the interval's iterations, in [0, 1]; weight 0 by default.
 
+Training may add potential-based shaping (``shaping_gamma``, Ng, Harada and Russell 1999):
+``+ shaping_gamma * phi(s') - phi(s)``, with ``phi`` alpha times the tokens generated so far by the
+unfinished requests still on track for their SLO (``engine.metrics.tokens_under_way``), on the
+goodput's scale. Goodput pays a request when it finishes, which for a reasoning-length output is
+minutes after the admission that earned it; the shaping pays its tokens as they come and takes
+them back when it finishes (when goodput pays them) or falls off track (a crash, a preemption, a
+missed target), so that the credit is near the decision. With ``shaping_gamma`` the agent's own
+discount the optimal policy is unchanged. Off by default: evaluation scores the plain reward.
+
 Episodes end when the workload is served (terminated), at an OOM if ``terminate_on_oom``
 (terminated), or after ``max_steps`` (truncated). ``info`` carries the raw figures of the step,
 and at the end of an episode ``summary``: ``engine.metrics.summarize`` of the whole episode, so
@@ -61,12 +70,15 @@ class OvercommitEnv(gym.Env):
     metadata = {"render_modes": []}
 
     def __init__(self, scenario: Scenario | str | Path = "burst", engine_overrides: dict | None = None,
-                 cost_model=None, shield=None) -> None:
+                 cost_model=None, shield=None, shaping_gamma: float | None = None) -> None:
+        if shaping_gamma is not None and not 0 <= shaping_gamma <= 1:
+            raise ValueError(f"shaping_gamma must be in [0, 1] or None, got {shaping_gamma!r}")
         self.scenario = scenario if isinstance(scenario, Scenario) else load_scenario(scenario)
         self.deployment = DEPLOYMENTS[self.scenario.deployment]
         self.cost = cost_model or self.deployment.cost_model()
         self.engine_overrides = dict(engine_overrides or {})
         self.shield = shield
+        self.shaping_gamma = shaping_gamma
         self.observation_space = spaces.Box(LOW, HIGH, dtype=np.float32)
         self.action_space = spaces.Discrete(len(ACTIONS))
         self.feature_names = FEATURES
@@ -90,6 +102,7 @@ class OvercommitEnv(gym.Env):
         self._steps = 0
         self.shield_overrides = 0
         self.actions_taken = [0] * len(ACTIONS)
+        self._potential = 0.0
         while self.events and self.events[0][0] <= 0.0:
             self.events.popleft()[1](self.engine)
         snap = self.engine.snapshot()
@@ -132,6 +145,11 @@ class OvercommitEnv(gym.Env):
                  "alloc": figures["kv_util"]}
         weighted = {k: sign * getattr(sc.reward, w) * terms[k] for k, (w, sign) in REWARD_TERMS.items()}
         reward = sum(weighted.values())
+        if self.shaping_gamma is not None:
+            potential = sc.reward.alpha * metrics.tokens_under_way(e) / (scale * sc.decision_interval_s)
+            weighted["shaping"] = self.shaping_gamma * potential - self._potential
+            reward += weighted["shaping"]
+            self._potential = potential
         waiting, running, swapped = e.queue_lengths()
         info = {
             "time_s": e.clock, "step": self._steps, "action": ACTIONS[requested], "applied_action": ACTIONS[applied],

@@ -56,6 +56,7 @@ class TrainConfig:
     prioritized: bool = True
     n_steps: int = 3
     shield: bool = True
+    shaping: bool = False                            # potential-based shaping with the work under way (env/overcommit_env.py)
     net_arch: tuple[int, ...] = (128, 128)
     learning_rate: float = 5e-4
     buffer_size: int = 50_000
@@ -108,6 +109,8 @@ def load_train_config(path: str | Path, **overrides) -> TrainConfig:
         scenarios = training_scenarios(cfg)
         if not is_node_config(cfg):
             MixtureEnv(scenarios)
+        elif cfg.shaping:
+            raise ScenarioError("shaping: a node policy trains on the plain reward (rlctl/SharedGPU-v0 has no shaping)")
         held_out(cfg)
     except ValueError as exc:
         raise ScenarioError(f"{p}: {exc}") from None
@@ -189,11 +192,13 @@ FIGURES = ("goodput_tokens_per_s", "tokens_per_s", "kv_util_mean", "kv_util_p99"
            "ttft_p50_s", "ttft_p99_s", "episode_reward", "shield_overrides")
 
 
-def _make_env(scenarios: list[Scenario], shield: bool):
+def _make_env(scenarios: list[Scenario], cfg: TrainConfig):
+    shaping_gamma = cfg.gamma if cfg.shaping else None  # the agent's own discount: the optimal policy is unchanged
+
     def make():
-        if len(scenarios) == 1:
-            return make_env(scenarios[0], shield)
-        return MixtureEnv(scenarios, shield=Shield() if shield else None)
+        if len(scenarios) == 1 and shaping_gamma is None:
+            return make_env(scenarios[0], cfg.shield)
+        return MixtureEnv(scenarios, shield=Shield() if cfg.shield else None, shaping_gamma=shaping_gamma)
     return make
 
 
@@ -224,7 +229,7 @@ def train(cfg: TrainConfig, logdir: str | Path = "runs", resume: str | None = No
     n_envs = cfg.n_envs or os.cpu_count() or 1
     run = _run_dir(Path(logdir), cfg.name, resume)
     run.mkdir(parents=True, exist_ok=True)
-    makers = [_make_env(scenarios, cfg.shield) for _ in range(n_envs)]
+    makers = [_make_env(scenarios, cfg) for _ in range(n_envs)]
     venv = SubprocVecEnv(makers, start_method="forkserver") if n_envs > 1 else DummyVecEnv(makers)
     venv.seed(cfg.seed)
     t0 = time.time()

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from agents.oracle import generated_so_far, on_track
+from engine.metrics import generated_so_far, on_track
 from agents.spec import make_policy
 from engine.clone import clone
 from engine.control import EVICT, HOLD, advance

@@ -12,6 +12,7 @@ from itertools import permutations
 import pytest
 
 from agents.spec import baselines, make_policy
+from engine.metrics import tokens_under_way
 from env.overcommit_env import OvercommitEnv, offered_output_rate
 from env.scenario_yaml import bundled_scenarios, load_scenario
 from rlctl.evaluate import evaluate, run_episode
@@ -48,3 +49,28 @@ def test_ranking_by_reward_is_ranking_by_goodput_among_policies_without_oom(name
     for a, b in permutations(safe, 2):
         if safe[a]["goodput_tokens_per_s"] > safe[b]["goodput_tokens_per_s"] * (1 + 1e-3):
             assert safe[a]["episode_reward"] > safe[b]["episode_reward"], (a, b)
+
+
+def test_shaping_pays_work_under_way_as_it_comes_and_adds_nothing_over_an_episode():
+    # potential-based shaping with discount 1 telescopes: an episode's shaped rewards are its plain
+    # rewards plus the potential at its end (the on-track tokens still under way), and it pays long
+    # outputs while they are generated, where the plain reward waits for them to finish
+    sc = replace(load_scenario("long_outputs"), max_steps=40)
+    plain, shaped = OvercommitEnv(sc), OvercommitEnv(sc, shaping_gamma=1.0)
+    policy = make_policy("static:2.0")
+    totals, first = {}, {}
+    for name, env in (("plain", plain), ("shaped", shaped)):
+        obs, _ = env.reset(seed=5)
+        rewards = []
+        for _ in range(sc.max_steps):
+            obs, r, terminated, truncated, info = env.step(policy.act(obs))
+            rewards.append(r)
+            if terminated or truncated:
+                break
+        totals[name], first[name] = sum(rewards), sum(rewards[:5])
+    under_way = tokens_under_way(shaped.engine) / (shaped.tokens_per_s_scale * sc.decision_interval_s)
+    assert under_way > 0 and first["plain"] == 0 < first["shaped"]
+    assert totals["shaped"] == pytest.approx(totals["plain"] + under_way)
+    assert "shaping" in info["weighted_reward_terms"]
+    with pytest.raises(ValueError, match="shaping_gamma"):
+        OvercommitEnv(sc, shaping_gamma=1.5)
