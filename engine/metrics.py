@@ -137,18 +137,12 @@ def on_track(engine, seq) -> bool:
             or (now - r.first_token_s) / (seq.num_generated - 1) <= cfg.tpot_slo_s)
 
 
-def work_under_way(engine, before: dict[str, int]) -> int:
-    """Tokens generated since ``before`` (``generated_so_far`` then) by the requests still
-    unfinished now that are on track for their SLO: what a horizon's end counts of work under way."""
+def work_under_way(engine, before: dict[str, int] | None = None) -> int:
+    """Tokens generated since ``before`` (``generated_so_far`` then; all so far without it) by the
+    requests still unfinished now that are on track for their SLO: what a horizon's end counts of
+    work under way, and the potential of the training reward's shaping (env/overcommit_env.py)."""
+    before = before or {}
     return sum(q.num_generated - before.get(q.id, 0) for q in engine.scheduler.unfinished() if on_track(engine, q))
-
-
-def tokens_under_way(engine) -> int:
-    """Tokens generated so far by the unfinished requests that are still on track for their SLO:
-    the work under way that will count as goodput if it finishes as it has run (the potential of
-    the training reward's shaping, env/overcommit_env.py)."""
-    return sum(q.num_generated for q in engine.scheduler.unfinished() if on_track(engine, q))
-
 
 
 @dataclass(frozen=True)

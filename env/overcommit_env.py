@@ -24,7 +24,7 @@ scenario's ``reward`` (env/scenario.py ``Reward``):
 
 Training may add potential-based shaping (``shaping_gamma``, Ng, Harada and Russell 1999):
 ``+ shaping_gamma * phi(s') - phi(s)``, with ``phi`` alpha times the tokens generated so far by the
-unfinished requests still on track for their SLO (``engine.metrics.tokens_under_way``), on the
+unfinished requests still on track for their SLO (``engine.metrics.work_under_way``), on the
 goodput's scale. Goodput pays a request when it finishes, which for a reasoning-length output is
 minutes after the admission that earned it; the shaping pays its tokens as they come and takes
 them back when it finishes (when goodput pays them) or falls off track (a crash, a preemption, a
@@ -146,7 +146,7 @@ class OvercommitEnv(gym.Env):
         weighted = {k: sign * getattr(sc.reward, w) * terms[k] for k, (w, sign) in REWARD_TERMS.items()}
         reward = sum(weighted.values())
         if self.shaping_gamma is not None:
-            potential = sc.reward.alpha * metrics.tokens_under_way(e) / (scale * sc.decision_interval_s)
+            potential = sc.reward.alpha * metrics.work_under_way(e) / (scale * sc.decision_interval_s)
             weighted["shaping"] = self.shaping_gamma * potential - self._potential
             reward += weighted["shaping"]
             self._potential = potential

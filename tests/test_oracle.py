@@ -7,11 +7,10 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from engine.metrics import generated_so_far, on_track
 from agents.spec import make_policy
 from engine.clone import clone
 from engine.control import EVICT, HOLD, advance
-from engine.metrics import summarize
+from engine.metrics import generated_so_far, on_track, summarize
 from engine.request import Request
 from env.overcommit_env import OvercommitEnv
 from env.scenario_yaml import load_scenario

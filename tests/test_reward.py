@@ -12,7 +12,7 @@ from itertools import permutations
 import pytest
 
 from agents.spec import baselines, make_policy
-from engine.metrics import tokens_under_way
+from engine.metrics import work_under_way
 from env.overcommit_env import OvercommitEnv, offered_output_rate
 from env.scenario_yaml import bundled_scenarios, load_scenario
 from rlctl.evaluate import evaluate, run_episode
@@ -68,7 +68,7 @@ def test_shaping_pays_work_under_way_as_it_comes_and_adds_nothing_over_an_episod
             if terminated or truncated:
                 break
         totals[name], first[name] = sum(rewards), sum(rewards[:5])
-    under_way = tokens_under_way(shaped.engine) / (shaped.tokens_per_s_scale * sc.decision_interval_s)
+    under_way = work_under_way(shaped.engine) / (shaped.tokens_per_s_scale * sc.decision_interval_s)
     assert under_way > 0 and first["plain"] == 0 < first["shaped"]
     assert totals["shaped"] == pytest.approx(totals["plain"] + under_way)
     assert "shaping" in info["weighted_reward_terms"]
