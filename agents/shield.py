@@ -4,16 +4,22 @@ Rules (each overridden action is counted by whoever applies the shield):
 - no scale-up while free device memory is below ``min_device_free`` of capacity (a co-tenant
   holds it, or the pool is about to outgrow the device);
 - no scale-up while the engine restarts after an OOM (everything it held comes back at once);
+- no scale-up while the factor is already ``max_slack`` x the admitted peak demand (in KV
+  capacities, or x 1 while less than one is admitted): a scale-up there admits nothing now, and
+  leaves a latitude that a run of admissions uses up faster than backing off can take it back;
 - on a crashing engine, no scale-up past ``max_reserved`` of KV capacity in admitted peak demand,
   and at ``evict_at`` of the KV in use an eviction to host in place of hold, scale-up or defrag:
   a crash loses everything held, a swap loses nothing (a preempting engine recomputes instead).
 Each overridden scale-up becomes ``hold``.
 
-The same ``filter`` runs in the environment (training, evaluation) and in the sidecar (serving),
-on the snapshot the decision is taken on.
+The same ``filter`` runs in the environment (evaluation) and in the sidecar (serving), on the
+snapshot the decision is taken on. Training runs behind ``TRAINING``, the same rules but the
+slack: policies trained behind the slack rule did worse on long outputs (README, "Results"), so it
+is a serving rule, as are the node shield's engines' rules, whose policies were trained without it.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from engine.control import ACTIONS, DEFRAG, EVICT, HOLD, SCALE_UP
@@ -26,12 +32,15 @@ class Shield:
     min_device_free: float = 0.05
     max_reserved: float = 8.0
     evict_at: float = 0.95
+    max_slack: float = 1.5
 
     def allowed(self, action: int, snapshot: Snapshot) -> bool:
         """Whether ``action`` keeps the hard rules, judged on the decision's snapshot."""
         if action != SCALE_UP:
             return True
         if snapshot.device_free < self.min_device_free or snapshot.restarting:
+            return False
+        if self.max_slack < math.inf and snapshot.overcommit >= self.max_slack * max(snapshot.reserved_ratio, 1.0):
             return False
         # a preempting engine recomputes what does not fit; only a crashing one must bound its demand
         return snapshot.preempt_mode or snapshot.reserved_ratio < self.max_reserved
@@ -46,6 +55,9 @@ class Shield:
         return action if self.allowed(action, snapshot) else HOLD
 
 
+TRAINING = Shield(max_slack=math.inf)  # what a policy learns behind (module docstring)
+
+
 @dataclass(frozen=True)
 class NodeShield:
     """The shield of a node's flat actions (engine/node_control.py): ``Shield``'s rules on the
@@ -53,7 +65,7 @@ class NodeShield:
     while a crashing engine's KV is ``evict_at`` full becomes that engine's eviction (the first
     such engine's). ``resize`` (a graceful restart) and actions on other engines pass."""
 
-    engine: Shield = Shield()
+    engine: Shield = TRAINING
 
     def filter(self, action: int, snapshots: dict[str, Snapshot]) -> int:
         names = list(snapshots)

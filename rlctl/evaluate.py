@@ -91,16 +91,17 @@ def eval_scenario(scenario: str | None, trace: str | None, time_scale: float | N
     return sc
 
 
-def make_env(scenario, shield: bool):
+def make_env(scenario, shield: bool, training: bool = False):
     """The environment of ``scenario``: ``rlctl/SharedGPU-v0`` for a node scenario (several engines
-    on one GPU), else ``rlctl/Overcommit-v0``; with the safety shield if ``shield``."""
-    from agents.shield import NodeShield, Shield
+    on one GPU), else ``rlctl/Overcommit-v0``; with the safety shield if ``shield`` (the one a
+    policy trains behind if ``training``, agents/shield.py)."""
+    from agents.shield import TRAINING, NodeShield, Shield
     from env.node_scenario import is_node_scenario
     from env.shared_gpu_env import SharedGPUEnv
 
     if is_node_scenario(scenario):
         return SharedGPUEnv(scenario, shield=NodeShield() if shield else None)
-    return OvercommitEnv(scenario, shield=Shield() if shield else None)
+    return OvercommitEnv(scenario, shield=(TRAINING if training else Shield()) if shield else None)
 
 
 def run_eval(policies: list[Policy], scenario, episodes: int, seed: int, shield: bool) -> dict[str, dict]:

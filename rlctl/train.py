@@ -30,7 +30,7 @@ from agents.policy import Policy
 from agents.spec import baselines, make_policy
 from agents.dqn import OvercommitDQN
 from agents.node_spec import make_node_policy, node_baselines
-from agents.shield import Shield
+from agents.shield import TRAINING
 from env.mixture import MixtureEnv
 from env.node_scenario import is_node_scenario, load_node_scenario
 from env.scenario import Scenario, ScenarioError, TraceWorkload
@@ -197,8 +197,8 @@ def _make_env(scenarios: list[Scenario], cfg: TrainConfig):
 
     def make():
         if len(scenarios) == 1 and shaping_gamma is None:
-            return make_env(scenarios[0], cfg.shield)
-        return MixtureEnv(scenarios, shield=Shield() if cfg.shield else None, shaping_gamma=shaping_gamma)
+            return make_env(scenarios[0], cfg.shield, training=True)
+        return MixtureEnv(scenarios, shield=TRAINING if cfg.shield else None, shaping_gamma=shaping_gamma)
     return make
 
 

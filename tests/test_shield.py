@@ -7,10 +7,12 @@ import dataclasses
 import yaml
 
 from experiments import SCENARIOS
-from agents.shield import Shield
+from agents.shield import NodeShield, Shield
 from engine.control import BACK_OFF, DEFRAG, EVICT, HOLD, SCALE_UP
+from engine.node_control import NODE_HOLD, encode_action
 from env.overcommit_env import OvercommitEnv
 from env.scenario_yaml import scenario_from_dict
+from rlctl.evaluate import make_env
 
 
 def test_scale_up_is_refused_with_little_free_device_memory_or_while_restarting():
@@ -22,10 +24,15 @@ def test_scale_up_is_refused_with_little_free_device_memory_or_while_restarting(
     assert shield.filter(SCALE_UP, snap) == SCALE_UP
     assert shield.filter(SCALE_UP, dataclasses.replace(snap, device_free=0.01)) == HOLD
     assert shield.filter(SCALE_UP, dataclasses.replace(snap, restarting=True)) == HOLD
-    assert shield.filter(SCALE_UP, dataclasses.replace(snap, reserved_ratio=8.5)) == HOLD
+    assert shield.filter(SCALE_UP, dataclasses.replace(snap, reserved_ratio=8.5, overcommit=9.0)) == HOLD
+    # no scale-up once the factor is max_slack x the admitted demand: it would admit nothing now
+    assert shield.filter(SCALE_UP, dataclasses.replace(snap, reserved_ratio=2.0, overcommit=2.9)) == SCALE_UP
+    assert shield.filter(SCALE_UP, dataclasses.replace(snap, reserved_ratio=2.0, overcommit=3.0)) == HOLD
+    assert shield.filter(SCALE_UP, dataclasses.replace(snap, reserved_ratio=0.2, overcommit=1.5)) == HOLD
     assert shield.filter(BACK_OFF, dataclasses.replace(snap, device_free=0.0)) == BACK_OFF
     # a preempting engine recomputes what does not fit: its admitted demand is not bounded
-    assert shield.filter(SCALE_UP, dataclasses.replace(snap, reserved_ratio=8.5, preempt_mode=True)) == SCALE_UP
+    assert shield.filter(SCALE_UP, dataclasses.replace(snap, reserved_ratio=8.5, overcommit=9.0,
+                                                       preempt_mode=True)) == SCALE_UP
     # a crashing engine whose KV is nearly full evicts to host instead of growing on
     full = dataclasses.replace(snap, alloc_ratio=0.96)
     assert [shield.filter(a, full) for a in (HOLD, SCALE_UP, DEFRAG, BACK_OFF, EVICT)] == [EVICT, EVICT, EVICT,
@@ -38,3 +45,33 @@ def test_scale_up_is_refused_with_little_free_device_memory_or_while_restarting(
     *_, info = env.step(SCALE_UP)
     assert info["action"] == "scale_up" and info["applied_action"] == "hold"
     assert info["shield_overrides"] == 1 and env.engine.overcommit == 1.0
+
+
+def test_the_node_shield_keeps_the_engine_rules_but_the_slack():
+    data = yaml.safe_load((SCENARIOS / "cotenant.yaml").read_text())
+    env = OvercommitEnv(scenario_from_dict({**data, "name": "c", "max_steps": 3}), shield=Shield())
+    env.reset(seed=0)
+    snap = env.engine.last_snapshot
+    full = dataclasses.replace(snap, alloc_ratio=0.96)
+    slack = dataclasses.replace(snap, reserved_ratio=1.0, overcommit=4.0)
+    node = NodeShield()
+    # a crashing engine's full KV is evicted, a preempting one's left to preemption
+    assert node.filter(NODE_HOLD, {"a": snap, "b": full}) == encode_action(1, "evict")
+    assert node.filter(NODE_HOLD, {"a": snap, "b": dataclasses.replace(full, preempt_mode=True)}) == NODE_HOLD
+    assert node.filter(encode_action(0, "scale_up"), {"a": dataclasses.replace(snap, device_free=0.0), "b": snap}) \
+        == NODE_HOLD
+    # a scale-up past the single engine's slack passes (the node policies were trained without it)
+    assert Shield().filter(SCALE_UP, slack) == HOLD
+    assert node.filter(encode_action(0, "scale_up"), {"a": slack, "b": snap}) == encode_action(0, "scale_up")
+
+
+def test_a_policy_trains_behind_the_rules_but_the_slack_and_is_served_behind_all():
+    sc = scenario_from_dict({**yaml.safe_load((SCENARIOS / "cotenant.yaml").read_text()), "name": "c", "max_steps": 3})
+    served, trained = make_env(sc, shield=True).shield, make_env(sc, shield=True, training=True).shield
+    env = OvercommitEnv(sc, shield=served)
+    env.reset(seed=0)
+    snap = dataclasses.replace(env.engine.last_snapshot, reserved_ratio=1.0, overcommit=4.0)
+    trained_snap = dataclasses.replace(snap, reserved_ratio=8.5, overcommit=9.0)
+    assert served.filter(SCALE_UP, snap) == HOLD and trained.filter(SCALE_UP, snap) == SCALE_UP
+    assert served.filter(SCALE_UP, trained_snap) == trained.filter(SCALE_UP, trained_snap) == HOLD  # the rest alike
+    assert make_env(sc, shield=False, training=True).shield is None
