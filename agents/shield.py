@@ -15,7 +15,8 @@ Each overridden scale-up becomes ``hold``.
 The same ``filter`` runs in the environment (evaluation) and in the sidecar (serving), on the
 snapshot the decision is taken on. Training runs behind ``TRAINING``, the same rules but the
 slack: policies trained behind the slack rule did worse on long outputs (README, "Results"), so it
-is a serving rule, as are the node shield's engines' rules, whose policies were trained without it.
+is a rule of evaluation and serving. The node shield's engines have no slack rule at all: the node
+policies were trained without it.
 """
 from __future__ import annotations
 
