@@ -15,6 +15,9 @@ node                  a node's policy only (rlctl/SharedGPU-v0): engines (their 
                       and engine/node_control.py's for those engines
 network               obs_dim, n_actions, net_arch, dueling: enough to rebuild the network
 training              the training configuration, as given
+selection             (optional) which evaluation point's network this is, chosen on validation
+                      episodes (rlctl/train.py ``select_seed``): seeds, timesteps, validation_reward,
+                      and every candidate's
 scenario              name, deployment (none for a node)
 source_commit         git commit of the code that trained it ("unknown" outside a checkout)
 weights               dtype, sha256 of each tensor's bytes
@@ -93,7 +96,7 @@ def _sha256(t: torch.Tensor) -> str:
 
 
 def export_policy(model, path: str | Path, *, scenario, training_config: dict,
-                  source_commit: str | None = None) -> dict:
+                  source_commit: str | None = None, selection: dict | None = None) -> dict:
     """Write ``model``'s (an ``OvercommitDQN``) online Q-network to ``path`` as a policy file; the header.
 
     ``scenario`` is the one it trained on (its observation scales are part of the layout).
@@ -123,6 +126,8 @@ def export_policy(model, path: str | Path, *, scenario, training_config: dict,
         "source_commit": source_commit or git_commit(),
         "weights": {"dtype": "float32", "sha256": {k: _sha256(v) for k, v in sorted(weights.items())}},
     }
+    if selection is not None:
+        header["selection"] = selection
     if engines is not None:
         header["node"] = {"engines": engines, "deployments": [t.deployment for t in scenario.tenants]}
     # a non-JSON value in the training config (a Path, say) is recorded as its text, not refused

@@ -7,12 +7,18 @@ the replay buffer, so ``--resume`` continues where it stopped), the evaluation t
 baselines, and ``policy.rlpolicy``, the pickle-free exported policy that ``rlctl eval`` and
 ``rlctl serve`` load.
 
+With ``select_seed``, the run keeps the network of the evaluation point (every ``eval_every``
+steps, and the end) whose greedy policy earns the most reward, averaged over the evaluation
+scenarios, on validation episodes from that seed: seeds neither training draws nor the held-out
+evaluation uses, so the held-out figures stay a test. Without it the run keeps its last network.
+
 A configuration whose one scenario is a node scenario (several engines on one GPU) trains on
 ``rlctl/SharedGPU-v0`` and is judged against the node's baselines (agents/node_spec.py); its
 policy file records the node's engines, and is refused on any other node or on one engine.
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import os
@@ -48,6 +54,7 @@ class TrainConfig:
     eval_episodes: int = 3
     eval_seed: int = 1000                            # held-out seeds: never used in training
     eval_every: int = 10_000
+    select_seed: int | None = None                   # keep the best point on validation seeds from here (above)
     timesteps: int = 60_000
     n_envs: int = 0                                  # 0: one per CPU core
     seed: int = 0
@@ -86,6 +93,16 @@ class TrainConfig:
                 raise ValueError(f"{name} must be in [0, 1], got {getattr(self, name)}")
         if any(int(w) != w or w <= 0 for w in self.net_arch):
             raise ValueError(f"net_arch must be positive layer widths, got {list(self.net_arch)}")
+        if self.select_seed is not None:
+            if self.select_seed < 0:
+                raise ValueError(f"select_seed must be >= 0, got {self.select_seed}")
+            held = range(self.eval_seed, self.eval_seed + self.eval_episodes)
+            if any(k in held for k in range(self.select_seed, self.select_seed + self.eval_episodes)):
+                raise ValueError(f"select_seed: validation seeds {self.select_seed}.. overlap the held-out seeds "
+                                 f"{self.eval_seed}..{self.eval_seed + self.eval_episodes - 1}")
+            if self.eval_starts is not None:
+                raise ValueError("select_seed: with eval_starts the held-out trace windows are the only episodes "
+                                 "training does not see; validating on them would select on the test")
 
     def agent_kwargs(self) -> dict:
         keys = ("double", "dueling", "prioritized", "n_steps", "learning_rate", "buffer_size", "batch_size", "gamma",
@@ -163,18 +180,40 @@ class AgentPolicy(Policy):
 
 
 class HeldOutEval(BaseCallback):
-    """Every ``every`` steps: the greedy agent on the held-out episodes of each scenario, logged
-    under eval/dqn/ (the mean over scenarios) and eval/<scenario>/dqn/."""
+    """Every ``eval_every`` steps: the greedy agent on the held-out episodes of each scenario, logged
+    under eval/dqn/ (the mean over scenarios) and eval/<scenario>/dqn/; with ``select_seed``, also on
+    the validation episodes (eval/validation/episode_reward), keeping the best network so far."""
 
     def __init__(self, scenarios: list[Scenario], cfg: TrainConfig) -> None:
         super().__init__()
         self.envs = [make_env(sc, cfg.shield) for sc in scenarios]
         self.cfg, self.last = cfg, 0
         self.history: list[dict] = []
+        self.candidates: list[dict] = []  # each validated point: timesteps, validation reward
+        self.best_state: dict | None = None
+
+    def validate(self) -> None:
+        """Score the current network on the validation episodes; keep it if it is the best so far."""
+        agent = AgentPolicy(self.model)
+        reward = float(np.mean([evaluate(env, agent, self.cfg.eval_episodes, self.cfg.select_seed)["episode_reward"]
+                                for env in self.envs]))
+        if not self.candidates or reward > max(c["validation_reward"] for c in self.candidates):
+            self.best_state = copy.deepcopy(self.model.policy.q_net.state_dict())
+        self.candidates.append({"timesteps": int(self.model.num_timesteps), "validation_reward": reward})
+        self.logger.record("eval/validation/episode_reward", reward)
+
+    def selection(self) -> dict:
+        """What the policy file records of the choice."""
+        best = max(self.candidates, key=lambda c: c["validation_reward"])  # the first of equals, as kept
+        return {"seeds": [self.cfg.select_seed, self.cfg.select_seed + self.cfg.eval_episodes - 1],
+                "timesteps": best["timesteps"], "validation_reward": best["validation_reward"],
+                "candidates": self.candidates}
 
     def _on_step(self) -> bool:
         if self.num_timesteps - self.last >= self.cfg.eval_every:
             self.last = self.num_timesteps
+            if self.cfg.select_seed is not None:
+                self.validate()
             runs = {env.scenario.name: evaluate(env, AgentPolicy(self.model), self.cfg.eval_episodes,
                                                 self.cfg.eval_seed) for env in self.envs}
             mean = {k: float(np.mean([r[k] for r in runs.values() if r[k] is not None] or [0.0])) for k in FIGURES}
@@ -251,8 +290,17 @@ def train(cfg: TrainConfig, logdir: str | Path = "runs", resume: str | None = No
         remaining = cfg.timesteps - model.num_timesteps
         if remaining > 0:
             model.learn(remaining, callback=callbacks, reset_num_timesteps=not resume, progress_bar=progress_bar)
+        selection = None
+        if cfg.select_seed is not None:
+            if not held.candidates or held.candidates[-1]["timesteps"] != model.num_timesteps:
+                held.validate()  # the end is a candidate too
+            selection = held.selection()
+            model.policy.q_net.load_state_dict(held.best_state)
+            print(f"train: kept the network of step {selection['timesteps']:,} (validation reward "
+                  f"{selection['validation_reward']:.2f}; " + ", ".join(
+                      f"{c['timesteps']:,}: {c['validation_reward']:.2f}" for c in selection["candidates"]) + ")")
         header = export_policy(model, run / "policy.rlpolicy", scenario=scenarios[0],
-                               training_config=dataclasses.asdict(cfg))
+                               training_config=dataclasses.asdict(cfg), selection=selection)
         tables = {}
         node = is_node_config(cfg)
         make = make_node_policy if node else make_policy

@@ -13,7 +13,9 @@ import yaml
 from experiments import SCENARIOS
 from agents.spec import make_policy
 from env.scenario import ScenarioError
+from env.scenario_yaml import load_scenario
 from rlctl.cli import main
+from rlctl.evaluate import evaluate, make_env
 from rlctl.train import load_train_config, train
 
 
@@ -62,11 +64,34 @@ def test_resume_continues_from_a_checkpoint(run):
 @pytest.mark.parametrize("extra, field", [({"gama": 0.9}, "gama"), ({"timesteps": 0}, "timesteps"),
                                           ({"gamma": 1.5}, "gamma"), ({"scenarios": ["nowhere"]}, "nowhere"), ({"loads": [0]}, "load"),
                                           ({"net_arch": [0]}, "net_arch"),
+                                          ({"select_seed": 1000}, "overlap the held-out seeds 1000..1000"),
+                                          ({"select_seed": 500}, "select_seed: with eval_starts"),
                                           ({"scenarios": ["node_chat_pair"], "eval_starts": None, "shaping": True},
                                            "shaping")])
 def test_bad_training_configuration_is_refused_naming_the_field(tmp_path, extra, field):
     with pytest.raises(ScenarioError, match=field):
         load_train_config(configs(tmp_path, **extra))
+
+
+def test_with_select_seed_the_run_keeps_the_network_that_validated_best(tmp_path):
+    data = yaml.safe_load((SCENARIOS / "burst.yaml").read_text())
+    scenario = tmp_path / "tinyburst.yaml"
+    scenario.write_text(yaml.safe_dump({**data, "name": "tinyburst", "max_steps": 10}))
+    cfg = tmp_path / "select.yaml"
+    cfg.write_text(yaml.safe_dump({"scenarios": [str(scenario)], "eval_episodes": 1, "eval_every": 100,
+                                   "timesteps": 300, "n_envs": 1, "learning_starts": 40, "buffer_size": 1000,
+                                   "checkpoint_every": 1000, "target_update_interval": 50, "net_arch": [16, 16],
+                                   "learning_rate": 0.01, "select_seed": 500}))
+    out = train(load_train_config(cfg), tmp_path / "runs", progress_bar=False, baseline_specs=[])
+    selection = out["header"]["selection"]
+    steps = [c["timesteps"] for c in selection["candidates"]]
+    assert steps == [100, 200, 300] == sorted(steps) and steps[-1] == out["timesteps"]
+    best = max(selection["candidates"], key=lambda c: c["validation_reward"])
+    assert selection["timesteps"] == best["timesteps"] and selection["seeds"] == [500, 500]
+    # the file holds that network: it earns the same reward on the same validation episode
+    env = make_env(load_scenario(str(scenario)), True)
+    kept = evaluate(env, make_policy(out["policy"]), 1, 500)["episode_reward"]
+    assert kept == pytest.approx(selection["validation_reward"], abs=1e-6)
 
 
 def test_a_shipped_training_config_loads_by_name_and_an_unknown_name_lists_them():
