@@ -99,7 +99,7 @@ def test_a_shipped_training_config_loads_by_name_and_an_unknown_name_lists_them(
 
     cfg = load_train_config("steady")
     assert cfg.name == "steady" and cfg == load_train_config(TRAIN / "steady.yaml")
-    shipped = ("burst, default, default_no_per, default_vanilla, long_outputs, long_outputs_no_double, "
+    shipped = ("burst, default, default_no_per, default_select, default_vanilla, long_outputs, long_outputs_no_double, "
                "long_outputs_no_dueling, long_outputs_no_per, long_outputs_vanilla, node_chat_pair, node_mixed, "
                "node_reasoning, node_reasoning_preempt, node_reasoning_trio, phase_shift, ")
     with pytest.raises(ScenarioError, match=r"training config stedy: no such file \(bundled: " + shipped):
@@ -119,6 +119,11 @@ def test_each_shipped_ablation_is_the_reference_run_with_only_its_switches_off(r
     for suffix in suffixes:
         name = f"{reference}_{suffix}"
         assert load_train_config(name) == dataclasses.replace(full, name=name, **switches[suffix])
+
+
+def test_the_shipped_selecting_config_is_the_default_with_only_its_validation_seed_added():
+    assert load_train_config("default_select") == dataclasses.replace(load_train_config("default"),
+                                                                      name="default_select", select_seed=500)
 
 
 def test_every_shipped_training_config_pins_its_environment_count():
