@@ -11,6 +11,7 @@ With ``select_seed``, the run keeps the network of the evaluation point (every `
 steps, and the end) whose greedy policy earns the most reward, averaged over the evaluation
 scenarios, on validation episodes from that seed: seeds neither training draws nor the held-out
 evaluation uses, so the held-out figures stay a test. Without it the run keeps its last network.
+A resumed run chooses among the points it reaches after resuming.
 
 A configuration whose one scenario is a node scenario (several engines on one GPU) trains on
 ``rlctl/SharedGPU-v0`` and is judged against the node's baselines (agents/node_spec.py); its
