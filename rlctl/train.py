@@ -191,32 +191,33 @@ class HeldOutEval(BaseCallback):
         self.cfg, self.last = cfg, 0
         self.history: list[dict] = []
         self.candidates: list[dict] = []  # each validated point: timesteps, validation reward
-        self.best_state: dict | None = None
+        self.best: dict | None = None  # the best of them (the first of equals)
+        self.best_state: dict | None = None  # its network
+
+    def _runs(self, seed: int) -> dict[str, dict]:
+        """The greedy agent on ``eval_episodes`` episodes of each scenario from ``seed``."""
+        agent = AgentPolicy(self.model)
+        return {env.scenario.name: evaluate(env, agent, self.cfg.eval_episodes, seed) for env in self.envs}
 
     def validate(self) -> None:
         """Score the current network on the validation episodes; keep it if it is the best so far."""
-        agent = AgentPolicy(self.model)
-        reward = float(np.mean([evaluate(env, agent, self.cfg.eval_episodes, self.cfg.select_seed)["episode_reward"]
-                                for env in self.envs]))
-        if not self.candidates or reward > max(c["validation_reward"] for c in self.candidates):
-            self.best_state = copy.deepcopy(self.model.policy.q_net.state_dict())
+        reward = float(np.mean([r["episode_reward"] for r in self._runs(self.cfg.select_seed).values()]))
         self.candidates.append({"timesteps": int(self.model.num_timesteps), "validation_reward": reward})
+        if self.best is None or reward > self.best["validation_reward"]:
+            self.best, self.best_state = self.candidates[-1], copy.deepcopy(self.model.policy.q_net.state_dict())
         self.logger.record("eval/validation/episode_reward", reward)
 
     def selection(self) -> dict:
         """What the policy file records of the choice."""
-        best = max(self.candidates, key=lambda c: c["validation_reward"])  # the first of equals, as kept
         return {"seeds": [self.cfg.select_seed, self.cfg.select_seed + self.cfg.eval_episodes - 1],
-                "timesteps": best["timesteps"], "validation_reward": best["validation_reward"],
-                "candidates": self.candidates}
+                **self.best, "candidates": self.candidates}
 
     def _on_step(self) -> bool:
         if self.num_timesteps - self.last >= self.cfg.eval_every:
             self.last = self.num_timesteps
             if self.cfg.select_seed is not None:
                 self.validate()
-            runs = {env.scenario.name: evaluate(env, AgentPolicy(self.model), self.cfg.eval_episodes,
-                                                self.cfg.eval_seed) for env in self.envs}
+            runs = self._runs(self.cfg.eval_seed)
             mean = {k: float(np.mean([r[k] for r in runs.values() if r[k] is not None] or [0.0])) for k in FIGURES}
             self.history.append({"timesteps": self.num_timesteps, **mean})
             for k in FIGURES:

@@ -19,10 +19,10 @@ from rlctl.evaluate import evaluate, make_env
 from rlctl.train import load_train_config, train
 
 
-def configs(tmp_path: Path, **extra) -> Path:
-    data = yaml.safe_load((SCENARIOS / "steady.yaml").read_text())
+def configs(tmp_path: Path, base: str = "steady", max_steps: int = 20, **extra) -> Path:
+    data = yaml.safe_load((SCENARIOS / f"{base}.yaml").read_text())
     scenario = tmp_path / "tiny.yaml"
-    scenario.write_text(yaml.safe_dump({**data, "max_steps": 20}))
+    scenario.write_text(yaml.safe_dump({**data, "max_steps": max_steps}))
     cfg = tmp_path / "tiny_train.yaml"
     cfg.write_text(yaml.safe_dump({"scenarios": [str(scenario)], "eval_starts": [2450, 3450], "eval_episodes": 1,
                                    "eval_every": 100, "timesteps": 240, "n_envs": 2, "learning_starts": 40,
@@ -74,22 +74,16 @@ def test_bad_training_configuration_is_refused_naming_the_field(tmp_path, extra,
 
 
 def test_with_select_seed_the_run_keeps_the_network_that_validated_best(tmp_path):
-    data = yaml.safe_load((SCENARIOS / "burst.yaml").read_text())
-    scenario = tmp_path / "tinyburst.yaml"
-    scenario.write_text(yaml.safe_dump({**data, "name": "tinyburst", "max_steps": 10}))
-    cfg = tmp_path / "select.yaml"
-    cfg.write_text(yaml.safe_dump({"scenarios": [str(scenario)], "eval_episodes": 1, "eval_every": 100,
-                                   "timesteps": 300, "n_envs": 1, "learning_starts": 40, "buffer_size": 1000,
-                                   "checkpoint_every": 1000, "target_update_interval": 50, "net_arch": [16, 16],
-                                   "learning_rate": 0.01, "select_seed": 500}))
-    out = train(load_train_config(cfg), tmp_path / "runs", progress_bar=False, baseline_specs=[])
+    cfg = load_train_config(configs(tmp_path, base="burst", max_steps=10, eval_starts=None, timesteps=300, n_envs=1,
+                                    checkpoint_every=1000, learning_rate=0.01, select_seed=500))
+    out = train(cfg, tmp_path / "runs", progress_bar=False, baseline_specs=[])
     selection = out["header"]["selection"]
     steps = [c["timesteps"] for c in selection["candidates"]]
     assert steps == [100, 200, 300] == sorted(steps) and steps[-1] == out["timesteps"]
     best = max(selection["candidates"], key=lambda c: c["validation_reward"])
     assert selection["timesteps"] == best["timesteps"] and selection["seeds"] == [500, 500]
     # the file holds that network: it earns the same reward on the same validation episode
-    env = make_env(load_scenario(str(scenario)), True)
+    env = make_env(load_scenario(cfg.scenarios[0]), True)
     kept = evaluate(env, make_policy(out["policy"]), 1, 500)["episode_reward"]
     assert kept == pytest.approx(selection["validation_reward"], abs=1e-6)
 
