@@ -9,17 +9,25 @@ Rules (each overridden action is counted by whoever applies the shield):
   leaves a latitude that a run of admissions uses up faster than backing off can take it back;
 - on a crashing engine, no scale-up past ``max_reserved`` of KV capacity in admitted peak demand,
   and at ``evict_at`` of the KV in use an eviction to host in place of hold, scale-up or defrag:
-  a crash loses everything held, a swap loses nothing (a preempting engine recomputes instead).
+  a crash loses everything held, a swap loses nothing.
 Each overridden scale-up becomes ``hold``.
+
+With ``preempt_as_crash`` (the served shield) a preempting engine is steered as a crashing one:
+the policy reads its ``preempt_mode`` as 0 and the crash rules bind it, so it is kept from running
+out rather than left to preempt and recompute. The default policy, served that way, preempts
+nowhere and earns more on the long-output scenarios than it does as trained (README, "Results");
+``view`` is what the policy and the rules see, in the environment and in the sidecar alike.
 
 The same ``filter`` runs in the environment (evaluation) and in the sidecar (serving), on the
 snapshot the decision is taken on. Training runs behind ``TRAINING``, the same rules but the
-slack: policies trained behind the slack rule did worse on long outputs (README, "Results"), so it
-is a rule of evaluation and serving. The node shield's engines have no slack rule at all: the node
+slack and ``preempt_as_crash`` (a policy learns each engine's OOM mode as it is): policies
+trained behind the slack rule did worse on long outputs (README, "Results"), so both are rules of
+evaluation and serving. The node shield's engines have no slack rule at all: the node
 policies were trained without it.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -34,9 +42,17 @@ class Shield:
     max_reserved: float = 8.0
     evict_at: float = 0.95
     max_slack: float = 1.5
+    preempt_as_crash: bool = True
+
+    def view(self, snapshot: Snapshot) -> Snapshot:
+        """The engine as the policy observes it and the rules judge it (module docstring)."""
+        if self.preempt_as_crash and snapshot.preempt_mode:
+            return dataclasses.replace(snapshot, preempt_mode=False)
+        return snapshot
 
     def allowed(self, action: int, snapshot: Snapshot) -> bool:
         """Whether ``action`` keeps the hard rules, judged on the decision's snapshot."""
+        snapshot = self.view(snapshot)
         if action != SCALE_UP:
             return True
         if snapshot.device_free < self.min_device_free or snapshot.restarting:
@@ -50,13 +66,14 @@ class Shield:
         """The action to apply: ``action`` if it keeps the rules; on a crashing engine whose KV is
         ``evict_at`` full, an eviction to host instead of anything that would let it grow on;
         else hold."""
+        snapshot = self.view(snapshot)
         if (not snapshot.preempt_mode and not snapshot.restarting and snapshot.alloc_ratio >= self.evict_at
                 and action in (HOLD, SCALE_UP, DEFRAG)):
             return EVICT
         return action if self.allowed(action, snapshot) else HOLD
 
 
-TRAINING = Shield(max_slack=math.inf)  # what a policy learns behind (module docstring)
+TRAINING = Shield(max_slack=math.inf, preempt_as_crash=False)  # what a policy learns behind (module docstring)
 
 
 @dataclass(frozen=True)

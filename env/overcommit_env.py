@@ -65,7 +65,8 @@ REWARD_TERMS = {"goodput": ("alpha", 1.0), "slo_violation": ("gamma", -1.0), "oo
 class OvercommitEnv(gym.Env):
     """See the module docstring. ``engine_overrides`` pin engine settings for every episode (a
     baseline's: ``{"overcommit": inf, "oom_mode": "preempt"}`` for vllm); ``reset(options=
-    {"engine": {...}})`` does it for one. ``shield`` (agents/shield.py) filters every action."""
+    {"engine": {...}})`` does it for one. ``shield`` (agents/shield.py) filters every action, and its
+    ``view`` of each snapshot is what the policy observes."""
 
     metadata = {"render_modes": []}
 
@@ -106,8 +107,12 @@ class OvercommitEnv(gym.Env):
         while self.events and self.events[0][0] <= 0.0:
             self.events.popleft()[1](self.engine)
         snap = self.engine.snapshot()
-        return observe(snap, sc.observation), {
+        return self._observe(snap), {
             "time_s": 0.0, "workload": self.workload_line, "requests": len(requests), "overcommit": self.engine.overcommit}
+
+    def _observe(self, snapshot) -> np.ndarray:
+        """The observation of ``snapshot`` as the shield has the policy see it (agents/shield.py)."""
+        return observe(snapshot if self.shield is None else self.shield.view(snapshot), self.scenario.observation)
 
     def _cotenant_events(self, rng: np.random.Generator) -> deque[Event]:
         """The co-tenant's schedule: its share of device memory, redrawn after each hold."""
@@ -135,7 +140,7 @@ class OvercommitEnv(gym.Env):
         start = metrics.mark(e)
         self._steps += 1
         interval = run_interval(e, applied, self._steps * sc.decision_interval_s, self.events, sc.evict_free_share)
-        obs = observe(interval.snapshot, sc.observation)
+        obs = self._observe(interval.snapshot)
         figures = metrics.since(e, start)
         scale = self.tokens_per_s_scale
         # per nominal interval, so that an episode's rewards add up to its goodput tokens exactly

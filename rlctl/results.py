@@ -2,11 +2,11 @@
 
 For each scenario, on its held-out seeds: the trained policies (one per training seed; the table
 gives their mean +- std), the lookahead ``oracle``, the peers (``sglang``, ``vllm``), the tuned
-fixed factor (the scenario's ``best_static``), on a crashing engine also behind the safety shield
-the trained policies act behind, ``watermark`` and ``static:1.0``. The best incumbent is the best
-of those that run the same engine (the tuned fixed factor, shielded or not, and ``watermark``) on
-a crashing engine, and of the tuned factor, ``watermark``, ``vllm`` and ``sglang`` on a preempting
-one, where ``vllm`` and ``sglang`` are engines of that kind. The share of headroom a policy
+fixed factor (the scenario's ``best_static``), also behind the safety shield the trained policies
+act behind, ``watermark`` and ``static:1.0``. The best incumbent is the best of those that run the
+same engine (the tuned fixed factor, shielded or not, and ``watermark``) on a crashing engine, and
+of those, ``vllm`` and ``sglang`` on a preempting one, where ``vllm`` and ``sglang`` are engines of
+that kind. The share of headroom a policy
 captures is ``(policy - best incumbent) / (oracle - best incumbent)``; where the oracle does no
 better than the best incumbent the table says "no headroom".
 """
@@ -25,14 +25,13 @@ SHIELDED = " + shield"
 
 
 def incumbents(scenario: Scenario) -> list[str]:
-    """The policies a controller must beat on this scenario's engine (their rows' names). On a
-    crashing engine that includes the tuned fixed factor behind the safety shield, as ``rlctl
-    serve`` serves it (the shield evicts to host before the KV is full): the trained policy acts
-    behind that shield, so a fixed factor is given it too."""
+    """The policies a controller must beat on this scenario's engine (their rows' names). That
+    includes the tuned fixed factor behind the safety shield, as ``rlctl serve`` serves it (the
+    shield evicts to host before the KV is full, on a preempting engine too): the trained policy
+    acts behind that shield, so a fixed factor is given it too."""
     tuned = f"static:{scenario.best_static:g}"
-    if scenario.engine_config().oom_mode == "crash":
-        return [tuned, tuned + SHIELDED, "watermark"]
-    return [tuned, "watermark", "vllm", "sglang"]
+    same_engine = [tuned, tuned + SHIELDED, "watermark"]
+    return same_engine if scenario.engine_config().oom_mode == "crash" else same_engine + ["vllm", "sglang"]
 
 
 def share(policy: float, incumbent: float, oracle: float) -> float | None:
@@ -44,8 +43,7 @@ def results(scenario: Scenario, policy_files: list[str], episodes: int, seed: in
     tuned = f"static:{scenario.best_static:g}"
     specs = ["static:1.0", tuned, "watermark", "vllm", "sglang"] + (["oracle"] if oracle else [])
     baseline = run_eval([make_policy(s) for s in dict.fromkeys(specs)], scenario, episodes, seed, shield=False)
-    if tuned + SHIELDED in incumbents(scenario):
-        (baseline[tuned + SHIELDED],) = run_eval([make_policy(tuned)], scenario, episodes, seed, shield=True).values()
+    (baseline[tuned + SHIELDED],) = run_eval([make_policy(tuned)], scenario, episodes, seed, shield=True).values()
     runs = [run_eval([make_policy(p)], scenario, episodes, seed, shield=True) for p in policy_files]
     dqn = [next(iter(r.values())) for r in runs]
     rows = {"dqn": {k: [d[k] for d in dqn] for k in FIGURES}}

@@ -1,5 +1,6 @@
 """The shield refuses a scale-up that breaks a hard rule and evicts a crashing engine's nearly full
-KV, judged on the decision's snapshot, and the environment counts every override."""
+KV, judged on the decision's snapshot, and the environment counts every override; served, it steers a
+preempting engine as a crashing one."""
 from __future__ import annotations
 
 import dataclasses
@@ -10,9 +11,11 @@ from experiments import SCENARIOS
 from agents.shield import NodeShield, Shield
 from engine.control import BACK_OFF, DEFRAG, EVICT, HOLD, SCALE_UP
 from engine.node_control import NODE_HOLD, encode_action
+from env.observation import FEATURES
 from env.overcommit_env import OvercommitEnv
 from env.scenario_yaml import scenario_from_dict
 from rlctl.evaluate import make_env
+from rlctl.online.served import ServedPolicy
 
 
 def test_scale_up_is_refused_with_little_free_device_memory_or_while_restarting():
@@ -30,14 +33,18 @@ def test_scale_up_is_refused_with_little_free_device_memory_or_while_restarting(
     assert shield.filter(SCALE_UP, dataclasses.replace(snap, reserved_ratio=2.0, overcommit=3.0)) == HOLD
     assert shield.filter(SCALE_UP, dataclasses.replace(snap, reserved_ratio=0.2, overcommit=1.5)) == HOLD
     assert shield.filter(BACK_OFF, dataclasses.replace(snap, device_free=0.0)) == BACK_OFF
-    # a preempting engine recomputes what does not fit: its admitted demand is not bounded
+    # without preempt_as_crash a preempting engine recomputes what does not fit: its demand is not bounded
+    as_is = Shield(preempt_as_crash=False)
+    assert as_is.filter(SCALE_UP, dataclasses.replace(snap, reserved_ratio=8.5, overcommit=9.0,
+                                                      preempt_mode=True)) == SCALE_UP
     assert shield.filter(SCALE_UP, dataclasses.replace(snap, reserved_ratio=8.5, overcommit=9.0,
-                                                       preempt_mode=True)) == SCALE_UP
+                                                       preempt_mode=True)) == HOLD
     # a crashing engine whose KV is nearly full evicts to host instead of growing on
     full = dataclasses.replace(snap, alloc_ratio=0.96)
     assert [shield.filter(a, full) for a in (HOLD, SCALE_UP, DEFRAG, BACK_OFF, EVICT)] == [EVICT, EVICT, EVICT,
                                                                                           BACK_OFF, EVICT]
-    assert shield.filter(HOLD, dataclasses.replace(full, preempt_mode=True)) == HOLD
+    assert as_is.filter(HOLD, dataclasses.replace(full, preempt_mode=True)) == HOLD
+    assert shield.filter(HOLD, dataclasses.replace(full, preempt_mode=True)) == EVICT  # steered as a crashing one
     assert shield.filter(HOLD, dataclasses.replace(full, restarting=True)) == HOLD
     dev = env.engine.device
     dev.set_tenants(dev.charged["tenants"] + dev.free)  # another process takes every free byte
@@ -75,3 +82,30 @@ def test_a_policy_trains_behind_the_rules_but_the_slack_and_is_served_behind_all
     assert served.filter(SCALE_UP, snap) == HOLD and trained.filter(SCALE_UP, snap) == SCALE_UP
     assert served.filter(SCALE_UP, trained_snap) == trained.filter(SCALE_UP, trained_snap) == HOLD  # the rest alike
     assert make_env(sc, shield=False, training=True).shield is None
+
+
+def test_the_served_shield_has_the_policy_see_a_preempting_engine_as_a_crashing_one():
+    sc = scenario_from_dict({**yaml.safe_load((SCENARIOS / "long_outputs_preempt.yaml").read_text()), "name": "p",
+                             "max_steps": 3})
+    index = FEATURES.index("preempt_mode")
+    served, trained = make_env(sc, shield=True), make_env(sc, shield=True, training=True)
+    for env, seen in ((served, 0.0), (trained, 1.0), (make_env(sc, shield=False), 1.0)):
+        obs, _ = env.reset(seed=0)
+        assert obs[index] == seen
+        obs, *_ = env.step(HOLD)
+        assert obs[index] == seen
+    snap = served.engine.last_snapshot
+    assert snap.preempt_mode and not served.shield.view(snap).preempt_mode and trained.shield.view(snap) is snap
+    # the sidecar observes through the same view (rlctl/online/served.py)
+    seen = []
+
+    class Recorder:
+        name = "recorder"
+
+        def act(self, obs):
+            seen.append(obs[index])
+            return HOLD
+
+    for shield in (served.shield, trained.shield):
+        ServedPolicy("recorder", Recorder(), sc.observation, "", None, shield=shield).decide(snap)
+    assert seen == [0.0, 1.0]

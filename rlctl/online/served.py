@@ -67,7 +67,7 @@ class ServedPolicy:
 
     def decide(self, snapshot: Snapshot) -> tuple[int, int]:
         """(the policy's action, the action after the shield) on a checked snapshot."""
-        obs = observe(snapshot, self.scales)
+        obs = observe(self.shield.view(snapshot), self.scales)
         try:
             chosen = self.policy.act(obs)
         except Exception as exc:  # a policy bug must not take the server down with it
