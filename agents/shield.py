@@ -8,8 +8,12 @@ Rules (each overridden action is counted by whoever applies the shield):
   capacities, or x 1 while less than one is admitted): a scale-up there admits nothing now, and
   leaves a latitude that a run of admissions uses up faster than backing off can take it back;
 - on a crashing engine, no scale-up past ``max_reserved`` of KV capacity in admitted peak demand,
-  and at ``evict_at`` of the KV in use an eviction to host in place of hold, scale-up or defrag:
-  a crash loses everything held, a swap loses nothing.
+  and at ``evict_at`` of the KV in use an eviction to host in place of hold, scale-up or defrag,
+  and with ``evict_on_back_off`` of a back-off too (backing off admits nothing more, but the
+  running batch still grows into the last blocks): a crash loses everything held, a swap nothing;
+- on a crashing engine, the engine admits a new request only while ``admit_headroom`` of the KV
+  stays free after it (``Engine.set_admit_headroom``; reclaimable blocks count as free): between
+  two decisions the queue can fill the KV past ``evict_at`` before an eviction can act.
 Each overridden scale-up becomes ``hold``.
 
 With ``preempt_as_crash`` (the served shield) a preempting engine is steered as a crashing one:
@@ -20,7 +24,8 @@ nowhere and earns more on the long-output scenarios than it does as trained (REA
 
 The same ``filter`` runs in the environment (evaluation) and in the sidecar (serving), on the
 snapshot the decision is taken on. Training runs behind ``TRAINING``, the same rules but the
-slack and ``preempt_as_crash`` (a policy learns each engine's OOM mode as it is): policies
+slack, ``preempt_as_crash`` (a policy learns each engine's OOM mode as it is), the headroom and
+the eviction in place of a back-off (the rules the shipped weights were trained behind): policies
 trained behind the slack rule did worse on long outputs (README, "Results"), so both are rules of
 evaluation and serving. The node shield's engines have no slack rule at all: the node
 policies were trained without it.
@@ -31,7 +36,7 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
-from engine.control import ACTIONS, DEFRAG, EVICT, HOLD, SCALE_UP
+from engine.control import ACTIONS, BACK_OFF, EVICT, HOLD, SCALE_UP
 from engine.node_control import NODE_HOLD, decode_action, encode_action
 from engine.snapshot import Snapshot
 
@@ -43,12 +48,18 @@ class Shield:
     evict_at: float = 0.95
     max_slack: float = 1.5
     preempt_as_crash: bool = True
+    admit_headroom: float = 0.02
+    evict_on_back_off: bool = True
 
     def view(self, snapshot: Snapshot) -> Snapshot:
         """The engine as the policy observes it and the rules judge it (module docstring)."""
         if self.preempt_as_crash and snapshot.preempt_mode:
             return dataclasses.replace(snapshot, preempt_mode=False)
         return snapshot
+
+    def headroom(self, snapshot: Snapshot) -> float:
+        """The admission headroom the engine of ``snapshot`` runs with (module docstring)."""
+        return 0.0 if self.view(snapshot).preempt_mode else self.admit_headroom
 
     def allowed(self, action: int, snapshot: Snapshot) -> bool:
         """Whether ``action`` keeps the hard rules, judged on the decision's snapshot."""
@@ -68,12 +79,13 @@ class Shield:
         else hold."""
         snapshot = self.view(snapshot)
         if (not snapshot.preempt_mode and not snapshot.restarting and snapshot.alloc_ratio >= self.evict_at
-                and action in (HOLD, SCALE_UP, DEFRAG)):
+                and action != EVICT and (action != BACK_OFF or self.evict_on_back_off)):
             return EVICT
         return action if self.allowed(action, snapshot) else HOLD
 
 
-TRAINING = Shield(max_slack=math.inf, preempt_as_crash=False)  # what a policy learns behind (module docstring)
+# what a policy learns behind (module docstring)
+TRAINING = Shield(max_slack=math.inf, preempt_as_crash=False, admit_headroom=0.0, evict_on_back_off=False)
 
 
 @dataclass(frozen=True)

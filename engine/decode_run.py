@@ -14,7 +14,7 @@ device cannot hold), a workspace the device cannot hold, the iteration in which 
 ratio would admit the queue's head, and it ends with the first iteration in which a sequence
 finishes (the next iteration may admit). It starts only when nothing could be admitted now: the
 waiting queue is empty, or its head is held back by the overcommit factor (or SGLang's rule), by
-``max_num_seqs``, or by free blocks with nothing to reclaim. Otherwise
+``max_num_seqs``, by free blocks with nothing to reclaim, or by the admission headroom. Otherwise
 (prefill chunks, swapped sequences, session turns, a restart) the engine steps one iteration.
 ``tests/test_decode_run.py`` checks the books are identical either way.
 """
@@ -41,6 +41,9 @@ def _admission_held(engine) -> int | None:
     nothing_to_reclaim = not any(c.block_table and c.owner is None for c in engine.sessions.values())
     if nothing_to_reclaim and head.blocks_for(len(head)) > kv.blocks.num_free:
         return None  # free blocks only fall during the run
+    headroom = math.ceil(engine.admit_headroom * kv.num_blocks)
+    if headroom and kv.blocks.num_free + s.reclaimable_blocks() - head.blocks_for(len(head)) < headroom:
+        return None  # and idle contexts only go when reclaimed, which a run never does
     if s.ratio is None:
         return None if s.reserved_blocks() + head.peak_blocks > engine.overcommit * kv.num_blocks else 0
     return -1  # SGLang's rule: counted over the run by ``_sglang_held``

@@ -5,7 +5,8 @@ executor runs it and the clock advances by its duration. Running out of KV block
 memory is an OOM event, recorded with where it came from: ``crash`` restarts after a downtime
 and requeues everything held with its tokens so far; ``preempt`` recomputes the newest sequences,
 as vLLM does. The controller's three levers are plain methods: ``set_overcommit``, ``compact``
-and ``evict``; outside code reads the engine through the methods under "reading".
+and ``evict``; the shield's is ``set_admit_headroom``; outside code reads the engine through the
+methods under "reading".
 
 The engine composes its parts and edits none of their state: the scheduler owns the queues and
 every move between them, the session store the kept contexts, the KV cache the blocks.
@@ -99,6 +100,7 @@ class Engine:
         self.ooms: list[OOMEvent] = []
         self.down_until: float | None = None
         self.free_target_blocks = 0  # evicted sequences return only while this many blocks stay free
+        self.admit_headroom = 0.0  # new requests are admitted only while this share of the KV stays free
 
     # ---- requests ------------------------------------------------------------------------------
     def _prompt_ids(self, req: Request) -> list[int]:
@@ -194,7 +196,8 @@ class Engine:
         in preempt mode the newest sequence is recomputed and nothing new is admitted."""
         while True:
             try:
-                return self.scheduler.schedule(self.overcommit, self.free_target_blocks, admit)
+                return self.scheduler.schedule(self.overcommit, self.free_target_blocks, admit,
+                                               math.ceil(self.admit_headroom * self.kv.num_blocks))
             except (NeedBlocks, DeviceOOM) as exc:
                 self._record_oom(exc)
                 if self.config.oom_mode == "crash":
@@ -382,6 +385,15 @@ class Engine:
             raise ValueError(f"overcommit factor must be > 0, got {factor}")
         self.overcommit = min(max(factor, self.config.overcommit_min), self.config.overcommit_max)
         return self.overcommit
+
+    def set_admit_headroom(self, share: float) -> float:
+        """Admit a new request only while ``share`` of the KV blocks stays free after its prompt,
+        blocks that reclaiming would free counted free (vLLM's v0 block-manager watermark, 0.01 there;
+        0: no headroom, the default). While nothing is held the head of the queue is admitted anyway."""
+        if not 0.0 <= share < 1.0:
+            raise ValueError(f"admission headroom must be in [0, 1), got {share}")
+        self.admit_headroom = float(share)
+        return self.admit_headroom
 
     def _action_failed(self, exc: DeviceOOM) -> None:
         """A controller action ran out of device memory: an OOM event. A crash-mode engine dies as

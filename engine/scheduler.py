@@ -175,7 +175,13 @@ class Scheduler:
             self.running.append(seq)
             self.running.sort(key=lambda s: s.admit_order)
 
-    def schedule(self, overcommit: float, swap_in_reserve: int = 0, admit: bool = True) -> list[Work]:
+    def reclaimable_blocks(self) -> int:
+        """Blocks ``reclaim`` could free: waiting turns' and idle session contexts'."""
+        return (sum(len(q.block_table) for q in self.waiting)
+                + sum(len(c.block_table) for c in self.sessions.holders() if c.owner is None))
+
+    def schedule(self, overcommit: float, swap_in_reserve: int = 0, admit: bool = True,
+                 headroom: int = 0) -> list[Work]:
         """The next iteration's work. Raises ``NeedBlocks`` when a running sequence cannot grow
         (``DeviceOOM`` when a swap-in cannot be copied); blocks taken before that stay with their
         sequences, so calling again is safe.
@@ -184,6 +190,9 @@ class Scheduler:
         share an eviction asked for), unless nothing else runs. A waiting turn of a session starts
         only when its session is idle, and takes the session's context and KV. With ``admit``
         False nothing new is admitted: as in vLLM, an iteration that had to preempt admits none.
+        While anything is held, a new request is admitted only if ``headroom`` blocks stay free
+        after its prompt's, counting reclaimable blocks as free (its own session context among
+        them): the KV a running batch has left to grow into before a crash or a preemption.
         """
         budget = self.max_num_batched_tokens
         self._swap_in(swap_in_reserve)
@@ -210,6 +219,7 @@ class Scheduler:
         limit = overcommit * self.kv.num_blocks
         reserved = self.reserved_blocks()
         held, future = self.sglang_books() if self.ratio is not None else (0, 0)
+        available = self.kv.blocks.num_free + self.reclaimable_blocks() if headroom else 0
         for seq in list(self.waiting):
             if len(self.running) >= self.max_num_seqs or budget <= 0:
                 break
@@ -221,6 +231,8 @@ class Scheduler:
                     break
                 if self.ratio is not None and self.sglang_over(held + len(seq), future + self.ratio.future(seq)):
                     break
+                if headroom and available - seq.blocks_for(len(seq)) < headroom:
+                    break
             try:
                 self.sessions.attach(seq)
                 self._grow(seq, len(seq))  # the whole prompt's blocks must be free now
@@ -228,6 +240,7 @@ class Scheduler:
                 break
             self._admit(seq)
             reserved += seq.peak_blocks
+            available -= seq.blocks_for(len(seq))
             if self.ratio is not None:
                 held, future = held + len(seq), future + self.ratio.future(seq)
             n = min(seq.num_uncomputed, budget)

@@ -65,8 +65,8 @@ REWARD_TERMS = {"goodput": ("alpha", 1.0), "slo_violation": ("gamma", -1.0), "oo
 class OvercommitEnv(gym.Env):
     """See the module docstring. ``engine_overrides`` pin engine settings for every episode (a
     baseline's: ``{"overcommit": inf, "oom_mode": "preempt"}`` for vllm); ``reset(options=
-    {"engine": {...}})`` does it for one. ``shield`` (agents/shield.py) filters every action, and its
-    ``view`` of each snapshot is what the policy observes."""
+    {"engine": {...}})`` does it for one. ``shield`` (agents/shield.py) filters every action, sets the
+    engine's admission headroom, and its ``view`` of each snapshot is what the policy observes."""
 
     metadata = {"render_modes": []}
 
@@ -107,6 +107,8 @@ class OvercommitEnv(gym.Env):
         while self.events and self.events[0][0] <= 0.0:
             self.events.popleft()[1](self.engine)
         snap = self.engine.snapshot()
+        if self.shield is not None:
+            self.engine.set_admit_headroom(self.shield.headroom(snap))
         return self._observe(snap), {
             "time_s": 0.0, "workload": self.workload_line, "requests": len(requests), "overcommit": self.engine.overcommit}
 

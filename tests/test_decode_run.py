@@ -64,8 +64,8 @@ COST = CostModel(fixed_s=2e-3, per_token_s=3e-5, per_context_token_s=4e-8, per_a
 
 @settings(max_examples=60, deadline=None)
 @given(st.integers(0, 2**31), st.sampled_from(["crash", "preempt"]), st.sampled_from([1.0, 1.5, 2.5]),
-       st.integers(8, 96), st.floats(0.0, 0.9), st.sampled_from(["overcommit", "sglang"]))
-def test_random_engines_keep_the_same_books(seed, mode, factor, num_blocks, tenant_share, admission):
+       st.integers(8, 96), st.floats(0.0, 0.9), st.sampled_from(["overcommit", "sglang"]), st.sampled_from([0.0, 0.15]))
+def test_random_engines_keep_the_same_books(seed, mode, factor, num_blocks, tenant_share, admission, headroom):
     rng = np.random.default_rng(seed)
     reqs = [Request(f"r{i}", float(rng.uniform(0, 3)), int(rng.integers(1, 200)), int(rng.integers(1, 300)),
                     int(rng.integers(300, 600))) for i in range(int(rng.integers(1, 30)))]
@@ -77,6 +77,7 @@ def test_random_engines_keep_the_same_books(seed, mode, factor, num_blocks, tena
                            overcommit_max=3.0, overcommit=factor, admission=admission,
                            sglang_new_token_ratio_decay_steps=40)
         eng = Engine(ModelConfig(), cfg, executor=ProfiledExecutor(COST), fast_forward=fast)
+        eng.set_admit_headroom(headroom)
         for r in reqs:
             if r.prompt_len < eng.max_model_len:
                 eng.submit(r)

@@ -41,8 +41,11 @@ def test_scale_up_is_refused_with_little_free_device_memory_or_while_restarting(
                                                        preempt_mode=True)) == HOLD
     # a crashing engine whose KV is nearly full evicts to host instead of growing on
     full = dataclasses.replace(snap, alloc_ratio=0.96)
-    assert [shield.filter(a, full) for a in (HOLD, SCALE_UP, DEFRAG, BACK_OFF, EVICT)] == [EVICT, EVICT, EVICT,
-                                                                                          BACK_OFF, EVICT]
+    assert [shield.filter(a, full) for a in (HOLD, SCALE_UP, DEFRAG, BACK_OFF, EVICT)] == [EVICT] * 5
+    # a back-off admits nothing more but lets the running batch grow on: only training lets it pass
+    trained = make_env(env.scenario, shield=True, training=True).shield
+    assert [trained.filter(a, full) for a in (HOLD, SCALE_UP, DEFRAG, BACK_OFF, EVICT)] == [EVICT, EVICT, EVICT,
+                                                                                           BACK_OFF, EVICT]
     assert as_is.filter(HOLD, dataclasses.replace(full, preempt_mode=True)) == HOLD
     assert shield.filter(HOLD, dataclasses.replace(full, preempt_mode=True)) == EVICT  # steered as a crashing one
     assert shield.filter(HOLD, dataclasses.replace(full, restarting=True)) == HOLD
@@ -109,3 +112,19 @@ def test_the_served_shield_has_the_policy_see_a_preempting_engine_as_a_crashing_
     for shield in (served.shield, trained.shield):
         ServedPolicy("recorder", Recorder(), sc.observation, "", None, shield=shield).decide(snap)
     assert seen == [0.0, 1.0]
+
+
+def test_the_served_shield_sets_the_engines_admission_headroom_and_training_runs_without():
+    crash, preempt = (scenario_from_dict({**yaml.safe_load((SCENARIOS / f"{name}.yaml").read_text()), "name": name,
+                                          "max_steps": 3}) for name in ("long_outputs", "long_outputs_preempt"))
+    served = Shield().admit_headroom
+    assert served > 0
+    for sc, shield, expected in ((crash, Shield(), served), (preempt, Shield(), served),  # steered as a crashing one
+                                 (preempt, Shield(preempt_as_crash=False), 0.0), (crash, None, 0.0),
+                                 (crash, make_env(crash, shield=True, training=True).shield, 0.0)):
+        env = OvercommitEnv(sc, shield=shield)
+        env.reset(seed=0)
+        assert env.engine.admit_headroom == expected
+        served_policy = ServedPolicy("static:1", None, sc.observation, "", None, shield=shield or Shield())
+        if shield is not None:  # the sidecar's decisions carry the same setting
+            assert served_policy.admit_headroom(env.engine.snapshot()) == expected

@@ -139,6 +139,23 @@ def test_a_decision_is_checked_before_the_engine_applies_it():
     assert "expected 4" in check_decision(pb.Decision(seq=3, action=0, action_name="hold", overcommit=1.0), 4)
     assert "names it" in check_decision(pb.Decision(seq=4, action=0, action_name="evict", overcommit=1.0), 4)
     assert "finite" in check_decision(pb.Decision(seq=4, action=0, action_name="hold", overcommit=float("nan")), 4)
+    for share in (1.0, -0.1, float("nan")):
+        bad = pb.Decision(seq=4, action=0, action_name="hold", overcommit=1.0, admit_headroom=share)
+        assert "admission headroom" in check_decision(bad, 4)
+
+
+def test_the_decision_carries_the_shields_admission_headroom_and_the_engine_takes_it(watermark_sidecar):
+    from agents.shield import Shield
+
+    engine = small_engine()
+    assert engine.admit_headroom == 0.0
+    controller = LiveController(watermark_sidecar.address, deadline_s=2.0)
+    try:
+        d = controller.step(engine, INTERVAL_S)
+    finally:
+        controller.close()
+    assert d.admit_headroom == Shield().admit_headroom > 0 and engine.admit_headroom == d.admit_headroom
+    assert "of the KV free" in controller.actuators["engine_quota"].detail
 
 
 def test_serve_listens_beyond_loopback_only_with_mutual_tls():

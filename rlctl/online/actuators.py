@@ -2,8 +2,8 @@
 
 docs/design.md's "Online" lists four ways to act on a live engine's memory:
 
-* ``EngineQuota``: the engine's own KV quota and admission (``Engine.set_overcommit``), in process
-  and immediate;
+* ``EngineQuota``: the engine's own KV quota and admission (``Engine.set_overcommit``,
+  ``Engine.set_admit_headroom``), in process and immediate;
 * ``TorchMemoryFraction``: ``torch.cuda.set_per_process_memory_fraction`` in the engine's process
   (immediate, but it only limits new allocations);
 * ``rlctl.online.mps.MPSLimit``: NVIDIA MPS pinned device-memory limits, which bind only the MPS clients
@@ -60,6 +60,15 @@ class EngineQuota:
             return ActuatorReport(self.name, False, f"overcommit not changed: {exc}", eng.overcommit)
         return self.report(asked=factor)
 
+    def apply_headroom(self, share: float) -> ActuatorReport:
+        """Set the admission headroom: the share of the KV a new request must leave free."""
+        eng = self.engine
+        try:
+            eng.set_admit_headroom(float(share))
+        except (TypeError, ValueError) as exc:
+            return ActuatorReport(self.name, False, f"admission headroom not changed: {exc}", eng.overcommit)
+        return self.report()
+
     def report(self, asked: float | None = None) -> ActuatorReport:
         """The factor in force (``asked``: what it was set to, when clamped)."""
         eng = self.engine
@@ -67,6 +76,8 @@ class EngineQuota:
         detail = f"overcommit {in_force:g} in force"
         if asked is not None and in_force != asked:
             detail += f" ({asked:g} asked, clamped to [{cfg.overcommit_min:g}, {cfg.overcommit_max:g}])"
+        if eng.admit_headroom:
+            detail += f"; a new request must leave {eng.admit_headroom:.0%} of the KV free"
         reserved, limit = eng.reserved_blocks(), in_force * eng.num_blocks
         if reserved > limit:
             detail += (f"; admission paused until the held peak demand ({reserved} blocks) fits "

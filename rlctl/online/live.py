@@ -16,7 +16,8 @@ What a decision changes goes through the actuators (rlctl/online/actuators.py, r
 controller keeps the last report of each and counts the reports that changed something:
 
 * ``EngineQuota``: the factor in force after every decision (moved by the action, set by a
-  policy that pins its factor, or a fallback's safe factor), immediate;
+  policy that pins its factor, or a fallback's safe factor), and the shield's admission headroom
+  that the decision carries (a fallback keeps the last one), immediate;
 * ``TorchMemoryFraction``: the fraction of its device this process's CUDA allocator may take,
   once per engine: it is the engine's weights, workspace and whole KV capacity over the device
   (``engine_memory_bytes``), which no overcommit factor changes (the factor changes how much
@@ -121,6 +122,8 @@ def check_decision(d: pb.Decision, seq: int) -> str | None:
         return f"action {d.action} is {ACTIONS[d.action]!r}, the decision names it {d.action_name!r}"
     if not (math.isfinite(d.overcommit) and d.overcommit > 0):
         return f"overcommit factor {d.overcommit} is not a finite factor > 0"
+    if not 0 <= d.admit_headroom < 1:
+        return f"admission headroom {d.admit_headroom} is not a share in [0, 1)"
     return None
 
 
@@ -230,6 +233,8 @@ class LiveController:
             return None
         if d.overcommit != snap.overcommit:  # a policy that pins its factor (check_decision: finite, > 0)
             self._quota.apply(d.overcommit)
+        if d.admit_headroom != engine.admit_headroom:  # the shield's (check_decision: in [0, 1))
+            self._quota.apply_headroom(d.admit_headroom)
         self._tally(d, d.action_name)
         return d
 

@@ -183,7 +183,8 @@ class ControllerService(pb_grpc.ControllerServicer):
         self.metrics.latency.observe(time.perf_counter() - t0)
         return pb.Decision(seq=msg.seq, action=action, action_name=name,
                            overcommit=served.expected_overcommit(snapshot), shield_override=overridden,
-                           policy_action=chosen, policy_hash=served.policy_hash)
+                           policy_action=chosen, policy_hash=served.policy_hash,
+                           admit_headroom=served.admit_headroom(snapshot))
 
     async def DecideNode(self, request, context):
         """One decision for a node of engines; see the protocol."""

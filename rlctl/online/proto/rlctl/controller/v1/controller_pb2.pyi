@@ -77,7 +77,7 @@ class Snapshot(_message.Message):
     def __init__(self, engine_id: _Optional[str] = ..., seq: _Optional[int] = ..., max_model_len: _Optional[int] = ..., time_s: _Optional[float] = ..., alloc_ratio: _Optional[float] = ..., alloc_slope: _Optional[float] = ..., frag_entropy: _Optional[float] = ..., queue_len: _Optional[int] = ..., prefill_frac: _Optional[float] = ..., len_mean: _Optional[float] = ..., len_std: _Optional[float] = ..., swapped: _Optional[int] = ..., decode_ms: _Optional[float] = ..., overcommit: _Optional[float] = ..., reserved_ratio: _Optional[float] = ..., device_free: _Optional[float] = ..., queue_hist: _Optional[_Iterable[float]] = ..., running_hist: _Optional[_Iterable[float]] = ..., running: _Optional[int] = ..., kv_blocks_used: _Optional[int] = ..., kv_blocks_total: _Optional[int] = ..., kv_footprint_bytes: _Optional[int] = ..., oom_events: _Optional[int] = ..., preemptions: _Optional[int] = ..., tokens_generated: _Optional[int] = ..., restarting: bool = ..., kv_tokens_total: _Optional[int] = ..., max_num_seqs: _Optional[int] = ..., preempt_mode: bool = ..., tokens_held: _Optional[int] = ..., future_declared: _Optional[int] = ..., waiting_tokens: _Optional[int] = ..., out_ratio: _Optional[float] = ...) -> None: ...
 
 class Decision(_message.Message):
-    __slots__ = ("seq", "action", "action_name", "overcommit", "shield_override", "policy_action", "policy_hash")
+    __slots__ = ("seq", "action", "action_name", "overcommit", "shield_override", "policy_action", "policy_hash", "admit_headroom")
     SEQ_FIELD_NUMBER: _ClassVar[int]
     ACTION_FIELD_NUMBER: _ClassVar[int]
     ACTION_NAME_FIELD_NUMBER: _ClassVar[int]
@@ -85,6 +85,7 @@ class Decision(_message.Message):
     SHIELD_OVERRIDE_FIELD_NUMBER: _ClassVar[int]
     POLICY_ACTION_FIELD_NUMBER: _ClassVar[int]
     POLICY_HASH_FIELD_NUMBER: _ClassVar[int]
+    ADMIT_HEADROOM_FIELD_NUMBER: _ClassVar[int]
     seq: int
     action: int
     action_name: str
@@ -92,7 +93,8 @@ class Decision(_message.Message):
     shield_override: bool
     policy_action: int
     policy_hash: str
-    def __init__(self, seq: _Optional[int] = ..., action: _Optional[int] = ..., action_name: _Optional[str] = ..., overcommit: _Optional[float] = ..., shield_override: bool = ..., policy_action: _Optional[int] = ..., policy_hash: _Optional[str] = ...) -> None: ...
+    admit_headroom: float
+    def __init__(self, seq: _Optional[int] = ..., action: _Optional[int] = ..., action_name: _Optional[str] = ..., overcommit: _Optional[float] = ..., shield_override: bool = ..., policy_action: _Optional[int] = ..., policy_hash: _Optional[str] = ..., admit_headroom: _Optional[float] = ...) -> None: ...
 
 class EngineState(_message.Message):
     __slots__ = ("snapshot", "mps_limit_bytes", "held_bytes", "share")
