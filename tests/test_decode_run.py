@@ -67,8 +67,10 @@ COST = CostModel(fixed_s=2e-3, per_token_s=3e-5, per_context_token_s=4e-8, per_a
        st.integers(8, 96), st.floats(0.0, 0.9), st.sampled_from(["overcommit", "sglang"]), st.sampled_from([0.0, 0.15]))
 def test_random_engines_keep_the_same_books(seed, mode, factor, num_blocks, tenant_share, admission, headroom):
     rng = np.random.default_rng(seed)
+    sessions = [None, None, "a", "b"]  # idle contexts: blocks the headroom counts as free
     reqs = [Request(f"r{i}", float(rng.uniform(0, 3)), int(rng.integers(1, 200)), int(rng.integers(1, 300)),
-                    int(rng.integers(300, 600))) for i in range(int(rng.integers(1, 30)))]
+                    int(rng.integers(300, 600)), session_id=sessions[int(rng.integers(4))])
+            for i in range(int(rng.integers(1, 30)))]
     actions = rng.integers(len(ACTIONS), size=40).tolist()
 
     def books(fast: bool):

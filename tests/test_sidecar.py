@@ -144,17 +144,19 @@ def test_a_decision_is_checked_before_the_engine_applies_it():
         assert "admission headroom" in check_decision(bad, 4)
 
 
-def test_the_decision_carries_the_shields_admission_headroom_and_the_engine_takes_it(watermark_sidecar):
+def test_the_decision_carries_the_shields_admission_headroom_and_the_engine_takes_it(sidecars, tmp_path):
     from agents.shield import Shield
 
+    s = sidecars(f"unix://{tmp_path}/s.sock", "static:1")  # the engine's own factor: only the headroom moves
     engine = small_engine()
     assert engine.admit_headroom == 0.0
-    controller = LiveController(watermark_sidecar.address, deadline_s=2.0)
+    controller = LiveController(s.address, deadline_s=2.0)
     try:
         d = controller.step(engine, INTERVAL_S)
     finally:
         controller.close()
     assert d.admit_headroom == Shield().admit_headroom > 0 and engine.admit_headroom == d.admit_headroom
+    assert engine.overcommit == 1.0 and controller.actuator_changes["engine_quota"] == 1  # a change, counted
     assert "of the KV free" in controller.actuators["engine_quota"].detail
 
 

@@ -194,14 +194,14 @@ class LiveController:
         if engine is not self._engine:
             self._attach(engine)
         snap = engine.last_snapshot or engine.snapshot()
-        before = engine.overcommit
+        before = engine.overcommit, engine.admit_headroom
         d = self._decide(engine, snap)
         action = HOLD if d is None else d.action
         run_interval(engine, action, until, evict_free_share=self.evict_free_share)
         label = f"decision {self._seq}: {d.action_name} from {d.overcommit:g}" if d else f"fallback {self._seq}: {self._fault}"
         report = self._quota.report()
         self._record(dataclasses.replace(report, detail=f"{report.detail} ({label})"),
-                     changed=engine.overcommit != before)
+                     changed=(engine.overcommit, engine.admit_headroom) != before)
         if self.metrics is not None:
             self.metrics.update(engine)
         return d
