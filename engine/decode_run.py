@@ -41,7 +41,7 @@ def _admission_held(engine) -> int | None:
     nothing_to_reclaim = not any(c.block_table and c.owner is None for c in engine.sessions.values())
     if nothing_to_reclaim and head.blocks_for(len(head)) > kv.blocks.num_free:
         return None  # free blocks only fall during the run
-    headroom = math.ceil(engine.admit_headroom * kv.num_blocks)
+    headroom = engine.headroom_blocks()
     if headroom and kv.blocks.num_free + s.reclaimable_blocks() - head.blocks_for(len(head)) < headroom:
         return None  # and idle contexts only go when reclaimed, which a run never does
     if s.ratio is None:

@@ -160,6 +160,10 @@ class Engine:
         """Admitted peak demand in blocks (what the overcommit factor is compared against)."""
         return self.scheduler.reserved_blocks()
 
+    def headroom_blocks(self) -> int:
+        """Blocks a new request must leave free (``set_admit_headroom``)."""
+        return math.ceil(self.admit_headroom * self.kv.num_blocks)
+
     @property
     def num_blocks(self) -> int:
         return self.kv.num_blocks
@@ -197,7 +201,7 @@ class Engine:
         while True:
             try:
                 return self.scheduler.schedule(self.overcommit, self.free_target_blocks, admit,
-                                               math.ceil(self.admit_headroom * self.kv.num_blocks))
+                                               self.headroom_blocks())
             except (NeedBlocks, DeviceOOM) as exc:
                 self._record_oom(exc)
                 if self.config.oom_mode == "crash":

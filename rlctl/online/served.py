@@ -79,10 +79,6 @@ class ServedPolicy:
     def expected_overcommit(self, snapshot: Snapshot) -> float:
         return self.pinned_overcommit if self.pinned_overcommit is not None else snapshot.overcommit
 
-    def admit_headroom(self, snapshot: Snapshot) -> float:
-        """The admission headroom the shield has the engine of ``snapshot`` run with."""
-        return self.shield.headroom(snapshot)
-
     def info(self) -> pb.PolicyInfo:
         header = getattr(self.policy, "header", {})
         return pb.PolicyInfo(spec=self.spec, name=self.policy.name, kind=self.kind, file_sha256=self.file_sha256,

@@ -184,7 +184,7 @@ class ControllerService(pb_grpc.ControllerServicer):
         return pb.Decision(seq=msg.seq, action=action, action_name=name,
                            overcommit=served.expected_overcommit(snapshot), shield_override=overridden,
                            policy_action=chosen, policy_hash=served.policy_hash,
-                           admit_headroom=served.admit_headroom(snapshot))
+                           admit_headroom=served.shield.headroom(snapshot))
 
     async def DecideNode(self, request, context):
         """One decision for a node of engines; see the protocol."""
