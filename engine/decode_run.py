@@ -41,12 +41,12 @@ def _admission_held(engine) -> int | None:
     nothing_to_reclaim = not any(c.block_table and c.owner is None for c in engine.sessions.values())
     if nothing_to_reclaim and head.blocks_for(len(head)) > kv.blocks.num_free:
         return None  # free blocks only fall during the run
-    headroom = engine.headroom_blocks()
+    if s.ratio is None and s.reserved_blocks() + head.peak_blocks > engine.overcommit * kv.num_blocks:
+        return None
+    headroom = engine.headroom_blocks()  # after the factor: counting reclaimable blocks is the dearer test
     if headroom and kv.blocks.num_free + s.reclaimable_blocks() - head.blocks_for(len(head)) < headroom:
         return None  # and idle contexts only go when reclaimed, which a run never does
-    if s.ratio is None:
-        return None if s.reserved_blocks() + head.peak_blocks > engine.overcommit * kv.num_blocks else 0
-    return -1  # SGLang's rule: counted over the run by ``_sglang_held``
+    return 0 if s.ratio is None else -1  # SGLang's rule: counted over the run by ``_sglang_held``
 
 
 def _sglang_held(engine, k: int) -> int:

@@ -219,7 +219,7 @@ class Scheduler:
         limit = overcommit * self.kv.num_blocks
         reserved = self.reserved_blocks()
         held, future = self.sglang_books() if self.ratio is not None else (0, 0)
-        available = self.kv.blocks.num_free + self.reclaimable_blocks() if headroom else 0
+        available = None  # free and reclaimable blocks, counted when a request first meets the headroom
         for seq in list(self.waiting):
             if len(self.running) >= self.max_num_seqs or budget <= 0:
                 break
@@ -231,8 +231,11 @@ class Scheduler:
                     break
                 if self.ratio is not None and self.sglang_over(held + len(seq), future + self.ratio.future(seq)):
                     break
-                if headroom and available - seq.blocks_for(len(seq)) < headroom:
-                    break
+                if headroom:
+                    if available is None:
+                        available = self.kv.blocks.num_free + self.reclaimable_blocks()
+                    if available - seq.blocks_for(len(seq)) < headroom:
+                        break
             try:
                 self.sessions.attach(seq)
                 self._grow(seq, len(seq))  # the whole prompt's blocks must be free now
@@ -240,7 +243,8 @@ class Scheduler:
                 break
             self._admit(seq)
             reserved += seq.peak_blocks
-            available -= seq.blocks_for(len(seq))
+            if available is not None:
+                available -= seq.blocks_for(len(seq))
             if self.ratio is not None:
                 held, future = held + len(seq), future + self.ratio.future(seq)
             n = min(seq.num_uncomputed, budget)
