@@ -13,7 +13,12 @@ actions               engine/control.py ACTIONS
 node                  a node's policy only (rlctl/SharedGPU-v0): engines (their names, in order)
                       and deployments; its features and actions are then env/node_observation.py's
                       and engine/node_control.py's for those engines
-network               obs_dim, n_actions, net_arch, dueling: enough to rebuild the network
+network               obs_dim, n_actions, net_arch, dueling: enough to rebuild the network; in
+                      version 3, members: how many such networks the file holds (an ensemble,
+                      which acts on the mean of its members' Q-values), its weights named
+                      ``members.<k>.<name>``
+members               version 3 only: each member's training seed, source_commit and sha256 (of
+                      the member's own policy file)
 training              the training configuration, as given
 selection             (optional) which evaluation point's network this is, chosen on validation
                       episodes (rlctl/train.py ``select_seed``): seeds, timesteps, validation_reward,
@@ -27,6 +32,9 @@ SB3's ``model.save`` zip holds pickles, and unpickling runs code; this file hold
 JSON only, so a policy from elsewhere (the sidecar's, a colleague's) is safe to open. The loader
 checks the file against this build (feature names and bounds, action names, the network the
 header describes, the checksums) and names the first thing that differs.
+
+A file of one network is written as version 2, which every build since version 2 reads; an
+ensemble (``export_ensemble``) as version 3, which an older build refuses by its version.
 """
 from __future__ import annotations
 
@@ -53,7 +61,9 @@ from engine.control import ACTIONS
 from engine.node_control import action_names
 
 FORMAT = "rlctl-policy"
-VERSION = 2
+VERSION = 2  # one network
+ENSEMBLE_VERSION = 3  # several networks of one shape (network.members), acting on the mean of their Q-values
+READ_VERSIONS = (VERSION, ENSEMBLE_VERSION)
 POLICY_SUFFIX = ".rlpolicy"
 # A network of at most this many weights acts through the numpy forward (agents/networks.py): a
 # few microseconds where torch spends ~70 us a call. A bigger one acts through torch, whose
@@ -130,9 +140,57 @@ def export_policy(model, path: str | Path, *, scenario, training_config: dict,
         header["selection"] = selection
     if engines is not None:
         header["node"] = {"engines": engines, "deployments": [t.deployment for t in scenario.tenants]}
+    return _write(Path(path), weights, header)
+
+
+def export_ensemble(members: list[str | Path], path: str | Path, *, training_config: dict,
+                    source_commit: str | None = None) -> dict:
+    """Write the policy files ``members`` (one network each, of one layout and shape: the runs of one
+    training configuration on different seeds) to ``path`` as one ensemble file (version 3), which
+    acts on the mean of the members' Q-values; the header.
+
+    Each member is loaded and checked first, so a bad one fails naming its file; members of
+    another layout, network shape or observation scales are refused naming the first that differs.
+    """
+    if len(members) < 2:
+        raise ValueError(f"export_ensemble: an ensemble needs at least 2 members, got {len(members)}")
+    loaded = [load_policy(m) for m in members]
+    first = loaded[0]
+    keys = ("observation", "actions", "network", "node", "scenario")
+    for m in loaded:
+        if len(m.networks) != 1:
+            raise ValueError(f"export_ensemble: {m.path} is itself an ensemble of {len(m.networks)} networks")
+        for key in keys:
+            if m.header.get(key) != first.header.get(key):
+                raise ValueError(f"export_ensemble: {m.path} and {first.path} differ in {key!r}: "
+                                 f"{m.header.get(key)!r} against {first.header.get(key)!r}")
+    weights = {f"members.{k}.{name}": t.detach().to("cpu", torch.float32).contiguous()
+               for k, m in enumerate(loaded) for name, t in m.networks[0].state_dict().items()}
+    header = {key: first.header[key] for key in keys if key in first.header}
+    header |= {
+        "format": FORMAT,
+        "version": ENSEMBLE_VERSION,
+        "network": {**first.header["network"], "members": len(loaded)},
+        "members": [_member(m) for m in loaded],
+        "training": training_config,
+        "source_commit": source_commit or git_commit(),
+        "weights": {"dtype": "float32", "sha256": {k: _sha256(v) for k, v in sorted(weights.items())}},
+    }
+    return _write(Path(path), weights, header)
+
+
+def _member(m: ExportedPolicy) -> dict:
+    """What an ensemble's header records of a member: its training seed, its code, its file's hash."""
+    out = {"seed": m.header["training"].get("seed"), "source_commit": m.header["source_commit"],
+           "sha256": m.file_sha256}
+    return out | ({"selection": m.header["selection"]} if "selection" in m.header else {})
+
+
+def _write(path: Path, weights: dict[str, torch.Tensor], header: dict) -> dict:
+    """Write ``weights`` and ``header`` beside ``path`` and rename the file into place, so that a
+    reader never sees half of it; the header as written."""
     # a non-JSON value in the training config (a Path, say) is recorded as its text, not refused
     text = json.dumps(header, default=str, sort_keys=True)
-    path = Path(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         save_file(weights, tmp, metadata={HEADER_KEY: text})
@@ -145,12 +203,17 @@ def export_policy(model, path: str | Path, *, scenario, training_config: dict,
 
 # ---- load --------------------------------------------------------------------------------------
 class ExportedPolicy(Policy):
-    """A policy file's greedy policy: the action with the highest Q-value."""
+    """A policy file's greedy policy: the action with the highest Q-value; for an ensemble (several
+    networks), the highest mean of the members' Q-values."""
 
-    def __init__(self, path: Path, header: dict, network: torch.nn.Sequential, file_sha256: str) -> None:
-        self.path, self.header, self.network, self.file_sha256 = path, header, network, file_sha256
-        self.parameters = sum(p.numel() for p in network.parameters())
-        self.forward = NumpyQNetwork(network) if self.parameters <= NUMPY_MAX_PARAMETERS else None
+    def __init__(self, path: Path, header: dict, networks: list[torch.nn.Sequential], file_sha256: str) -> None:
+        self.path, self.header, self.networks, self.file_sha256 = path, header, list(networks), file_sha256
+        self.parameters = sum(p.numel() for network in self.networks for p in network.parameters())
+        self.forward = None  # the numpy forward pass, where the networks are small enough (above)
+        if self.parameters <= NUMPY_MAX_PARAMETERS:
+            numpy_networks = [NumpyQNetwork(network) for network in self.networks]
+            self.forward = numpy_networks[0] if len(numpy_networks) == 1 else (
+                lambda x: np.mean([f(x) for f in numpy_networks], axis=0, dtype=np.float32))
         self.name = path.stem
         self.engine_overrides = {}
         self.obs_dim = header["network"]["obs_dim"]
@@ -167,7 +230,8 @@ class ExportedPolicy(Policy):
             q = self.forward(np.atleast_2d(x))
         else:
             with torch.no_grad():
-                q = self.network(torch.from_numpy(np.atleast_2d(x))).numpy()
+                batch = torch.from_numpy(np.atleast_2d(x))
+                q = torch.stack([network(batch) for network in self.networks]).mean(dim=0).numpy()
         return q[0] if x.ndim == 1 else q
 
     def act(self, obs: np.ndarray) -> int:
@@ -232,8 +296,9 @@ def _policy_header(path: Path, raw: dict) -> dict:
     if not isinstance(header, dict) or header.get("format") != FORMAT:
         got = header.get("format") if isinstance(header, dict) else header
         raise fail(f"not an rlctl policy file (format {got!r}, expected {FORMAT!r})")
-    if header.get("version") != VERSION:
-        raise fail(f"unsupported format version {header.get('version')!r} (this build reads version {VERSION})")
+    if header.get("version") not in READ_VERSIONS:
+        raise fail(f"unsupported format version {header.get('version')!r} (this build reads versions "
+                   f"{', '.join(map(str, READ_VERSIONS))})")
     for key, sub in (("observation", ("features", "low", "high", "scales")), ("actions", ()),
                      ("network", ("obs_dim", "n_actions", "net_arch", "dueling")), ("weights", ("dtype", "sha256")),
                      ("training", ()), ("scenario", ()), ("source_commit", ())):
@@ -317,20 +382,22 @@ def load_policy(path: str | Path, max_bytes: int = MAX_POLICY_BYTES, opened: Bin
     header = _policy_header(path, _raw_header(path, data))
     _check_layout(path, header)
     net = header["network"]
+    count = _members(path, header)
     try:
-        network = q_network(int(net["obs_dim"]), int(net["n_actions"]), [int(w) for w in net["net_arch"]],
-                            bool(net["dueling"]))
+        networks = [q_network(int(net["obs_dim"]), int(net["n_actions"]), [int(w) for w in net["net_arch"]],
+                              bool(net["dueling"])) for _ in range(count)]
     except (TypeError, ValueError) as exc:
         raise fail(f"the header's network cannot be built ({exc})") from None
     try:
         tensors = load_tensors(data)
     except (SafetensorError, ValueError, RuntimeError) as exc:
         raise fail(f"corrupted safetensors data ({exc})") from None
-    expected = network.state_dict()
+    prefix = (lambda k: "") if header["version"] == VERSION else (lambda k: f"members.{k}.")
+    expected = {prefix(k) + name: t for k, network in enumerate(networks) for name, t in network.state_dict().items()}
+    what = f"the {'dueling' if net['dueling'] else 'plain'} network of net_arch {net['net_arch']}"
     for name in expected:
         if name not in tensors:
-            raise fail(f"weight {name!r} is missing (the {'dueling' if net['dueling'] else 'plain'} network "
-                       f"of net_arch {net['net_arch']} needs it)")
+            raise fail(f"weight {name!r} is missing ({what}{'' if count == 1 else f', {count} members'} needs it)")
     for name in tensors:
         if name not in expected:
             raise fail(f"weight {name!r} is not part of the network the header describes")
@@ -347,6 +414,22 @@ def load_policy(path: str | Path, max_bytes: int = MAX_POLICY_BYTES, opened: Bin
     for name in sorted(tensors):
         if _sha256(tensors[name]) != sums[name]:
             raise fail(f"checksum mismatch for weight {name!r}: the file is corrupted")
-    network.load_state_dict(tensors, strict=True)
-    network.eval()
-    return ExportedPolicy(path, header, network, hashlib.sha256(data).hexdigest())
+    for k, network in enumerate(networks):
+        network.load_state_dict({name[len(prefix(k)):]: t for name, t in tensors.items()
+                                 if name.startswith(prefix(k))}, strict=True)
+        network.eval()
+    return ExportedPolicy(path, header, networks, hashlib.sha256(data).hexdigest())
+
+
+def _members(path: Path, header: dict) -> int:
+    """How many networks the file holds: 1 in version 2; ``network.members`` (at least 2, with as
+    many entries under ``members``) in version 3."""
+    if header["version"] == VERSION:
+        return 1
+    fail = lambda problem: PolicyFileError(f"policy file {path}: {problem}")  # noqa: E731
+    count = header["network"].get("members")
+    if not isinstance(count, int) or isinstance(count, bool) or count < 2:
+        raise fail(f"network.members must be an integer >= 2 in version {ENSEMBLE_VERSION}, got {count!r}")
+    if not isinstance(header.get("members"), list) or len(header["members"]) != count:
+        raise fail(f"members must list the {count} members network.members counts, got {header.get('members')!r}")
+    return count

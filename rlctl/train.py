@@ -13,6 +13,12 @@ scenarios, on validation episodes from that seed: seeds neither training draws n
 evaluation uses, so the held-out figures stay a test. Without it the run keeps its last network.
 A resumed run chooses among the points it reaches after resuming.
 
+With ``members: N`` (N > 1), a run trains an ensemble: N networks of the same configuration on
+training seeds ``seed * N + k``, all at once (one process each, under ``<run>/members/``), and
+writes one policy file of all of them (agents/export.py ``export_ensemble``), which acts on the
+mean of their Q-values; a network that learned a bad habit on its seed is then outvoted. Each
+member's run is the run ``rlctl train`` gives that seed alone, bit for bit.
+
 A configuration whose one scenario is a node scenario (several engines on one GPU) trains on
 ``rlctl/SharedGPU-v0`` and is judged against the node's baselines (agents/node_spec.py); its
 policy file records the node's engines, and is refused on any other node or on one engine.
@@ -59,6 +65,7 @@ class TrainConfig:
     timesteps: int = 60_000
     n_envs: int = 0                                  # 0: one per CPU core
     seed: int = 0
+    members: int = 1                                 # > 1: an ensemble of this many networks (above)
     double: bool = True
     dueling: bool = True
     prioritized: bool = True
@@ -81,8 +88,8 @@ class TrainConfig:
     checkpoint_every: int = 10_000
 
     def __post_init__(self) -> None:
-        positive = ("eval_episodes", "eval_every", "timesteps", "n_steps", "buffer_size", "batch_size", "train_freq",
-                    "gradient_steps", "target_update_interval", "checkpoint_every", "learning_rate")
+        positive = ("members", "eval_episodes", "eval_every", "timesteps", "n_steps", "buffer_size", "batch_size",
+                    "train_freq", "gradient_steps", "target_update_interval", "checkpoint_every", "learning_rate")
         for name in positive:
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
@@ -254,11 +261,99 @@ def _run_dir(logdir: Path, name: str, resume: str | None) -> Path:
     return run
 
 
+def _judge(run: Path, cfg: TrainConfig, evaluation: list[Scenario], baseline_specs: list[str] | None,
+           timesteps: int, n_envs: int) -> tuple[dict, dict]:
+    """The run's policy file and the baselines on the held-out episodes of every evaluation scenario,
+    logged to TensorBoard; (tables by scenario, the first scenario's table)."""
+    from rlctl.tensorboard import log_evaluation, log_hparams
+
+    tables = {}
+    node = is_node_config(cfg)
+    make = make_node_policy if node else make_policy
+    for sc in evaluation:
+        specs = baseline_specs if baseline_specs is not None else (
+            node_baselines(sc) if node else baselines(sc.best_static))
+        eval_env = make_env(sc, cfg.shield)
+        table = {"dqn": evaluate(eval_env, make(str(run / "policy.rlpolicy")), cfg.eval_episodes, cfg.eval_seed)}
+        table["dqn"]["policy"] = "dqn"
+        for spec in specs:
+            policy = make(spec)
+            table[policy.name] = evaluate(eval_env, policy, cfg.eval_episodes, cfg.eval_seed)
+        tables[sc.name] = table
+        log_evaluation(run, table, timesteps, tag="eval" if len(evaluation) == 1 else f"eval/{sc.name}")
+    final = {k: float(np.mean([t["dqn"][k] for t in tables.values() if t["dqn"][k] is not None] or [0.0]))
+             for k in FIGURES}
+    log_hparams(run, {**cfg.agent_kwargs(), "scenarios": ",".join(cfg.scenarios), "seed": cfg.seed,
+                      "members": cfg.members, "n_envs": n_envs}, final)
+    return tables, tables[evaluation[0].name]
+
+
+def member_seeds(cfg: TrainConfig) -> list[int]:
+    """The training seeds of an ensemble's members (one network: the run's own seed)."""
+    return [cfg.seed * cfg.members + k for k in range(cfg.members)]
+
+
+def _train_member(cfg: TrainConfig, logdir: str, log: str) -> None:
+    """One member of an ensemble, in its own process, its output in ``log``."""
+    with open(log, "w") as f:
+        os.dup2(f.fileno(), 1)
+        os.dup2(f.fileno(), 2)
+    train(cfg, logdir, progress_bar=False, baseline_specs=[])
+
+
+def _train_ensemble(cfg: TrainConfig, logdir: str | Path, baseline_specs: list[str] | None) -> dict:
+    """``cfg.members`` networks trained at once, one process each, exported as one ensemble file."""
+    import multiprocessing
+
+    from agents.export import export_ensemble
+
+    evaluation = held_out(cfg)
+    run = _run_dir(Path(logdir), cfg.name, None)
+    (run / "members").mkdir(parents=True)
+    (run / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=2) + "\n")
+    members = [dataclasses.replace(cfg, members=1, seed=s, name=f"seed{s}") for s in member_seeds(cfg)]
+    logs = [run / "members" / f"seed{m.seed}.log" for m in members]
+    context = multiprocessing.get_context("forkserver")
+    procs = [context.Process(target=_train_member, args=(m, str(run / "members"), str(log)), name=m.name)
+             for m, log in zip(members, logs)]
+    t0 = time.time()
+    try:
+        for proc in procs:
+            proc.start()
+        for proc in procs:
+            proc.join()
+    finally:
+        for proc in procs:
+            if proc.is_alive():
+                proc.terminate()
+                proc.join()
+    failed = [f"seed {m.seed} (exit code {proc.exitcode}; its output: {log})"
+              for m, proc, log in zip(members, procs, logs) if proc.exitcode != 0]
+    if failed:
+        raise RuntimeError(f"train: {cfg.name}: member(s) failed: {', '.join(failed)}")
+    files = [run / "members" / m.name / "policy.rlpolicy" for m in members]
+    header = export_ensemble(files, run / "policy.rlpolicy", training_config=dataclasses.asdict(cfg))
+    n_envs = cfg.n_envs or os.cpu_count() or 1
+    tables, results = _judge(run, cfg, evaluation, baseline_specs, cfg.timesteps, n_envs)
+    history = [json.loads((f.parent / "evaluation.json").read_text())["held_out"] for f in files]
+    summary = {"run": str(run), "policy": str(run / "policy.rlpolicy"), "timesteps": cfg.timesteps,
+               "wall_s": time.time() - t0, "n_envs": n_envs, "members": [str(f.parent) for f in files],
+               "held_out": history, "results": results, "by_scenario": tables, "header": header}
+    (run / "evaluation.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
+    return summary
+
+
 def train(cfg: TrainConfig, logdir: str | Path = "runs", resume: str | None = None, progress_bar: bool = True,
           baseline_specs: list[str] | None = None) -> dict:
     """Train (or resume) per ``cfg``; returns the run's summary (paths, evaluation table)."""
+    if cfg.members > 1:
+        if resume:
+            raise ValueError(f"--resume continues one network's run; {cfg.name} trains an ensemble of "
+                             f"{cfg.members} (members: {cfg.members}), whose members' runs are under "
+                             "<run>/members/: resume one with its own config.json, or train the ensemble anew")
+        return _train_ensemble(cfg, logdir, baseline_specs)
     from agents.export import export_policy
-    from rlctl.tensorboard import ReviewCallback, log_evaluation, log_hparams
+    from rlctl.tensorboard import ReviewCallback
 
     import torch
 
@@ -303,26 +398,7 @@ def train(cfg: TrainConfig, logdir: str | Path = "runs", resume: str | None = No
                       f"{c['timesteps']:,}: {c['validation_reward']:.2f}" for c in selection["candidates"]) + ")")
         header = export_policy(model, run / "policy.rlpolicy", scenario=scenarios[0],
                                training_config=dataclasses.asdict(cfg), selection=selection)
-        tables = {}
-        node = is_node_config(cfg)
-        make = make_node_policy if node else make_policy
-        for sc in evaluation:
-            specs = baseline_specs if baseline_specs is not None else (
-                node_baselines(sc) if node else baselines(sc.best_static))
-            eval_env = make_env(sc, cfg.shield)
-            table = {"dqn": evaluate(eval_env, make(str(run / "policy.rlpolicy")), cfg.eval_episodes,
-                                     cfg.eval_seed)}
-            table["dqn"]["policy"] = "dqn"
-            for spec in specs:
-                policy = make(spec)
-                table[policy.name] = evaluate(eval_env, policy, cfg.eval_episodes, cfg.eval_seed)
-            tables[sc.name] = table
-            log_evaluation(run, table, model.num_timesteps, tag="eval" if len(evaluation) == 1 else f"eval/{sc.name}")
-        results = tables[evaluation[0].name]
-        final = {k: float(np.mean([t["dqn"][k] for t in tables.values() if t["dqn"][k] is not None] or [0.0]))
-                 for k in FIGURES}
-        log_hparams(run, {**cfg.agent_kwargs(), "scenarios": ",".join(cfg.scenarios), "seed": cfg.seed,
-                          "n_envs": n_envs}, final)
+        tables, results = _judge(run, cfg, evaluation, baseline_specs, model.num_timesteps, n_envs)
     finally:
         venv.close()
     summary = {"run": str(run), "policy": str(run / "policy.rlpolicy"), "timesteps": model.num_timesteps,

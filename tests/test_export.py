@@ -21,8 +21,8 @@ from agents.networks import NumpyQNetwork, q_network
 from experiments import SCENARIOS
 from agents.spec import make_policy
 from agents.dqn import OvercommitDQN
-from agents.export import (FORMAT, HEADER_KEY, POLICY_SUFFIX, VERSION, ExportedPolicy, PolicyFileError,
-                           export_policy, load_policy)
+from agents.export import (ENSEMBLE_VERSION, FORMAT, HEADER_KEY, POLICY_SUFFIX, VERSION, ExportedPolicy,
+                           PolicyFileError, export_ensemble, export_policy, load_policy)
 from env.observation import FEATURES, HIGH, LOW
 from engine.control import ACTIONS
 from env.overcommit_env import OvercommitEnv
@@ -248,8 +248,8 @@ def test_a_file_that_is_not_a_policy_is_refused(tmp_path):
 
 
 def test_an_unsupported_format_version_is_refused(trained, tmp_path):
-    path = rewritten(trained[2], tmp_path / "v3.rlpolicy", header_edit=lambda h: h.update(version=3))
-    refused(path, "unsupported format version 3 .*reads version 2")
+    path = rewritten(trained[2], tmp_path / "v9.rlpolicy", header_edit=lambda h: h.update(version=9))
+    refused(path, "unsupported format version 9 .*reads versions 2, 3")
 
 
 def test_another_observation_layout_is_refused_naming_the_first_difference(trained, tmp_path):
@@ -308,3 +308,63 @@ def test_a_damaged_safetensors_header_is_refused_as_corrupted(trained, tmp_path)
     refused(tmp_path / "dtype.rlpolicy", "corrupted safetensors data")
     (tmp_path / "json.rlpolicy").write_bytes(data[:8 + n // 2] + b"\x00" + data[8 + n // 2 + 1:])
     refused(tmp_path / "json.rlpolicy", "corrupted: the safetensors header is not valid JSON")
+
+
+# ---- ensembles ---------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def ensemble(trained, tmp_path_factory):
+    """(ensemble file, its members' files): the trained network and a second one trained on another seed."""
+    model, scenario, path, _, config = trained
+    other = OvercommitDQN(env=OvercommitEnv(scenario), dueling=model.policy.q_net.dueling, net_arch=NET_ARCH,
+                          learning_starts=50, buffer_size=1000, batch_size=32, train_freq=4, target_update_interval=50,
+                          seed=1, device="cpu")
+    other.learn(300)
+    tmp = tmp_path_factory.mktemp("ensemble")
+    second = tmp / f"second{POLICY_SUFFIX}"
+    export_policy(other, second, scenario=scenario, training_config={**config, "seed": 1})
+    out = tmp / f"both{POLICY_SUFFIX}"
+    export_ensemble([path, second], out, training_config={"members": 2})
+    return out, [path, second]
+
+
+def test_an_ensemble_acts_on_the_mean_of_its_members_q_values(ensemble):
+    path, members = ensemble
+    policy, (a, b) = load_policy(path), [load_policy(m) for m in members]
+    obs = observations()
+    qa, qb = a.q_values(obs), b.q_values(obs)
+    assert not np.allclose(qa, qb)
+    assert np.allclose(policy.q_values(obs), (qa + qb) / 2, atol=1e-6)
+    assert [policy.act(o) for o in obs] == list(((qa + qb) / 2).argmax(axis=1))
+    torch_path = ExportedPolicy(path, policy.header, policy.networks, policy.file_sha256)
+    torch_path.forward = None  # a network too big for the numpy forward acts through torch: the same mean
+    assert np.allclose(torch_path.q_values(obs), policy.q_values(obs), atol=1e-5)
+    header = policy.header
+    assert header["version"] == ENSEMBLE_VERSION and header["network"]["members"] == 2
+    assert [m["sha256"] for m in header["members"]] == [a.file_sha256, b.file_sha256]
+    assert [m["seed"] for m in header["members"]] == [None, 1]  # what each member's training recorded
+    assert header["observation"] == a.header["observation"] and header["training"] == {"members": 2}
+
+
+def test_an_ensemble_is_refused_what_does_not_belong_in_it(ensemble, tmp_path):
+    path, members = ensemble
+    with pytest.raises(ValueError, match="at least 2 members"):
+        export_ensemble(members[:1], tmp_path / "one.rlpolicy", training_config={})
+    with pytest.raises(ValueError, match=r"is itself an ensemble of 2"):
+        export_ensemble([members[0], path], tmp_path / "nested.rlpolicy", training_config={})
+    wider = rewritten(members[1], tmp_path / "wider.rlpolicy",
+                      header_edit=lambda h: h["observation"]["scales"].update(queue_scale=64))
+    with pytest.raises(ValueError, match="differ in 'observation'"):
+        export_ensemble([members[0], wider], tmp_path / "mixed.rlpolicy", training_config={})
+    assert not (tmp_path / "mixed.rlpolicy").exists()
+
+
+def test_a_damaged_ensemble_file_is_refused_naming_what_is_wrong(ensemble, tmp_path):
+    path, _ = ensemble
+    refused(rewritten(path, tmp_path / "a.rlpolicy", header_edit=lambda h: h["network"].update(members=1)),
+            "network.members must be an integer >= 2")
+    refused(rewritten(path, tmp_path / "b.rlpolicy", header_edit=lambda h: h["members"].pop()),
+            "members must list the 2 members")
+    refused(rewritten(path, tmp_path / "c.rlpolicy", tensor_edit=lambda t: t.pop(sorted(t)[-1])),
+            r"weight 'members\.1\..*' is missing")
+    refused(rewritten(path, tmp_path / "d.rlpolicy", header_edit=lambda h: h.update(version=4)),
+            "unsupported format version 4")

@@ -93,8 +93,8 @@ def test_a_shipped_training_config_loads_by_name_and_an_unknown_name_lists_them(
 
     cfg = load_train_config("steady")
     assert cfg.name == "steady" and cfg == load_train_config(TRAIN / "steady.yaml")
-    shipped = ("burst, default, default_no_per, default_select, default_vanilla, long_outputs, long_outputs_no_double, "
-               "long_outputs_no_dueling, long_outputs_no_per, long_outputs_vanilla, node_chat_pair, node_mixed, "
+    shipped = ("burst, default, default_ensemble, default_no_per, default_select, default_vanilla, long_outputs, "
+               "long_outputs_no_double, long_outputs_no_dueling, long_outputs_no_per, long_outputs_vanilla, node_chat_pair, node_mixed, "
                "node_reasoning, node_reasoning_preempt, node_reasoning_trio, phase_shift, ")
     with pytest.raises(ScenarioError, match=r"training config stedy: no such file \(bundled: " + shipped):
         load_train_config("stedy")
@@ -118,6 +118,11 @@ def test_each_shipped_ablation_is_the_reference_run_with_only_its_switches_off(r
 def test_the_shipped_selecting_config_is_the_default_with_only_its_validation_seed_added():
     assert load_train_config("default_select") == dataclasses.replace(load_train_config("default"),
                                                                       name="default_select", select_seed=500)
+
+
+def test_the_shipped_ensemble_config_is_the_default_with_only_its_members_added():
+    assert load_train_config("default_ensemble") == dataclasses.replace(load_train_config("default"),
+                                                                        name="default_ensemble", members=2)
 
 
 def test_every_shipped_training_config_pins_its_environment_count():
@@ -152,3 +157,31 @@ def test_a_mixture_draws_its_scenarios_each_episode_and_passes_the_checkers():
     other = dataclasses.replace(short[1], observation=dataclasses.replace(short[1].observation, queue_scale=9))
     with pytest.raises(ValueError, match="share their observation scales"):
         MixtureEnv([short[0], other])
+
+
+def test_an_ensemble_trains_its_members_at_once_each_as_its_seed_would_alone(tmp_path):
+    import numpy as np
+    from safetensors.torch import load_file
+
+    from agents.export import load_policy
+
+    cfg = load_train_config(configs(tmp_path, base="burst", max_steps=10, eval_starts=None, timesteps=200, n_envs=1,
+                                    checkpoint_every=1000, members=2, seed=1))
+    out = train(cfg, tmp_path / "runs", progress_bar=False, baseline_specs=["static:1.0"])
+    ensemble = load_policy(out["policy"])
+    assert ensemble.header["version"] == 3 and ensemble.header["network"]["members"] == 2
+    assert [m["seed"] for m in ensemble.header["members"]] == [2, 3]  # seed * members + k
+    assert set(out["results"]) == {"dqn", "static:1"} and len(out["held_out"]) == 2
+    members = [load_policy(Path(run) / "policy.rlpolicy") for run in out["members"]]
+    assert [m.file_sha256 for m in members] == [m["sha256"] for m in ensemble.header["members"]]
+    obs = np.random.default_rng(0).random((64, ensemble.obs_dim), dtype=np.float32)
+    q = [m.q_values(obs) for m in members]
+    assert not np.allclose(q[0], q[1])  # two seeds, two networks: the mean is not either one
+    assert np.allclose(ensemble.q_values(obs), (q[0] + q[1]) / 2, atol=1e-6)
+    # the second member is the run that seed gives alone, bit for bit
+    alone = train(dataclasses.replace(cfg, members=1, seed=3), tmp_path / "alone", progress_bar=False,
+                  baseline_specs=[])
+    mine, theirs = load_file(Path(out["members"][1]) / "policy.rlpolicy"), load_file(alone["policy"])
+    assert set(mine) == set(theirs) and all((mine[k] == theirs[k]).all() for k in mine)
+    with pytest.raises(ValueError, match="ensemble of 2"):
+        train(cfg, tmp_path / "runs", resume=str(tmp_path / "any.zip"), progress_bar=False)
