@@ -392,7 +392,7 @@ def load_policy(path: str | Path, max_bytes: int = MAX_POLICY_BYTES, opened: Bin
         tensors = load_tensors(data)
     except (SafetensorError, ValueError, RuntimeError) as exc:
         raise fail(f"corrupted safetensors data ({exc})") from None
-    prefix = (lambda k: "") if header["version"] == VERSION else (lambda k: f"members.{k}.")
+    prefix = (lambda k: "") if count == 1 else (lambda k: f"members.{k}.")  # version 2: one network, unprefixed
     expected = {prefix(k) + name: t for k, network in enumerate(networks) for name, t in network.state_dict().items()}
     what = f"the {'dueling' if net['dueling'] else 'plain'} network of net_arch {net['net_arch']}"
     for name in expected:
