@@ -72,7 +72,8 @@ def _cell(values: list, pct: bool = False, digits: int = 1) -> str:
 
 
 def format_results(out: dict) -> str:
-    """One markdown table: a row per policy."""
+    """One markdown table: a row per policy. OOMs an episode have two digits, so that one OOM in
+    the 30 episodes of three training seeds x ten episodes shows (0.03), where one would round it away."""
     head = f"**{out['scenario']}** ({out['oom_mode']}; best incumbent {out['best_incumbent']})"
     lines = [head, "", "| policy | goodput tok/s | OOMs | preemptions | KV util % | TTFT p99 s | share of headroom |",
              "|---|---|---|---|---|---|---|"]
@@ -80,7 +81,7 @@ def format_results(out: dict) -> str:
     for name, r in out["rows"].items():
         s = shares.get(name)
         cell = "no headroom" if "share_of_headroom" in out and s is None else ("-" if s is None else f"{s:.2f}")
-        lines.append(f"| {name} | {_cell(r['goodput_tokens_per_s'])} | {_cell(r['oom_events'])} | "
+        lines.append(f"| {name} | {_cell(r['goodput_tokens_per_s'])} | {_cell(r['oom_events'], digits=2)} | "
                      f"{_cell(r['preemptions'], digits=0)} | {_cell(r['kv_util_mean'], pct=True)} | "
                      f"{_cell(r['ttft_p99_s'])} | {cell} |")
     over = ", ".join(f"{n} {x:.2f}x" for n, x in out["dqn_over"].items() if x is not None)

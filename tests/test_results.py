@@ -32,3 +32,15 @@ def test_a_preempting_engines_incumbents_add_the_peers():
     # behind the served shield the preempting engine is steered as a crashing one: it runs out no more often
     assert out["rows"][tuned + SHIELDED]["preemptions"][0] <= out["rows"][tuned]["preemptions"][0]
     assert out["best_incumbent"] in incumbents(sc)
+
+
+def test_one_oom_in_thirty_episodes_shows_in_the_table():
+    """Three training seeds x ten episodes, one OOM on one seed: the table must not round it to 0."""
+    figures = {"goodput_tokens_per_s": [500.0], "oom_events": [0.0], "preemptions": [0.0], "kv_util_mean": [0.5],
+               "ttft_p99_s": [1.0]}
+    dqn = dict(figures, goodput_tokens_per_s=[500.0, 510.0, 490.0], oom_events=[0.0, 0.1, 0.0],
+               preemptions=[0.0] * 3, kv_util_mean=[0.5] * 3, ttft_p99_s=[1.0] * 3)
+    out = {"scenario": "s", "oom_mode": "crash", "best_incumbent": "watermark",
+           "rows": {"dqn": dqn, "watermark": figures}, "dqn_over": {"watermark": 1.0}}
+    row = next(line for line in format_results(out).splitlines() if line.startswith("| dqn |"))
+    assert row.split("|")[3].strip() == "0.03 +- 0.05"
