@@ -137,6 +137,8 @@ class OvercommitEnv(gym.Env):
         sc, e = self.scenario, self.engine
         requested = int(action)
         applied = requested if self.shield is None else self.shield.filter(requested, e.last_snapshot)
+        if self.shield is not None:  # the headroom of this interval, as the sidecar's decision carries it
+            e.set_admit_headroom(self.shield.headroom(e.last_snapshot))
         self.shield_overrides += applied != requested
         self.actions_taken[applied] += 1
         start = metrics.mark(e)

@@ -303,7 +303,8 @@ def cmd_serve(a: argparse.Namespace) -> int:
     cap = {} if a.max_policy_mib is None else {"max_bytes": a.max_policy_mib << 20}  # else agents/export.py's
     confinement = Confinement(policy_dir(a.policy_dir) if a.policy_dir else None, a.allow_baselines, **cap)
     serve(a.policy, a.listen, a.metrics_port, tls, fault, say=lambda line: print(line, flush=True),
-          confinement=confinement, metrics_addr=metrics_addr, metrics_public=a.metrics_public, node=a.node)
+          confinement=confinement, metrics_addr=metrics_addr, metrics_public=a.metrics_public, node=a.node,
+          decision_interval_s=a.decision_interval)
     return 0
 
 
@@ -538,6 +539,10 @@ def parser() -> argparse.ArgumentParser:
                          "or with --allow-baselines watermark or random) to a node's DecideNode calls")
     sv.add_argument("--max-policy-mib", type=int, default=None, metavar="MIB",
                     help="refuse a policy file bigger than this, unread (default 64)")
+    sv.add_argument("--decision-interval", type=float, default=2.0, metavar="S",
+                    help="engine seconds between the engine's decisions (rlctl replay's --decision-interval): the "
+                         "shield's admission headroom holds what the running batch grows into over it "
+                         "(default %(default)s)")
     sv.add_argument("--listen", required=True,
                     help="unix:///path or 127.0.0.1:PORT (other addresses only with mutual TLS)")
     _add_metrics(sv, "the sidecar's metrics")

@@ -147,7 +147,8 @@ def test_without_mps_next_limit_the_mps_actuator_is_not_asked(sidecars, tmp_path
     assert figures["fallbacks"] == 0 and "metrics_port" not in figures
     mps, quota = figures["actuators"]["mps_pinned_mem_limit"], figures["actuators"]["engine_quota"]
     assert not mps["applied"] and "not asked" in mps["detail"]
-    assert quota["applied"] and quota["value"] == 1.2 and figures["actuator_changes"]["engine_quota"] == 1
+    # the factor is pinned once; the shield's admission headroom follows the running batch (agents/shield.py)
+    assert quota["applied"] and quota["value"] == 1.2 and figures["actuator_changes"]["engine_quota"] >= 1
 
 
 @pytest.mark.parametrize("option", [["--metrics-port", "9464"], ["--mps-next-limit"]])

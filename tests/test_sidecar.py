@@ -160,6 +160,36 @@ def test_the_decision_carries_the_shields_admission_headroom_and_the_engine_take
     assert "of the KV free" in controller.actuators["engine_quota"].detail
 
 
+@pytest.mark.parametrize("interval_s", [INTERVAL_S, 2.0])
+def test_the_headroom_holds_the_running_batchs_growth_over_the_interval_serve_is_told(sidecars, tmp_path, interval_s):
+    from agents.shield import Shield
+
+    s = sidecars(f"unix://{tmp_path}/s.sock", "static:1", "--decision-interval", str(interval_s))
+    engine = small_engine()
+    for req in requests()[:24]:
+        engine.submit(dataclasses.replace(req, arrival_s=0.0))
+    controller = LiveController(s.address, deadline_s=2.0)
+    try:
+        controller.step(engine, INTERVAL_S)
+        seen = engine.last_snapshot  # what the next decision is taken on
+        d = controller.step(engine, 2 * INTERVAL_S)
+    finally:
+        controller.close()
+    assert seen.running > 0 and seen.decode_ms > 0
+    assert d.admit_headroom == Shield(growth_interval_s=interval_s).headroom(seen) > Shield().admit_headroom
+    assert engine.admit_headroom == d.admit_headroom
+
+
+def test_serve_refuses_a_decision_interval_that_is_not_a_positive_number(tmp_path):
+    for bad in ("0", "-1", "nan"):
+        out = subprocess.run([sys.executable, "-m", "rlctl.cli", "serve", "--policy", "static:1", "--allow-baselines",
+                              "--decision-interval", bad, "--listen", f"unix://{tmp_path}/s.sock"], cwd=REPO,
+                             capture_output=True, text=True, timeout=120)
+        assert out.returncode == 2
+        assert f"rlctl serve: error: --decision-interval must be > 0 s, got {float(bad)}" in out.stderr
+        assert not (tmp_path / "s.sock").exists()
+
+
 def test_serve_listens_beyond_loopback_only_with_mutual_tls():
     from rlctl.online.sidecar import TLSFiles
 

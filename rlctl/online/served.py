@@ -136,20 +136,22 @@ def _baseline(spec: str, node: bool) -> Policy:
     return make_node_policy(spec) if node else make_policy(spec)
 
 
-def load_served_policy(spec: str, confinement: Confinement, node: bool = False) -> ServedPolicy:
+def load_served_policy(spec: str, confinement: Confinement, node: bool = False,
+                       shield: Shield = Shield()) -> ServedPolicy:
     """The operator's ``--policy``: a policy file's path (trusted: it comes from the command line),
     or a baseline spec if ``confinement`` allows baselines; with ``node``, a node policy (a node's
-    baseline, or a file trained on a node). A ``ValueError`` (``PolicyFileError`` for a file)
-    says why it cannot serve."""
+    baseline, or a file trained on a node), behind ``shield`` (one engine's). A ``ValueError``
+    (``PolicyFileError`` for a file) says why it cannot serve."""
     spec = str(spec)
     if _is_baseline(spec, node):
         if not confinement.allow_baselines:
             raise ValueError(f"--policy {spec} is a baseline spec: serve one only with --allow-baselines")
-        return _checked(spec, _baseline(spec, node), node)
-    return _checked(spec, load_policy(spec, confinement.max_bytes), node)
+        return _checked(spec, _baseline(spec, node), node, shield)
+    return _checked(spec, load_policy(spec, confinement.max_bytes), node, shield)
 
 
-def reload_served_policy(name: str, confinement: Confinement, node: bool = False) -> ServedPolicy:
+def reload_served_policy(name: str, confinement: Confinement, node: bool = False,
+                         shield: Shield = Shield()) -> ServedPolicy:
     """A client's ``ReloadPolicy``: a policy name inside the policy directory (rlctl/online/confine.py),
     or a baseline spec if allowed (a node's with ``node``). ``ReloadOff``, ``BaselineRefused``,
     ``NoSuchPolicy`` (the same words whatever the reason), or a ``ValueError`` about a file inside
@@ -159,10 +161,10 @@ def reload_served_policy(name: str, confinement: Confinement, node: bool = False
     if _is_baseline(name, node):
         if not confinement.allow_baselines:
             raise BaselineRefused(f"{name} is a baseline spec, and rlctl serve was started without --allow-baselines")
-        return _checked(name, _baseline(name, node), node)
+        return _checked(name, _baseline(name, node), node, shield)
     f, file_name = open_policy(confinement.policy_dir, name)
     with f:  # the file's name, not its path, in messages and in GetPolicy: the directory is the operator's
-        return _checked(file_name, load_policy(file_name, confinement.max_bytes, opened=f), node)
+        return _checked(file_name, load_policy(file_name, confinement.max_bytes, opened=f), node, shield)
 
 
 def _trial_node(engines: tuple[str, ...]) -> NodeState:
@@ -171,7 +173,7 @@ def _trial_node(engines: tuple[str, ...]) -> NodeState:
                      dict.fromkeys(engines, 1 / len(engines)), len(engines) << 30, len(engines) << 30)
 
 
-def _checked(spec: str, policy: Policy, node: bool = False) -> ServedPolicy:
+def _checked(spec: str, policy: Policy, node: bool = False, shield: Shield = Shield()) -> ServedPolicy:
     """``policy`` ready to serve: one engine's or a node's as asked, it pins nothing a running engine
     cannot take, and a trial decision works."""
     trained = (policy.header.get("node") or {}).get("engines") if isinstance(policy, ExportedPolicy) else None
@@ -202,9 +204,9 @@ def _checked(spec: str, policy: Policy, node: bool = False) -> ServedPolicy:
         except TypeError as exc:
             raise PolicyFileError(f"policy file {spec}: observation.scales {trained['scales']} do not fit this "
                                   f"build's scales ({exc})") from None
-        served = ServedPolicy(spec, policy, scales, policy.file_sha256, pinned)
+        served = ServedPolicy(spec, policy, scales, policy.file_sha256, pinned, shield)
     else:
-        served = ServedPolicy(spec, policy, Observation(), "", pinned)
+        served = ServedPolicy(spec, policy, Observation(), "", pinned, shield)
     try:
         served.decide(_trial_snapshot())
     except PolicyError as exc:

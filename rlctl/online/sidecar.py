@@ -30,6 +30,7 @@ action id on the wire); ``rlctl serve`` exposes it only through hidden ``--fault
 from __future__ import annotations
 
 import asyncio
+import math
 import signal
 import threading
 import time
@@ -49,6 +50,7 @@ from prometheus_client import (
     start_http_server,
 )
 
+from agents.shield import Shield
 from engine.control import ACTIONS
 from engine.node_control import action_names
 from rlctl.online.addresses import check_metrics_addr, is_loopback_host, url_host
@@ -138,9 +140,9 @@ class SidecarMetrics:
 # ---- the service -------------------------------------------------------------------------------
 class ControllerService(pb_grpc.ControllerServicer):
     def __init__(self, served: ServedPolicy, metrics: SidecarMetrics, pool: ThreadPoolExecutor,
-                 confinement: Confinement, fault: Fault | None = None) -> None:
+                 confinement: Confinement, fault: Fault | None = None, shield: Shield = Shield()) -> None:
         self._served, self.metrics, self.pool, self.fault = served, metrics, pool, fault or Fault()
-        self.confinement = confinement
+        self.confinement, self.shield = confinement, shield  # a reloaded policy is served behind the same shield
         self._lock = threading.Lock()
         metrics.serving(served)
 
@@ -246,7 +248,7 @@ class ControllerService(pb_grpc.ControllerServicer):
     async def ReloadPolicy(self, request, context):
         try:
             new = await asyncio.get_running_loop().run_in_executor(self.pool, reload_served_policy, request.policy,
-                                                                   self.confinement, self.node)
+                                                                   self.confinement, self.node, self.shield)
         except Exception as exc:  # whatever the cause, the old policy keeps serving and the caller learns why
             self.metrics.reloads.labels(result="failed").inc()
             code = next((c for kind, c in _RELOAD_REFUSALS if isinstance(exc, kind)), grpc.StatusCode.INVALID_ARGUMENT)
@@ -283,13 +285,14 @@ def _credentials(tls: TLSFiles) -> grpc.ServerCredentials:
 
 
 async def start_server(served: ServedPolicy, listen: str, confinement: Confinement, tls: TLSFiles | None = None,
-                       fault: Fault | None = None, metrics: SidecarMetrics | None = None):
+                       fault: Fault | None = None, metrics: SidecarMetrics | None = None, shield: Shield = Shield()):
     """Start the server; (server, health servicer, controller service, bound address)."""
     check_listen(listen, tls)
     metrics = metrics or SidecarMetrics()
     # no SO_REUSEPORT: a second sidecar on a taken port must fail, not share the port's traffic
     server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
-    service = ControllerService(served, metrics, ThreadPoolExecutor(DECIDE_THREADS, "decide"), confinement, fault)
+    service = ControllerService(served, metrics, ThreadPoolExecutor(DECIDE_THREADS, "decide"), confinement, fault,
+                                shield)
     pb_grpc.add_ControllerServicer_to_server(service, server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
@@ -307,21 +310,27 @@ async def start_server(served: ServedPolicy, listen: str, confinement: Confineme
 
 def serve(policy_spec: str, listen: str, metrics_port: int | None = None, tls: TLSFiles | None = None,
           fault: Fault | None = None, say: Callable[[str], None] = print, *, confinement: Confinement,
-          metrics_addr: str = "127.0.0.1", metrics_public: bool = False, node: bool = False) -> None:
+          metrics_addr: str = "127.0.0.1", metrics_public: bool = False, node: bool = False,
+          decision_interval_s: float = 2.0) -> None:
     """Load the policy, then serve it on ``listen`` until SIGINT or SIGTERM, and its metrics on
     ``metrics_addr:metrics_port`` (loopback unless ``metrics_public``). A policy that cannot serve,
     or an address that cannot be used, raises ``ValueError`` before anything listens.
-    ``confinement`` (rlctl/online/confine.py) says what may be served and reloaded."""
+    ``confinement`` (rlctl/online/confine.py) says what may be served and reloaded;
+    ``decision_interval_s`` is how often the engine asks, which the shield's admission headroom
+    covers the running batch's growth over (agents/shield.py)."""
     import torch
 
     check_listen(listen, tls)
     check_metrics_addr(metrics_addr, metrics_public)
     torch.set_num_threads(TORCH_THREADS)
-    served = load_served_policy(policy_spec, confinement, node)
-    asyncio.run(_serve(served, listen, confinement, metrics_port, metrics_addr, tls, fault, say))
+    if not (math.isfinite(decision_interval_s) and decision_interval_s > 0):
+        raise ValueError(f"--decision-interval must be > 0 s, got {decision_interval_s}")
+    shield = Shield(growth_interval_s=decision_interval_s)
+    served = load_served_policy(policy_spec, confinement, node, shield)
+    asyncio.run(_serve(served, listen, confinement, metrics_port, metrics_addr, tls, fault, say, shield))
 
 
-async def _serve(served, listen, confinement, metrics_port, metrics_addr, tls, fault, say) -> None:
+async def _serve(served, listen, confinement, metrics_port, metrics_addr, tls, fault, say, shield) -> None:
     metrics = SidecarMetrics()
     http = None
     if metrics_port is not None:
@@ -330,7 +339,8 @@ async def _serve(served, listen, confinement, metrics_port, metrics_addr, tls, f
         except OSError as exc:
             raise ValueError(f"--metrics-port {metrics_port}: cannot serve on {metrics_addr} "
                              f"({exc.strerror or exc})") from None
-    server, health_servicer, service, bound = await start_server(served, listen, confinement, tls, fault, metrics)
+    server, health_servicer, service, bound = await start_server(served, listen, confinement, tls, fault, metrics,
+                                                                  shield)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
