@@ -147,6 +147,18 @@ class Scheduler:
                     raise
                 need = seq.blocks_for(num_tokens) - len(seq.block_table)  # reclaim may take seq's own
 
+    def _attach(self, seq: Sequence) -> None:
+        """``sessions.attach``: hand ``seq`` its session's KV. When its context must come back from
+        the host and does not fit while nothing runs or waits on the host, idle contexts are dropped
+        (``reclaim``) until it does, as for a swap-in: nothing running will free blocks, and the
+        head of the queue would wait for ever."""
+        while True:
+            try:
+                return self.sessions.attach(seq)
+            except NeedBlocks:
+                if self.running or self.swapped or not self.reclaim():
+                    raise
+
     def _admit(self, seq: Sequence) -> None:
         self.waiting.remove(seq)
         seq.status = Status.RUNNING
@@ -237,7 +249,7 @@ class Scheduler:
                     if available - seq.blocks_for(len(seq)) < headroom:
                         break
             try:
-                self.sessions.attach(seq)
+                self._attach(seq)
                 self._grow(seq, len(seq))  # the whole prompt's blocks must be free now
             except NeedBlocks:
                 break

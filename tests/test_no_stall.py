@@ -79,6 +79,32 @@ def test_random_workloads_cotenants_and_actions_always_finish_without_stalling(r
     assert all(0 < eng.records[r.request_id].output_len <= min(r.output_len, r.max_tokens) for r in reqs)
 
 
+def test_a_turn_whose_context_is_on_the_host_gets_back_in_past_an_idle_context_filling_the_kv():
+    # found by the test above: nothing runs, the head turn's context (15 blocks) is on the host, an
+    # idle context of another session holds 50 of the 64 blocks, and the turn waited for ever
+    cfg = EngineConfig(num_blocks=64, segment_blocks=8, max_num_seqs=8, max_num_batched_tokens=256, max_model_len=1024,
+                       host_bytes=1 << 20)
+    eng = Engine(MODEL, cfg, executor=ProfiledExecutor(COST))
+
+    def run(*reqs: Request) -> int:
+        for r in reqs:
+            eng.submit(r)
+        n = 0
+        while eng.has_work() and n < 1000:
+            assert eng.step() or not eng.has_work()
+            n += 1
+        return n
+
+    run(Request("b1", 0.0, 226, 1, 1, session_id="b"))
+    eng.evict(0.99)
+    assert eng.sessions["b"].where == "host"
+    run(Request("a1", eng.clock, 800, 1, 1, session_id="a"))
+    assert eng.sessions["a"].where == "device" and eng.kv.blocks.num_free == 64 - 50
+    assert run(Request("b2", eng.clock, 1, 1, 1, session_id="b")) < 1000
+    assert len(eng.completed) == 3
+    assert eng.sessions["b"].where == "device" and eng.sessions["a"].where == "dropped"  # recomputed next turn
+
+
 @pytest.mark.parametrize("scenario", bundled_scenarios())
 def test_every_baseline_finishes_an_episode_of_every_bundled_scenario(scenario):
     sc = load_scenario(scenario)
