@@ -164,20 +164,26 @@ def test_the_decision_carries_the_shields_admission_headroom_and_the_engine_take
 def test_the_headroom_holds_the_running_batchs_growth_over_the_interval_serve_is_told(sidecars, tmp_path, interval_s):
     from agents.shield import Shield
 
-    s = sidecars(f"unix://{tmp_path}/s.sock", "static:1", "--decision-interval", str(interval_s))
+    s = sidecars(f"unix://{tmp_path}/s.sock", "static:1", "--decision-interval", str(interval_s),
+                 "--policy-dir", str(tmp_path))
     engine = small_engine()
     for req in requests()[:24]:
         engine.submit(dataclasses.replace(req, arrival_s=0.0))
     controller = LiveController(s.address, deadline_s=2.0)
+    decided = []
     try:
         controller.step(engine, INTERVAL_S)
-        seen = engine.last_snapshot  # what the next decision is taken on
-        d = controller.step(engine, 2 * INTERVAL_S)
+        for k in (2, 3):  # a reloaded policy is served behind the same shield
+            seen = engine.last_snapshot  # what the next decision is taken on
+            decided.append((seen, controller.step(engine, k * INTERVAL_S)))
+            with open_channel(s.address) as ch:
+                s.stub(ch).ReloadPolicy(pb.ReloadPolicyRequest(policy="static:1.0"), timeout=30)
     finally:
         controller.close()
-    assert seen.running > 0 and seen.decode_ms > 0
-    assert d.admit_headroom == Shield(growth_interval_s=interval_s).headroom(seen) > Shield().admit_headroom
-    assert engine.admit_headroom == d.admit_headroom
+    for seen, d in decided:
+        assert seen.running > 0 and seen.decode_ms > 0
+        assert d.admit_headroom == Shield(growth_interval_s=interval_s).headroom(seen) > Shield().admit_headroom
+    assert engine.admit_headroom == decided[-1][1].admit_headroom
 
 
 def test_serve_refuses_a_decision_interval_that_is_not_a_positive_number(tmp_path):
