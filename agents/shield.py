@@ -46,6 +46,20 @@ from engine.node_control import NODE_HOLD, decode_action, encode_action
 from engine.snapshot import Snapshot
 
 
+MAX_HEADROOM = 0.5  # past this a headroom would keep the KV half empty: the batch's growth is then not the risk
+
+
+def growth_blocks(snapshot: Snapshot, interval_s: float) -> int:
+    """Blocks the running batch of ``snapshot`` may decode into over ``interval_s``: each running
+    sequence one token an iteration at the last interval's mean decode iteration time, rounded up
+    to whole blocks (0 with no interval, nothing running or no iteration timed yet)."""
+    if interval_s <= 0 or snapshot.running <= 0 or snapshot.decode_ms <= 0 or snapshot.kv_blocks_total <= 0:
+        return 0
+    block_size = max(snapshot.kv_tokens_total // snapshot.kv_blocks_total, 1)
+    tokens = interval_s * 1000.0 / snapshot.decode_ms
+    return snapshot.running * math.ceil(tokens / block_size)
+
+
 @dataclass(frozen=True)
 class Shield:
     min_device_free: float = 0.05
@@ -92,20 +106,6 @@ class Shield:
                 and action != EVICT and (action != BACK_OFF or self.evict_on_back_off)):
             return EVICT
         return action if self.allowed(action, snapshot) else HOLD
-
-
-MAX_HEADROOM = 0.5  # past this a headroom would keep the KV half empty: the batch's growth is then not the risk
-
-
-def growth_blocks(snapshot: Snapshot, interval_s: float) -> int:
-    """Blocks the running batch of ``snapshot`` may decode into over ``interval_s``: each running
-    sequence one token an iteration at the last interval's mean decode iteration time, rounded up
-    to whole blocks (0 with no interval, nothing running or no iteration timed yet)."""
-    if interval_s <= 0 or snapshot.running <= 0 or snapshot.decode_ms <= 0 or snapshot.kv_blocks_total <= 0:
-        return 0
-    block_size = max(snapshot.kv_tokens_total // snapshot.kv_blocks_total, 1)
-    tokens = interval_s * 1000.0 / snapshot.decode_ms
-    return snapshot.running * math.ceil(tokens / block_size)
 
 
 # what a policy learns behind (module docstring)
