@@ -11,6 +11,7 @@ from rlctl.online.engine_metrics import FALLBACK_REASONS
 ROWS = [
     ("requests completed", "requests_completed", "{:.0f}"),
     ("goodput (tok/s)", "goodput_tokens_per_s", "{:.1f}"),
+    ("SLO attained", "slo_attainment", "{:.1%}"),
     ("tokens/s", "tokens_per_s", "{:.1f}"),
     ("KV util mean", "kv_util_mean", "{:.1%}"),
     ("KV util p99", "kv_util_p99", "{:.1%}"),
@@ -45,6 +46,26 @@ def format_table(columns: dict[str, dict], extra_rows: list | None = None) -> st
         cells = [_cell(columns[n], key, fmt).rjust(w) for n, w in zip(names, cols)]
         lines.append(label.ljust(width) + "  " + "  ".join(cells))
     return "\n".join(lines)
+
+SLO_OUT_OF_REACH = 0.1  # below this share of finished requests meeting the SLO for every policy, goodput ranks noise
+
+
+def slo_note(results: dict[str, dict], ttft_slo_s: float | None, tpot_slo_s: float | None) -> str | None:
+    """A line saying that no policy of ``results`` gets ``SLO_OUT_OF_REACH`` of its finished
+    requests within the SLO (the deployment does not serve this workload within it, whatever they
+    admit), or None: goodput, which counts only those requests, then ranks next to nothing."""
+    if ttft_slo_s is None and tpot_slo_s is None:
+        return None
+    best = [r.get("slo_attainment") for r in results.values()]
+    if any(b is None or b >= SLO_OUT_OF_REACH for b in best):
+        return None
+    slo = ", ".join(f"{name} <= {value:g} s" for name, value in (("TTFT", ttft_slo_s), ("TPOT", tpot_slo_s))
+                    if value is not None)
+    return (f"note: no policy finishes {SLO_OUT_OF_REACH:.0%} of its requests within the SLO ({slo}; best "
+            f"{max(best):.1%}): at this load the deployment does not serve this workload within its SLO, "
+            "whatever these policies admit, so goodput says little here; compare TTFT and TPOT "
+            "(a trace: try a lower --load)")
+
 
 EVAL_ROWS = [
     ("shield overrides", "shield_overrides", "{:.0f}"),

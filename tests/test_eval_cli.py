@@ -63,3 +63,22 @@ def test_a_json_path_that_cannot_be_written_is_refused_before_anything_runs(tmp_
         assert main(["eval", "--scenario", str(short_burst(tmp_path)), "--policy", "vllm", "--json", str(bad)]) == 2
         out, err = capsys.readouterr()
         assert f"rlctl eval: error: --json {bad}" in err and why in err and "eval:" not in out
+
+
+def test_eval_says_so_when_no_policy_can_meet_the_slo(tmp_path, capsys):
+    reachable = short_burst(tmp_path, steps=15)
+    data = yaml.safe_load(reachable.read_text())
+    out_of_reach = tmp_path / "impossible.yaml"  # no prefill ends within a millisecond of arrival
+    out_of_reach.write_text(yaml.safe_dump({**data, "engine": {**data["engine"], "ttft_slo_s": 0.001}}))
+    for path, noted in ((reachable, False), (out_of_reach, True)):
+        js = tmp_path / "r.json"
+        assert main(["eval", "--scenario", str(path), "--policy", "static:1.0", "--policy", "vllm", "--episodes", "1",
+                     "--json", str(js)]) == 0
+        table = capsys.readouterr().out
+        attained = {n: r["slo_attainment"] for n, r in json.loads(js.read_text())["results"].items()}
+        row = next(line for line in table.splitlines() if line.startswith("SLO attained"))
+        assert row.split()[2:] == [f"{v:.1%}" for v in attained.values()]  # the row is the figure
+        assert ("does not serve this workload within its SLO" in table) == noted
+        assert (max(attained.values()) < 0.1) == noted
+        if noted:
+            assert "TTFT <= 0.001 s" in table
