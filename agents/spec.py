@@ -38,6 +38,25 @@ def is_trained(spec: str) -> bool:
     return not is_baseline(spec) and spec != "oracle"
 
 
+def label_policies(policies: dict) -> dict:
+    """``policies`` (spec -> policy, in order) with a label each of their own, since a results table
+    and its JSON are keyed by label: a trained policy labelled as another policy is (every training
+    run writes a ``policy.rlpolicy``) is relabelled with its spec, the path as given, less the suffix.
+    Two specs that still share a label (the same file by two paths) are an error naming both."""
+    names = [p.name for p in policies.values()]
+    for spec, policy in policies.items():
+        if names.count(policy.name) > 1 and is_trained(str(spec)):
+            policy.name = str(spec).removesuffix(POLICY_SUFFIX)
+    by_label: dict[str, list[str]] = {}
+    for spec, policy in policies.items():
+        by_label.setdefault(policy.name, []).append(str(spec))
+    clashes = [f"{' and '.join(specs)} (both {name!r})" for name, specs in by_label.items() if len(specs) > 1]
+    if clashes:
+        raise ValueError(f"policies: two specs would get the same label in the results: {'; '.join(clashes)}; "
+                         "give each policy once")
+    return policies
+
+
 def make_policy(spec: str) -> Policy:
     """A policy from its spec: ``static:K``, ``watermark``, ``vllm``, ``random``, the path of a
     policy file (``*.rlpolicy``, agents/export.py) for a trained one, or the name of one shipped in

@@ -369,6 +369,7 @@ def _eval_node(a: argparse.Namespace) -> int:
     import dataclasses
 
     from agents.node_spec import make_node_policy, node_baselines
+    from agents.spec import label_policies
     from env.node_scenario import load_node_scenario
     from rlctl.evaluate import run_eval
 
@@ -386,7 +387,7 @@ def _eval_node(a: argparse.Namespace) -> int:
     specs = list(dict.fromkeys(a.policy + (node_baselines(sc) if a.baselines else [])))
     if not specs:
         raise ValueError("give --policy SPEC (one or more) or --baselines")
-    policies = {spec: make_node_policy(spec, sc.names) for spec in specs}  # every spec is checked before anything runs
+    policies = label_policies({spec: make_node_policy(spec, sc.names) for spec in specs})  # every spec is checked first
     print(f"eval: node scenario {sc.name} ({', '.join(f'{t.name}: {t.deployment}' for t in sc.tenants)}), "
           f"{a.episodes} episode(s) of {sc.max_steps} x {sc.decision_interval_s:g} s, seeds {a.seed}..{a.seed + a.episodes - 1}")
     results = run_eval(list(policies.values()), sc, a.episodes, a.seed, a.shield)
@@ -397,7 +398,7 @@ def _eval_node(a: argparse.Namespace) -> int:
 
 
 def cmd_eval(a: argparse.Namespace) -> int:
-    from agents.spec import baselines, is_trained, make_policy, static_sweep
+    from agents.spec import baselines, is_trained, label_policies, make_policy, static_sweep
     from env.node_scenario import is_node_scenario
     from rlctl.evaluate import eval_scenario, run_eval
 
@@ -409,7 +410,7 @@ def cmd_eval(a: argparse.Namespace) -> int:
     specs = list(dict.fromkeys(a.policy + (baselines(sc.best_static) if a.baselines else []) + sweep))
     if not specs:
         raise ValueError("give --policy SPEC (one or more), --baselines or --static-sweep")
-    policies = {spec: make_policy(spec) for spec in specs}  # every spec is checked before anything runs
+    policies = label_policies({spec: make_policy(spec) for spec in specs})  # every spec is checked before anything runs
     print(f"eval: scenario {sc.name} ({sc.deployment}), {a.episodes} episode(s) of {sc.max_steps} x "
           f"{sc.decision_interval_s:g} s, seeds {a.seed}..{a.seed + a.episodes - 1}")
     results = {}  # a trained policy acts behind the shield, as it is served; a baseline only with --shield

@@ -82,3 +82,32 @@ def test_eval_says_so_when_no_policy_can_meet_the_slo(tmp_path, capsys):
         assert (max(attained.values()) < 0.1) == noted
         if noted:
             assert "TTFT <= 0.001 s" in table
+
+
+def test_two_policy_files_of_the_same_name_get_a_column_each(tmp_path, capsys, monkeypatch):
+    """Every training run writes a policy.rlpolicy: two of them are two columns, labelled by path,
+    not one column under 'policy' with the second run's figures in it."""
+    from experiments import POLICIES
+
+    shipped = (POLICIES / "default.rlpolicy").read_bytes()
+    for run in ("a", "b"):
+        (tmp_path / run).mkdir()
+        (tmp_path / run / "policy.rlpolicy").write_bytes(shipped)
+    out = tmp_path / "eval.json"
+    scenario = str(short_burst(tmp_path, steps=3))
+    first, second = str(tmp_path / "a" / "policy.rlpolicy"), str(tmp_path / "b" / "policy.rlpolicy")
+    assert main(["eval", "--scenario", scenario, "--policy", first, "--policy", second, "--policy", "vllm",
+                 "--episodes", "1", "--json", str(out)]) == 0
+    results = json.loads(out.read_text())["results"]
+    assert list(results) == [str(tmp_path / "a" / "policy"), str(tmp_path / "b" / "policy"), "vllm"]
+    assert [r["policy"] for r in results.values()] == list(results)
+    header = next(line for line in capsys.readouterr().out.splitlines() if "vllm" in line)
+    assert str(tmp_path / "a" / "policy") in header and str(tmp_path / "b" / "policy") in header
+    # one file by two names that still share a label: an error naming both, before anything runs
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "default.rlpolicy").write_bytes(shipped)
+    assert main(["eval", "--scenario", scenario, "--policy", "default", "--policy", "default.rlpolicy",
+                 "--json", str(out.with_name("clash.json"))]) == 2
+    captured = capsys.readouterr()
+    assert "default and default.rlpolicy" in captured.err and "same label" in captured.err
+    assert "eval:" not in captured.out and not out.with_name("clash.json").exists()
