@@ -89,18 +89,22 @@ def format_actuators(figures: dict) -> str:
 
 def compare(runs: list[tuple[str, object, dict]]) -> tuple[str, dict]:
     """One row per config: the held-out figures of its runs, mean +- std over seeds, and the
-    baselines of the first run (the same held-out episodes for every run)."""
+    baselines of the first run (the same held-out episodes for every run). A config's row and its
+    key in the figures are ``dqn NAME``, the name its file's, or its path where two share a name."""
     keys = ("goodput_tokens_per_s", "tokens_per_s", "kv_util_mean", "kv_util_p99", "oom_events", "ttft_p99_s",
             "episode_reward")
     rows, data = [], {}
-    for path in dict.fromkeys(p for p, _, _ in runs):
-        mine = [(cfg, out) for p, cfg, out in runs if p == path]
+    paths = list(dict.fromkeys(str(p) for p, _, _ in runs))
+    stems = [Path(p).stem for p in paths]
+    for path, stem in zip(paths, stems):  # a config by its name, or by its path where two share the name
+        label = f"dqn {stem if stems.count(stem) == 1 else str(Path(path).with_suffix(''))}"
+        mine = [(cfg, out) for p, cfg, out in runs if str(p) == path]
         figures = {k: [out["results"]["dqn"][k] for _, out in mine] for k in keys}
         seeds = [cfg.seed for cfg, _ in mine]
-        data[Path(path).stem] = {"seeds": seeds, "runs": [out["run"] for _, out in mine],
-                                 **{k: {"mean": float(np.mean(v)), "std": float(np.std(v)), "values": v}
-                                    for k, v in figures.items()}}
-        rows.append((f"dqn {Path(path).stem}", f"{','.join(map(str, seeds))}", figures))
+        data[label] = {"config": path, "seeds": seeds, "runs": [out["run"] for _, out in mine],
+                       **{k: {"mean": float(np.mean(v)), "std": float(np.std(v)), "values": v}
+                          for k, v in figures.items()}}
+        rows.append((label, f"{','.join(map(str, seeds))}", figures))
     first = runs[0][2]["results"]
     for name, r in first.items():
         if name != "dqn":

@@ -185,3 +185,25 @@ def test_an_ensemble_trains_its_members_at_once_each_as_its_seed_would_alone(tmp
     assert set(mine) == set(theirs) and all((mine[k] == theirs[k]).all() for k in mine)
     with pytest.raises(ValueError, match="ensemble of 2"):
         train(cfg, tmp_path / "runs", resume=str(tmp_path / "any.zip"), progress_bar=False)
+
+
+def test_several_configs_and_seeds_end_with_a_row_each_even_where_two_configs_share_a_name(tmp_path, capsys):
+    """``--config A B --seeds 0 1``: a row per config, mean +- std over its seeds, and the same rows
+    in comparison.json; two configs both named tiny_train.yaml keep a row each, labelled by path."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir(), b.mkdir()
+    first, second = configs(a, max_steps=10, timesteps=120), configs(b, max_steps=10, timesteps=120, learning_rate=0.003)
+    logdir = tmp_path / "runs"
+    assert main(["train", "--config", str(first), str(second), "--seeds", "0", "1", "--logdir", str(logdir),
+                 "--no-progress"]) == 0
+    table = capsys.readouterr().out
+    data = json.loads((logdir / "comparison.json").read_text())
+    labels = [f"dqn {first.with_suffix('')}", f"dqn {second.with_suffix('')}"]
+    assert [k for k in data if k.startswith("dqn")] == labels
+    for label, config in zip(labels, (first, second)):
+        assert data[label]["config"] == str(config) and data[label]["seeds"] == [0, 1]
+        values = data[label]["goodput_tokens_per_s"]["values"]
+        assert len(values) == 2 and abs(data[label]["goodput_tokens_per_s"]["mean"] - sum(values) / 2) < 1e-9
+        assert len(set(data[label]["runs"])) == 2
+        assert any(line.startswith(f"| {label} |") or label in line for line in table.splitlines())
+    assert "static:1" in data and "vllm" in data  # the first run's baselines
