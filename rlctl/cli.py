@@ -30,6 +30,24 @@ def _factor(text: str) -> float:
     return value
 
 
+def _jobs(text: str) -> int:
+    """``--jobs``: a number of evaluation processes, or ``auto`` for one per core."""
+    if text == "auto":
+        return os.cpu_count() or 1
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1 or auto, got {text!r}")
+    return value
+
+
+def _jobs_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--jobs", type=_jobs, default=1, metavar="N",
+                   help="run the episodes in N processes, or auto for one per core (the same figures; default 1)")
+
+
 def _json_option(p: argparse.ArgumentParser, what: str) -> None:
     p.add_argument("--json", default=None, metavar="PATH",
                    help=f"write {what} as JSON to PATH; '-': to standard output, the rest going to standard error")
@@ -390,7 +408,7 @@ def _eval_node(a: argparse.Namespace) -> int:
     policies = label_policies({spec: make_node_policy(spec, sc.names) for spec in specs})  # every spec is checked first
     print(f"eval: node scenario {sc.name} ({', '.join(f'{t.name}: {t.deployment}' for t in sc.tenants)}), "
           f"{a.episodes} episode(s) of {sc.max_steps} x {sc.decision_interval_s:g} s, seeds {a.seed}..{a.seed + a.episodes - 1}")
-    results = run_eval(list(policies.values()), sc, a.episodes, a.seed, a.shield)
+    results = run_eval(list(policies.values()), sc, a.episodes, a.seed, a.shield, a.jobs)
     first = next(iter(results.values()))
     print(f"workload (episode 1): {first['workload']}\nclock: {first['clock']}")
     print(format_table(results, extra_rows=EVAL_ROWS + _node_rows(results)))
@@ -400,7 +418,7 @@ def _eval_node(a: argparse.Namespace) -> int:
 def cmd_eval(a: argparse.Namespace) -> int:
     from agents.spec import baselines, is_trained, label_policies, make_policy, static_sweep
     from env.node_scenario import is_node_scenario
-    from rlctl.evaluate import eval_scenario, run_eval
+    from rlctl.evaluate import eval_scenario, run_evals
 
     if a.scenario is not None and is_node_scenario(a.scenario):
         return _eval_node(a)
@@ -413,9 +431,9 @@ def cmd_eval(a: argparse.Namespace) -> int:
     policies = label_policies({spec: make_policy(spec) for spec in specs})  # every spec is checked before anything runs
     print(f"eval: scenario {sc.name} ({sc.deployment}), {a.episodes} episode(s) of {sc.max_steps} x "
           f"{sc.decision_interval_s:g} s, seeds {a.seed}..{a.seed + a.episodes - 1}")
-    results = {}  # a trained policy acts behind the shield, as it is served; a baseline only with --shield
-    for spec, policy in policies.items():
-        results.update(run_eval([policy], sc, a.episodes, a.seed, a.shield or is_trained(str(spec))))
+    # a trained policy acts behind the shield, as it is served; a baseline only with --shield
+    results = run_evals([(policy, a.shield or is_trained(str(spec))) for spec, policy in policies.items()], sc,
+                        a.episodes, a.seed, a.jobs)
     first = next(iter(results.values()))
     print(f"workload (episode 1): {first['workload']}\nclock: {first['clock']}")
     print(format_table(results, extra_rows=EVAL_ROWS))
@@ -436,7 +454,7 @@ def cmd_sweep(a: argparse.Namespace) -> int:
 
     if a.episodes <= 0:
         raise ValueError(f"--episodes must be > 0, got {a.episodes}")
-    out = sweep(load_scenario(a.scenario), a.episodes, a.seed, oracle=not a.no_oracle)
+    out = sweep(load_scenario(a.scenario), a.episodes, a.seed, oracle=not a.no_oracle, jobs=a.jobs)
     print(format_sweep(out))
     if a.json:
         with open(a.json, "w") as f:
@@ -457,7 +475,7 @@ def cmd_results(a: argparse.Namespace) -> int:
     scenarios = [load_scenario(name) for name in a.scenario]
     out = []
     for sc in scenarios:
-        r = results(sc, a.policy, a.episodes, a.seed, oracle=not a.no_oracle)
+        r = results(sc, a.policy, a.episodes, a.seed, oracle=not a.no_oracle, jobs=a.jobs)
         print(format_results(r), flush=True)
         print()
         out.append(r)
@@ -590,6 +608,7 @@ def parser() -> argparse.ArgumentParser:
                    help="filter the baselines' actions through the safety shield too (a trained policy's always are)")
     _json_option(e, "every figure and time series")
     e.add_argument("--plot", default=None, help="draw utilisation, factor, queue and OOMs over time to this PNG")
+    _jobs_option(e)
     e.set_defaults(fn=cmd_eval)
 
     w = sub.add_parser("sweep", help="every fixed factor, the rules, the peers and the oracle on a scenario: does it "
@@ -599,6 +618,7 @@ def parser() -> argparse.ArgumentParser:
     w.add_argument("--seed", type=int, default=100, help="episode k uses seed + k (default: the training seeds 100..)")
     w.add_argument("--no-oracle", action="store_true", help="leave the (slow) lookahead oracle out")
     w.add_argument("--json", default=None, help="write every figure and the verdict to this JSON file")
+    _jobs_option(w)
     w.set_defaults(fn=cmd_sweep)
 
     rs = sub.add_parser("results", help="trained policies against every incumbent and the oracle, per scenario, "
@@ -609,6 +629,7 @@ def parser() -> argparse.ArgumentParser:
     rs.add_argument("--seed", type=int, default=1000, help="episode k uses seed + k (default: held-out seeds 1000..)")
     rs.add_argument("--no-oracle", action="store_true", help="leave the (slow) lookahead oracle out")
     rs.add_argument("--json", default=None, help="write every figure to this JSON file")
+    _jobs_option(rs)
     rs.set_defaults(fn=cmd_results)
 
     t = sub.add_parser("train", help="train the DQN on a scenario; TensorBoard logs, checkpoints, exported policy")

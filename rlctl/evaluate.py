@@ -2,7 +2,9 @@
 
 Every figure comes from the environment's ``info``: the per-step raw figures for the time
 series, and ``summary`` (``engine.metrics.summarize``) at the end of each episode. Episode k of
-every policy uses seed ``seed + k``, so all policies see the same workloads.
+every policy uses seed ``seed + k``, so all policies see the same workloads. An episode depends on
+nothing but its policy, scenario, shield and seed, so ``jobs`` > 1 runs them in that many worker
+processes (the lookahead oracle's first, the slowest) with the same figures as one after another.
 """
 from __future__ import annotations
 
@@ -31,7 +33,11 @@ def run_episode(env: OvercommitEnv, policy: Policy, seed: int) -> tuple[dict, di
 
 def evaluate(env: OvercommitEnv, policy: Policy, episodes: int = 1, seed: int = 0) -> dict:
     """Mean figures over ``episodes`` (and each episode's), plus the first episode's time series."""
-    runs = [run_episode(env, policy, seed + k) for k in range(episodes)]
+    return _figures(policy.name, [run_episode(env, policy, seed + k) for k in range(episodes)])
+
+
+def _figures(name: str, runs: list[tuple[dict, dict]]) -> dict:
+    """The figures ``evaluate`` returns, from its episodes' (summary, series) in seed order."""
     summaries = [s for s, _ in runs]
     mean = {}
     for key, value in summaries[0].items():
@@ -40,7 +46,7 @@ def evaluate(env: OvercommitEnv, policy: Policy, episodes: int = 1, seed: int = 
             mean[key] = float(np.mean(values))
         else:
             mean[key] = value
-    return {**mean, "policy": policy.name, "episodes": summaries, "series": runs[0][1]}
+    return {**mean, "policy": name, "episodes": summaries, "series": runs[0][1]}
 
 
 
@@ -104,9 +110,58 @@ def make_env(scenario, shield: bool, training: bool = False):
     return OvercommitEnv(scenario, shield=(TRAINING if training else Shield()) if shield else None)
 
 
-def run_eval(policies: list[Policy], scenario, episodes: int, seed: int, shield: bool) -> dict[str, dict]:
+def run_eval(policies: list[Policy], scenario, episodes: int, seed: int, shield: bool, jobs: int = 1) -> dict[str, dict]:
     """Every policy on the same ``episodes`` seeds of ``scenario``."""
+    return run_evals([(p, shield) for p in policies], scenario, episodes, seed, jobs)
+
+
+def run_evals(entries: list[tuple[Policy, bool]], scenario, episodes: int, seed: int, jobs: int = 1) -> dict[str, dict]:
+    """Each ``(policy, shield)`` on the same ``episodes`` seeds of ``scenario``, keyed by the
+    policy's name in the order given; ``jobs`` > 1 runs the episodes in that many processes."""
     if episodes <= 0:
         raise ValueError(f"--episodes must be > 0, got {episodes}")
-    env = make_env(scenario, shield)
-    return {p.name: evaluate(env, p, episodes, seed) for p in policies}
+    check_jobs(jobs)
+    if jobs == 1:
+        envs = {s: make_env(scenario, s) for s in dict.fromkeys(s for _, s in entries)}
+        return {p.name: evaluate(envs[s], p, episodes, seed) for p, s in entries}
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    from agents.oracle import Oracle
+
+    tasks = [(i, k) for i in range(len(entries)) for k in range(episodes)]
+    tasks.sort(key=lambda t: not isinstance(entries[t[0]][0], Oracle))  # the slowest first, so none is left last
+    with ProcessPoolExecutor(min(jobs, len(tasks)), mp_context=multiprocessing.get_context("forkserver"),
+                             initializer=_worker_init, initargs=(scenario,)) as pool:
+        futures = {t: pool.submit(_worker_episode, entries[t[0]][0], entries[t[0]][1], seed + t[1]) for t in tasks}
+        try:
+            runs = {t: f.result() for t, f in futures.items()}
+        except BaseException:
+            pool.shutdown(cancel_futures=True)
+            raise
+    return {p.name: _figures(p.name, [runs[i, k] for k in range(episodes)]) for i, (p, _) in enumerate(entries)}
+
+
+def check_jobs(jobs) -> int:
+    """``jobs``, the number of evaluation processes, refused unless a whole number >= 1."""
+    if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
+        raise ValueError(f"--jobs must be a whole number >= 1 (evaluation processes), got {jobs!r}")
+    return jobs
+
+
+_WORKER: dict = {}  # in an evaluation process: its scenario, and one environment per shield setting
+
+
+def _worker_init(scenario) -> None:
+    import torch
+
+    torch.set_num_threads(1)  # one core a process: the processes share the machine
+    _WORKER.clear()
+    _WORKER["scenario"] = scenario
+
+
+def _worker_episode(policy: Policy, shield: bool, seed: int) -> tuple[dict, dict[str, list]]:
+    env = _WORKER.get(shield)
+    if env is None:
+        env = _WORKER[shield] = make_env(_WORKER["scenario"], shield)
+    return run_episode(env, policy, seed)

@@ -16,7 +16,7 @@ import numpy as np
 
 from agents.spec import make_policy
 from env.scenario import Scenario
-from rlctl.evaluate import run_eval
+from rlctl.evaluate import run_evals
 
 FIGURES = ("goodput_tokens_per_s", "oom_events", "preemptions", "kv_util_mean", "ttft_p99_s")
 
@@ -39,13 +39,18 @@ def share(policy: float, incumbent: float, oracle: float) -> float | None:
     return None if oracle <= incumbent else (policy - incumbent) / (oracle - incumbent)
 
 
-def results(scenario: Scenario, policy_files: list[str], episodes: int, seed: int, oracle: bool = True) -> dict:
+def results(scenario: Scenario, policy_files: list[str], episodes: int, seed: int, oracle: bool = True,
+            jobs: int = 1) -> dict:
     tuned = f"static:{scenario.best_static:g}"
     specs = ["static:1.0", tuned, "watermark", "vllm", "sglang"] + (["oracle"] if oracle else [])
-    baseline = run_eval([make_policy(s) for s in dict.fromkeys(specs)], scenario, episodes, seed, shield=False)
-    (baseline[tuned + SHIELDED],) = run_eval([make_policy(tuned)], scenario, episodes, seed, shield=True).values()
-    runs = [run_eval([make_policy(p)], scenario, episodes, seed, shield=True) for p in policy_files]
-    dqn = [next(iter(r.values())) for r in runs]
+    entries = [(make_policy(s), False) for s in dict.fromkeys(specs)]
+    shielded = make_policy(tuned)
+    shielded.name += SHIELDED
+    trained = [make_policy(p) for p in policy_files]
+    for k, policy in enumerate(trained):  # a row each, whatever the files are called
+        policy.name = f"dqn {k}"
+    baseline = run_evals(entries + [(shielded, True)] + [(p, True) for p in trained], scenario, episodes, seed, jobs)
+    dqn = [baseline.pop(p.name) for p in trained]
     rows = {"dqn": {k: [d[k] for d in dqn] for k in FIGURES}}
     for name, r in baseline.items():
         rows[name] = {k: [r[k]] for k in FIGURES}

@@ -29,12 +29,13 @@ def _best(results: dict[str, dict], names: list[str]) -> str:
     return max(names, key=lambda n: results[n]["goodput_tokens_per_s"])
 
 
-def sweep(scenario: Scenario, episodes: int, seed: int, oracle: bool = True, phases: bool = True) -> dict:
+def sweep(scenario: Scenario, episodes: int, seed: int, oracle: bool = True, phases: bool = True,
+          jobs: int = 1) -> dict:
     """The sweep of ``scenario`` on seeds ``seed``.. (see the module docstring)."""
     statics = static_sweep(scenario.engine_config().overcommit_max)
     specs = statics + ["watermark", "vllm", "sglang"] + (["oracle"] if oracle else [])
     policies = [make_policy(s) for s in specs]
-    results = run_eval(policies, scenario, episodes, seed, shield=False)
+    results = run_eval(policies, scenario, episodes, seed, shield=False, jobs=jobs)
     static_names = [make_policy(s).name for s in statics]
     best_static = _best(results, static_names)
     everyone = list(results)
@@ -62,7 +63,7 @@ def sweep(scenario: Scenario, episodes: int, seed: int, oracle: bool = True, pha
         for p in scenario.workload.phases:
             alone = dataclasses.replace(scenario, workload=dataclasses.replace(scenario.workload, phases=(p,)),
                                         name=f"{scenario.name}[{p.name}]")
-            r = run_eval([make_policy(s) for s in statics], alone, episodes, seed, shield=False)
+            r = run_eval([make_policy(s) for s in statics], alone, episodes, seed, shield=False, jobs=jobs)
             out["phases"][p.name] = {"best_static": _best(r, list(r)),
                                      "goodput": {n: x["goodput_tokens_per_s"] for n, x in r.items()},
                                      "oom_events": {n: x["oom_events"] for n, x in r.items()}}
