@@ -120,7 +120,8 @@ def run_evals(entries: list[tuple[Policy, bool]], scenario, episodes: int, seed:
     policy's name in the order given; ``jobs`` > 1 runs the episodes in that many processes."""
     if episodes <= 0:
         raise ValueError(f"--episodes must be > 0, got {episodes}")
-    check_jobs(jobs)
+    if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
+        raise ValueError(f"--jobs must be a whole number >= 1 (evaluation processes), got {jobs!r}")
     if jobs == 1:
         envs = {s: make_env(scenario, s) for s in dict.fromkeys(s for _, s in entries)}
         return {p.name: evaluate(envs[s], p, episodes, seed) for p, s in entries}
@@ -142,13 +143,6 @@ def run_evals(entries: list[tuple[Policy, bool]], scenario, episodes: int, seed:
     return {p.name: _figures(p.name, [runs[i, k] for k in range(episodes)]) for i, (p, _) in enumerate(entries)}
 
 
-def check_jobs(jobs) -> int:
-    """``jobs``, the number of evaluation processes, refused unless a whole number >= 1."""
-    if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
-        raise ValueError(f"--jobs must be a whole number >= 1 (evaluation processes), got {jobs!r}")
-    return jobs
-
-
 _WORKER: dict = {}  # in an evaluation process: its scenario, and one environment per shield setting
 
 
@@ -156,7 +150,6 @@ def _worker_init(scenario) -> None:
     import torch
 
     torch.set_num_threads(1)  # one core a process: the processes share the machine
-    _WORKER.clear()
     _WORKER["scenario"] = scenario
 
 
