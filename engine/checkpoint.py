@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from engine.config import ModelConfig, torch_dtype
+from engine.config import ModelConfig, RopeScaling, torch_dtype
 from engine.model import LlamaModel
 
 
@@ -19,12 +19,28 @@ class CheckpointError(ValueError):
     """A checkpoint directory that cannot be loaded; the message says which file and why."""
 
 
-def _rope_theta(cfg: dict, path: Path) -> float:
+def _rope(cfg: dict, path: Path) -> tuple[float, RopeScaling | None]:
+    """RoPE's base and scaling, from ``rope_parameters`` (transformers 5) or ``rope_scaling`` and
+    ``rope_theta`` (earlier releases)."""
     params = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+    if not isinstance(params, dict):
+        raise CheckpointError(f"{path}: rope parameters must be an object, got {params!r}")
     kind = params.get("rope_type", params.get("type", "default"))
-    if kind not in ("default", None):
-        raise CheckpointError(f"{path}: rope type {kind!r} is not supported (only the default rotary embedding)")
-    return float(params.get("rope_theta", cfg.get("rope_theta", 10000.0)))
+    if kind not in ("default", None, *RopeScaling.KINDS):
+        raise CheckpointError(f"{path}: rope type {kind!r} is not supported "
+                              f"(the default rotary embedding, {', '.join(RopeScaling.KINDS)})")
+    try:
+        theta = float(params.get("rope_theta", cfg.get("rope_theta", 10000.0)))
+        if kind in ("default", None):
+            return theta, None
+        if kind == "linear":
+            return theta, RopeScaling("linear", float(params["factor"]))
+        return theta, RopeScaling("llama3", float(params["factor"]), float(params["low_freq_factor"]),
+                                  float(params["high_freq_factor"]), int(params["original_max_position_embeddings"]))
+    except KeyError as exc:
+        raise CheckpointError(f"{path}: rope type {kind!r} needs {exc.args[0]!r}") from exc
+    except (TypeError, ValueError) as exc:
+        raise CheckpointError(f"{path}: {exc}") from exc
 
 
 def read_config(directory: str | Path) -> ModelConfig:
@@ -39,13 +55,15 @@ def read_config(directory: str | Path) -> ModelConfig:
         raise CheckpointError(f"{path}: not valid JSON ({exc})") from exc
     if cfg.get("model_type") != "llama":
         raise CheckpointError(f"{path}: model_type {cfg.get('model_type')!r} is not 'llama'")
+    theta, scaling = _rope(cfg, path)
     try:
         heads = int(cfg["num_attention_heads"])
         mc = ModelConfig(
             vocab_size=int(cfg["vocab_size"]), hidden_size=int(cfg["hidden_size"]),
             intermediate_size=int(cfg["intermediate_size"]), num_layers=int(cfg["num_hidden_layers"]),
             num_heads=heads, num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
-            max_position=int(cfg.get("max_position_embeddings", 2048)), rope_theta=_rope_theta(cfg, path),
+            max_position=int(cfg.get("max_position_embeddings", 2048)), rope_theta=theta,
+            rope_scaling=scaling,
             rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             dtype=str(cfg.get("dtype") or cfg.get("torch_dtype") or "float32"))
@@ -55,6 +73,8 @@ def read_config(directory: str | Path) -> ModelConfig:
         raise CheckpointError(f"{path}: {exc}") from exc
     if cfg.get("head_dim") not in (None, mc.head_dim):
         raise CheckpointError(f"{path}: head_dim {cfg['head_dim']} != hidden_size / num_attention_heads ({mc.head_dim})")
+    if cfg.get("hidden_act", "silu") != "silu":
+        raise CheckpointError(f"{path}: hidden_act {cfg['hidden_act']!r} is not supported (Llama's MLP is 'silu')")
     if cfg.get("attention_bias") or cfg.get("mlp_bias"):
         raise CheckpointError(f"{path}: attention or MLP biases are not supported")
     return mc

@@ -17,6 +17,39 @@ def torch_dtype(name: str) -> torch.dtype:
 
 
 @dataclass(frozen=True)
+class RopeScaling:
+    """How a checkpoint stretches RoPE past the context it was pre-trained on (``rope_scaling``, or
+    ``rope_parameters``, in its config.json), as Hugging Face's Llama applies it.
+
+    ``linear`` (position interpolation): every frequency divided by ``factor``. ``llama3`` (Llama
+    3.1 and later): frequencies whose wavelength is shorter than ``original_max_position /
+    high_freq_factor`` are kept, those longer than ``original_max_position / low_freq_factor`` are
+    divided by ``factor``, and those between are blended linearly in ``original_max_position /
+    wavelength``. Neither scales the attention logits.
+    """
+
+    kind: str
+    factor: float
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_position: int = 8192
+
+    KINDS = ("linear", "llama3")
+
+    def __post_init__(self) -> None:
+        if self.kind not in self.KINDS:
+            raise ValueError(f"rope scaling: kind {self.kind!r} is not one of {', '.join(self.KINDS)}")
+        if not self.factor > 0:
+            raise ValueError(f"rope scaling: factor must be > 0, got {self.factor}")
+        if self.kind == "llama3":
+            if not 0 < self.low_freq_factor < self.high_freq_factor:
+                raise ValueError(f"rope scaling: needs 0 < low_freq_factor < high_freq_factor, got "
+                                 f"{self.low_freq_factor} and {self.high_freq_factor}")
+            if self.original_max_position <= 0:
+                raise ValueError(f"rope scaling: original_max_position must be > 0, got {self.original_max_position}")
+
+
+@dataclass(frozen=True)
 class ModelConfig:
     """A Llama-architecture decoder. The default is tiny so that it runs fast on a CPU."""
 
@@ -28,6 +61,7 @@ class ModelConfig:
     num_kv_heads: int = 2
     max_position: int = 8192
     rope_theta: float = 10000.0
+    rope_scaling: RopeScaling | None = None
     rms_norm_eps: float = 1e-5
     tie_word_embeddings: bool = False
     dtype: str = "float32"  # activations and KV
@@ -43,6 +77,8 @@ class ModelConfig:
         if self.num_heads % self.num_kv_heads:
             raise ValueError(f"num_heads {self.num_heads} is not a multiple of num_kv_heads {self.num_kv_heads}")
         torch_dtype(self.dtype)
+        if self.rope_scaling is not None and not isinstance(self.rope_scaling, RopeScaling):
+            raise ValueError(f"rope_scaling must be a RopeScaling or None, got {self.rope_scaling!r}")
         if self.weight_bits is not None and self.weight_bits not in (2, 3, 4, 8, 16, 32):
             raise ValueError(f"weight_bits must be one of 2, 3, 4, 8, 16, 32, got {self.weight_bits}")
 

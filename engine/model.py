@@ -7,12 +7,14 @@ the pool and which blocks each sequence reads.
 """
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import nn
 import torch.nn.functional as F
 
 from engine.attention import AttentionBatch, paged_attention
-from engine.config import ModelConfig, torch_dtype
+from engine.config import ModelConfig, RopeScaling, torch_dtype
 from engine.kv_pool import KVPool
 
 
@@ -55,6 +57,22 @@ def stacked(module: nn.Module, fused: str, in_features: int, parts: dict[str, in
     return nn.Linear(in_features, sum(sizes), bias=False)
 
 
+def scaled(inv_freq: torch.Tensor, scaling: RopeScaling) -> torch.Tensor:
+    """``inv_freq`` stretched as ``scaling`` says (engine/config.py), in float32 and in the
+    reference implementation's order of operations, so that the angles match it bit for bit."""
+    if scaling.kind == "linear":
+        return inv_freq / scaling.factor
+    wavelength = 2 * math.pi / inv_freq
+    long_wave = scaling.original_max_position / scaling.low_freq_factor   # longer: divided by factor
+    short_wave = scaling.original_max_position / scaling.high_freq_factor  # shorter: kept
+    stretched = torch.where(wavelength > long_wave, inv_freq / scaling.factor, inv_freq)
+    blend = ((scaling.original_max_position / wavelength - scaling.low_freq_factor)
+             / (scaling.high_freq_factor - scaling.low_freq_factor))
+    blended = (1 - blend) * stretched / scaling.factor + blend * stretched
+    between = (wavelength >= short_wave) & (wavelength <= long_wave)
+    return torch.where(between, blended, stretched)
+
+
 class Rotary(nn.Module):
     """Rotary position embedding, rotate-half convention, computed once per forward pass.
 
@@ -63,9 +81,11 @@ class Rotary(nn.Module):
     positions ~2000 a third of a radian off.
     """
 
-    def __init__(self, head_dim: int, theta: float) -> None:
+    def __init__(self, head_dim: int, theta: float, scaling: RopeScaling | None = None) -> None:
         super().__init__()
         inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+        if scaling is not None:
+            inv_freq = scaled(inv_freq, scaling)
         self.register_buffer("inv_freq", inv_freq, persistent=False)
 
     def _apply(self, fn, recurse=True):
@@ -151,7 +171,7 @@ class LlamaModel(nn.Module):
         super().__init__()
         self.config = cfg
         self.model = LlamaBody(cfg)
-        self.rotary = Rotary(cfg.head_dim, cfg.rope_theta)
+        self.rotary = Rotary(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight

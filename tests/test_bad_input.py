@@ -6,6 +6,7 @@ import json
 import pytest
 
 from engine.checkpoint import CheckpointError, load_checkpoint
+from engine.config import RopeScaling
 from engine.request import RequestError
 from engine.request import Request
 from rlctl.cli import main
@@ -97,6 +98,44 @@ def test_a_checkpoint_whose_config_disagrees_with_its_tensors_is_refused(checkpo
     cfg["intermediate_size"] = 48
     (checkpoint / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(CheckpointError, match="has shape"):
+        load_checkpoint(checkpoint)
+
+
+def _edit_config(checkpoint, **fields):
+    cfg = json.loads((checkpoint / "config.json").read_text())
+    cfg.pop("rope_parameters", None)
+    cfg.update(fields)
+    (checkpoint / "config.json").write_text(json.dumps(cfg))
+
+
+@pytest.mark.parametrize("rope, match", [
+    ({"rope_type": "yarn", "factor": 4.0}, "rope type 'yarn' is not supported"),
+    ({"type": "dynamic", "factor": 2.0}, "rope type 'dynamic' is not supported"),
+    ({"rope_type": "llama3", "factor": 8.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 64},
+     "rope type 'llama3' needs 'low_freq_factor'"),
+    ({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 4.0, "high_freq_factor": 1.0,
+      "original_max_position_embeddings": 64}, "low_freq_factor < high_freq_factor"),
+    ({"rope_type": "linear", "factor": 0}, "factor must be > 0"),
+])
+def test_a_checkpoint_with_a_rope_scaling_it_cannot_apply_is_refused_by_name(checkpoint, rope, match):
+    _edit_config(checkpoint, rope_scaling=rope, rope_theta=10000.0)
+    with pytest.raises(CheckpointError, match=match):
+        load_checkpoint(checkpoint)
+
+
+def test_a_checkpoint_in_the_older_config_layout_loads_its_rope_scaling(checkpoint):
+    # transformers 4 wrote rope_theta beside rope_scaling, as Llama 3.1's and 3.2's config.json have it
+    _edit_config(checkpoint, rope_theta=500000.0, rope_scaling={
+        "rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 64})
+    model = load_checkpoint(checkpoint)
+    assert model.config.rope_theta == 500000.0
+    assert model.config.rope_scaling == RopeScaling("llama3", 32.0, 1.0, 4.0, 64)
+
+
+def test_a_checkpoint_with_another_activation_is_refused(checkpoint):
+    _edit_config(checkpoint, hidden_act="gelu")
+    with pytest.raises(CheckpointError, match="hidden_act 'gelu' is not supported"):
         load_checkpoint(checkpoint)
 
 

@@ -1,16 +1,20 @@
 """RoPE stays exact in bf16 and fp16: frequencies, angles and cos/sin in float32, as transformers
-computes them, so that the engine generates what transformers generates at long positions."""
+computes them, so that the engine generates what transformers generates at long positions; and
+scaled RoPE (linear, Llama 3.1's) is transformers' to the bit, from a checkpoint's config.json."""
 from __future__ import annotations
+
+from dataclasses import replace
 
 import pytest
 import torch
 
 from conftest import hf_greedy
-from engine.config import EngineConfig, ModelConfig, torch_dtype
+from engine.checkpoint import load_checkpoint
+from engine.config import EngineConfig, ModelConfig, RopeScaling, torch_dtype
 from engine.engine import Engine
 from engine.model import LlamaModel
 from engine.request import Request
-from rlctl.bench.engine import hf_twin
+from rlctl.bench.engine import hf_rope_scaling, hf_twin
 
 pytest.importorskip("transformers")
 
@@ -87,3 +91,50 @@ def test_long_prompts_in_low_precision_generate_what_transformers_generates(dtyp
     assert next(hf.parameters()).dtype == torch_dtype(dtype)
     for i, p in enumerate(prompts):
         assert eng.outputs[f"r{i}"] == hf_greedy(hf, p, new_tokens), f"r{i} differs"
+
+
+SCALINGS = [RopeScaling("linear", 4.0),
+            # wavelengths 2*pi*50000**(k/16): below 64/4, between 64/4 and 64/1 and above it, so that
+            # every branch of Llama 3.1's rule is taken
+            RopeScaling("llama3", 8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position=64)]
+
+
+@pytest.mark.parametrize("scaling", SCALINGS, ids=lambda s: s.kind)
+def test_scaled_rope_frequencies_are_transformers_values(scaling):
+    from transformers import LlamaConfig
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+    cfg = replace(small("float32"), rope_theta=50000.0, rope_scaling=scaling)
+    model = LlamaModel.from_seed(cfg, seed=0)
+    ref = LlamaRotaryEmbedding(LlamaConfig(hidden_size=cfg.hidden_size, num_attention_heads=cfg.num_heads,
+                                           rope_theta=cfg.rope_theta, max_position_embeddings=cfg.max_position,
+                                           rope_scaling=hf_rope_scaling(scaling)))
+    plain = LlamaModel.from_seed(replace(cfg, rope_scaling=None), seed=0).rotary.inv_freq
+    assert torch.equal(model.rotary.inv_freq, ref.inv_freq)
+    kept, divided = model.rotary.inv_freq == plain, model.rotary.inv_freq == plain / scaling.factor
+    if scaling.kind == "llama3":  # the short wavelengths kept, the long ones divided, the middle blended
+        assert kept.any() and divided.any() and (~kept & ~divided).any()
+    else:
+        assert divided.all()
+
+
+@pytest.mark.parametrize("scaling", SCALINGS, ids=lambda s: s.kind)
+def test_a_scaled_rope_checkpoint_generates_what_transformers_generates(tmp_path, scaling):
+    cfg = replace(small("float32"), rope_theta=50000.0, rope_scaling=scaling)
+    model = sharpened(cfg, seed=0)
+    hf_twin(model).save_pretrained(tmp_path)  # a checkpoint as transformers writes it, rope_parameters and all
+    loaded = load_checkpoint(tmp_path)
+    assert loaded.config.rope_scaling == scaling
+    g = torch.Generator().manual_seed(2)
+    prompts = [torch.randint(0, cfg.vocab_size, (n,), generator=g).tolist() for n in (150, 300)]
+    outputs = {}
+    for name, m in (("scaled", loaded), ("unscaled", sharpened(replace(cfg, rope_scaling=None), seed=0))):
+        eng = Engine(m.config, EngineConfig(num_blocks=64, max_model_len=512, max_num_batched_tokens=128),
+                     model=m, keep_outputs=True)
+        for i, p in enumerate(prompts):
+            eng.submit(Request(f"r{i}", 0.0, len(p), 12, 12, prompt_ids=tuple(p)))
+        eng.run()
+        outputs[name] = [eng.outputs[f"r{i}"] for i in range(len(prompts))]
+    hf = hf_twin(loaded)
+    assert outputs["scaled"] == [hf_greedy(hf, p, 12) for p in prompts]
+    assert outputs["unscaled"] != outputs["scaled"]  # the scaling changes what is generated: the test can fail

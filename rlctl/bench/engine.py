@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from engine.config import EngineConfig, ModelConfig
+from engine.config import EngineConfig, ModelConfig, RopeScaling
 from engine.device import Device
 from engine.engine import Engine
 from engine.executor import timed_call
@@ -64,6 +64,17 @@ class BenchSizes:
             raise ValueError(f"kv_blocks {self.kv_blocks} must hold at least two sequences of {self.seq_blocks} blocks")
 
 
+def hf_rope_scaling(scaling: RopeScaling | None) -> dict | None:
+    """``scaling`` as transformers' config writes it (``rope_scaling``)."""
+    if scaling is None:
+        return None
+    if scaling.kind == "linear":
+        return {"rope_type": "linear", "factor": scaling.factor}
+    return {"rope_type": "llama3", "factor": scaling.factor, "low_freq_factor": scaling.low_freq_factor,
+            "high_freq_factor": scaling.high_freq_factor,
+            "original_max_position_embeddings": scaling.original_max_position}
+
+
 def hf_twin(model: LlamaModel):
     """Hugging Face's ``LlamaForCausalLM`` with exactly the weights of our ``model``, on its device."""
     from transformers import AutoModelForCausalLM, LlamaConfig
@@ -72,7 +83,8 @@ def hf_twin(model: LlamaModel):
     hfc = LlamaConfig(vocab_size=mc.vocab_size, hidden_size=mc.hidden_size, intermediate_size=mc.intermediate_size,
                       num_hidden_layers=mc.num_layers, num_attention_heads=mc.num_heads,
                       num_key_value_heads=mc.num_kv_heads, max_position_embeddings=mc.max_position,
-                      rope_theta=mc.rope_theta, rms_norm_eps=mc.rms_norm_eps,
+                      rope_theta=mc.rope_theta, rope_scaling=hf_rope_scaling(mc.rope_scaling),
+                      rms_norm_eps=mc.rms_norm_eps,
                       tie_word_embeddings=mc.tie_word_embeddings, bos_token_id=None, eos_token_id=None,
                       pad_token_id=None)
     param = next(model.parameters())
