@@ -11,9 +11,15 @@ from agents.policy import Policy
 from experiments import POLICIES, bundled, find
 
 
+def static_spec(factor: float) -> str:
+    """``static:K`` written as its row is labelled (``static:1``, ``static:1.5``), so that the
+    conservative reservation and a tuned factor of 1 are one spec, not two with one label."""
+    return f"static:{factor:g}"
+
+
 def baselines(best_static: float = 1.0) -> list[str]:
     """Every baseline's spec; ``best_static`` is the scenario's tuned fixed factor."""
-    return list(dict.fromkeys(["static:1.0", f"static:{best_static:g}", "watermark", "vllm", "sglang", "random"]))
+    return list(dict.fromkeys([static_spec(1.0), static_spec(best_static), "watermark", "vllm", "sglang", "random"]))
 
 
 SWEEP_FACTORS = (1.0, 1.25, 1.5, 2.0, 2.5, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0)
@@ -21,7 +27,7 @@ SWEEP_FACTORS = (1.0, 1.25, 1.5, 2.0, 2.5, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0)
 
 def static_sweep(max_factor: float) -> list[str]:
     """``static:K`` for every factor of a multiplicative grid from 1 up to ``max_factor``."""
-    return [f"static:{k:g}" for k in SWEEP_FACTORS if k <= max_factor]
+    return [static_spec(k) for k in SWEEP_FACTORS if k <= max_factor]
 
 
 _SIMPLE = {"watermark": Watermark, "vllm": VLLM, "sglang": SGLang, "random": Random}

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from agents.spec import make_policy
+from agents.spec import make_policy, static_spec
 from env.scenario import Scenario
 from rlctl.evaluate import run_evals
 
@@ -29,7 +29,7 @@ def incumbents(scenario: Scenario) -> list[str]:
     includes the tuned fixed factor behind the safety shield, as ``rlctl serve`` serves it (the
     shield evicts to host before the KV is full, on a preempting engine too): the trained policy
     acts behind that shield, so a fixed factor is given it too."""
-    tuned = f"static:{scenario.best_static:g}"
+    tuned = static_spec(scenario.best_static)
     same_engine = [tuned, tuned + SHIELDED, "watermark"]
     return same_engine if scenario.engine_config().oom_mode == "crash" else same_engine + ["vllm", "sglang"]
 
@@ -41,8 +41,8 @@ def share(policy: float, incumbent: float, oracle: float) -> float | None:
 
 def results(scenario: Scenario, policy_files: list[str], episodes: int, seed: int, oracle: bool = True,
             jobs: int = 1) -> dict:
-    tuned = f"static:{scenario.best_static:g}"
-    specs = ["static:1.0", tuned, "watermark", "vllm", "sglang"] + (["oracle"] if oracle else [])
+    tuned = static_spec(scenario.best_static)
+    specs = [static_spec(1.0), tuned, "watermark", "vllm", "sglang"] + (["oracle"] if oracle else [])
     entries = [(make_policy(s), False) for s in dict.fromkeys(specs)]
     shielded = make_policy(tuned)
     shielded.name += SHIELDED

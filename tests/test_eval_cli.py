@@ -28,14 +28,26 @@ def test_eval_with_baselines_prints_one_table_and_writes_the_figures(tmp_path, c
                 "TPOT p50", "shield overrides"):
         assert row in table
     results = json.loads(out.read_text())["results"]
-    assert list(results) == ["static:1", "static:1.5", "watermark", "vllm", "sglang", "random"] == [
-        r.replace("static:1.0", "static:1") for r in baselines(1.5)]
+    assert list(results) == ["static:1", "static:1.5", "watermark", "vllm", "sglang", "random"] == baselines(1.5)
     for name, r in results.items():
         assert len(r["episodes"]) == 2 and len(r["series"]["kv_util"]) == 12
         mean = sum(e["goodput_tokens_per_s"] for e in r["episodes"]) / 2
         assert abs(r["goodput_tokens_per_s"] - mean) < 1e-9
     # every policy saw the same workloads
     assert len({r["requests_submitted"] for r in results.values()}) == 1
+
+
+def test_baselines_run_where_the_tuned_factor_is_the_conservative_one(tmp_path, capsys):
+    # a trace replayed with --trace takes a scenario whose best_static is 1: the conservative
+    # reservation and the tuned factor are then one row, not two specs refused for sharing a label
+    path = tmp_path / "tuned_1.yaml"
+    path.write_text(yaml.safe_dump({**yaml.safe_load(short_burst(tmp_path).read_text()), "best_static": 1.0}))
+    out = tmp_path / "eval.json"
+    assert main(["eval", "--scenario", str(path), "--baselines", "--episodes", "1", "--json", str(out)]) == 0
+    assert list(json.loads(out.read_text())["results"]) == ["static:1", "watermark", "vllm", "sglang", "random"]
+    assert main(["eval", "--policy", "default", "--baselines", "--trace", "arxiv_summarization_lengths_llama2tok.csv",
+                 "--load", "1.2", "--steps", "3", "--episodes", "1"]) == 0
+    assert "static:1 " in capsys.readouterr().out
 
 
 def test_eval_refuses_a_bad_policy_or_trace_before_running_anything(tmp_path, capsys):
