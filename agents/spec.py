@@ -17,6 +17,17 @@ def static_spec(factor: float) -> str:
     return f"static:{factor:g}"
 
 
+def canonical(spec: str) -> str:
+    """``spec`` as its row is labelled where it is a fixed factor (``static:2.0`` is ``static:2``),
+    so that the same policy given twice, once by a user and once by ``--baselines``, runs once."""
+    if isinstance(spec, str) and spec.startswith("static:"):
+        try:
+            return static_spec(float(spec.split(":", 1)[1]))
+        except ValueError:
+            pass  # make_policy names what is wrong with it
+    return spec
+
+
 def baselines(best_static: float = 1.0) -> list[str]:
     """Every baseline's spec; ``best_static`` is the scenario's tuned fixed factor."""
     return list(dict.fromkeys([static_spec(1.0), static_spec(best_static), "watermark", "vllm", "sglang", "random"]))

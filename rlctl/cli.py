@@ -416,7 +416,7 @@ def _eval_node(a: argparse.Namespace) -> int:
 
 
 def cmd_eval(a: argparse.Namespace) -> int:
-    from agents.spec import baselines, is_trained, label_policies, make_policy, static_sweep
+    from agents.spec import baselines, canonical, is_trained, label_policies, make_policy, static_sweep
     from env.node_scenario import is_node_scenario
     from rlctl.evaluate import eval_scenario, run_evals
 
@@ -425,7 +425,7 @@ def cmd_eval(a: argparse.Namespace) -> int:
 
     sc = eval_scenario(a.scenario, a.trace, a.time_scale, a.max_tokens, a.steps, a.load, a.deployment)
     sweep = static_sweep(sc.engine_config().overcommit_max) if a.static_sweep else []
-    specs = list(dict.fromkeys(a.policy + (baselines(sc.best_static) if a.baselines else []) + sweep))
+    specs = list(dict.fromkeys(canonical(s) for s in a.policy + (baselines(sc.best_static) if a.baselines else []) + sweep))
     if not specs:
         raise ValueError("give --policy SPEC (one or more), --baselines or --static-sweep")
     policies = label_policies({spec: make_policy(spec) for spec in specs})  # every spec is checked before anything runs

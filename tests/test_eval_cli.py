@@ -43,7 +43,8 @@ def test_baselines_run_where_the_tuned_factor_is_the_conservative_one(tmp_path, 
     path = tmp_path / "tuned_1.yaml"
     path.write_text(yaml.safe_dump({**yaml.safe_load(short_burst(tmp_path).read_text()), "best_static": 1.0}))
     out = tmp_path / "eval.json"
-    assert main(["eval", "--scenario", str(path), "--baselines", "--episodes", "1", "--json", str(out)]) == 0
+    assert main(["eval", "--scenario", str(path), "--policy", "static:1.0", "--baselines", "--episodes", "1",
+                 "--json", str(out)]) == 0
     assert list(json.loads(out.read_text())["results"]) == ["static:1", "watermark", "vllm", "sglang", "random"]
     assert main(["eval", "--policy", "default", "--baselines", "--trace", "arxiv_summarization_lengths_llama2tok.csv",
                  "--load", "1.2", "--steps", "3", "--episodes", "1"]) == 0
