@@ -1,4 +1,4 @@
-"""Loading a local Hugging Face Llama checkpoint directory (``config.json`` + ``*.safetensors``).
+"""Loading a local Hugging Face Llama (or Mistral) checkpoint directory (``config.json`` + ``*.safetensors``).
 
 Nothing is fetched from a hub: the directory must hold everything. Every refusal names the file
 or tensor at fault.
@@ -13,6 +13,10 @@ from safetensors.torch import load_file
 
 from engine.config import ModelConfig, RopeScaling, torch_dtype
 from engine.model import LlamaModel
+
+
+# Mistral is Llama's architecture under its own name; without a sliding window it is Llama's attention too
+MODEL_TYPES = ("llama", "mistral")
 
 
 class CheckpointError(ValueError):
@@ -53,8 +57,8 @@ def read_config(directory: str | Path) -> ModelConfig:
         cfg = json.loads(path.read_text())
     except json.JSONDecodeError as exc:
         raise CheckpointError(f"{path}: not valid JSON ({exc})") from exc
-    if cfg.get("model_type") != "llama":
-        raise CheckpointError(f"{path}: model_type {cfg.get('model_type')!r} is not 'llama'")
+    if cfg.get("model_type") not in MODEL_TYPES:
+        raise CheckpointError(f"{path}: model_type {cfg.get('model_type')!r} is not one of {', '.join(MODEL_TYPES)}")
     theta, scaling = _rope(cfg, path)
     try:
         heads = int(cfg["num_attention_heads"])
@@ -73,6 +77,10 @@ def read_config(directory: str | Path) -> ModelConfig:
         raise CheckpointError(f"{path}: {exc}") from exc
     if cfg.get("head_dim") not in (None, mc.head_dim):
         raise CheckpointError(f"{path}: head_dim {cfg['head_dim']} != hidden_size / num_attention_heads ({mc.head_dim})")
+    window = cfg.get("sliding_window")
+    if window is not None and (not isinstance(window, (int, float)) or window < mc.max_position):
+        raise CheckpointError(f"{path}: sliding_window {window!r} is below max_position_embeddings {mc.max_position}: "
+                              "sliding-window attention is not supported")
     if cfg.get("hidden_act", "silu") != "silu":
         raise CheckpointError(f"{path}: hidden_act {cfg['hidden_act']!r} is not supported (Llama's MLP is 'silu')")
     if cfg.get("attention_bias") or cfg.get("mlp_bias"):

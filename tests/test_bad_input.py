@@ -133,6 +133,16 @@ def test_a_checkpoint_in_the_older_config_layout_loads_its_rope_scaling(checkpoi
     assert model.config.rope_scaling == RopeScaling("llama3", 32.0, 1.0, 4.0, 64)
 
 
+@pytest.mark.parametrize("fields, match", [
+    ({"model_type": "qwen2"}, "model_type 'qwen2' is not one of llama, mistral"),
+    ({"model_type": "mistral", "sliding_window": 64}, "sliding_window 64 is below max_position_embeddings 128"),
+])
+def test_a_checkpoint_of_another_architecture_is_refused_by_name(checkpoint, fields, match):
+    _edit_config(checkpoint, **fields)
+    with pytest.raises(CheckpointError, match=match):
+        load_checkpoint(checkpoint)
+
+
 def test_a_checkpoint_with_another_activation_is_refused(checkpoint):
     _edit_config(checkpoint, hidden_act="gelu")
     with pytest.raises(CheckpointError, match="hidden_act 'gelu' is not supported"):

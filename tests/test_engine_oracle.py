@@ -89,6 +89,26 @@ def test_local_checkpoint_loads_and_matches_transformers(tmp_path):
         assert eng.outputs[f"c{i}"] == hf_greedy(hf, p, 10)
 
 
+def test_a_mistral_checkpoint_without_a_sliding_window_loads_and_matches_transformers(tmp_path):
+    from transformers import MistralConfig, MistralForCausalLM
+
+    torch.manual_seed(1)
+    cfg = MistralConfig(vocab_size=300, hidden_size=48, intermediate_size=96, num_hidden_layers=2,
+                        num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=512,
+                        sliding_window=None, rope_theta=1e6, bos_token_id=None, eos_token_id=None, pad_token_id=None)
+    hf = MistralForCausalLM(cfg).eval()
+    hf.save_pretrained(tmp_path)
+    model = load_checkpoint(tmp_path)
+    assert model.config.rope_theta == 1e6
+    eng = Engine(model.config, EngineConfig(num_blocks=32, max_model_len=512), model=model, keep_outputs=True)
+    prompts = _prompts(300, [17, 40], seed=6)
+    for i, p in enumerate(prompts):
+        eng.submit(Request(f"m{i}", 0.0, len(p), 10, 10, prompt_ids=tuple(p)))
+    eng.run()
+    for i, p in enumerate(prompts):
+        assert eng.outputs[f"m{i}"] == hf_greedy(hf, p, 10)
+
+
 def test_a_prompt_alone_in_chunks_that_produce_no_token_matches_transformers(make_engine):
     # only the last chunk of the prompt wants logits: the steps before it select no row at all
     eng = make_engine(num_blocks=32, block_size=4, max_num_batched_tokens=16)
