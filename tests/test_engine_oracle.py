@@ -1,6 +1,7 @@
 """The engine generates exactly what Hugging Face transformers generates for the same weights."""
 from __future__ import annotations
 
+import pytest
 import torch
 
 from conftest import hf_greedy
@@ -68,18 +69,21 @@ def test_recompute_after_preemption_matches_transformers(make_engine):
         assert eng.outputs[f"r{i}"] == hf_greedy(hf, p, 12)
 
 
-def test_local_checkpoint_loads_and_matches_transformers(tmp_path):
-    from transformers import LlamaConfig, LlamaForCausalLM
+@pytest.mark.parametrize("arch", ["llama", "mistral"])
+def test_local_checkpoint_loads_and_matches_transformers(tmp_path, arch):
+    import transformers
 
+    # Mistral without a sliding window (v0.2 on) is Llama's architecture under its own name
+    name, extra = {"llama": ("Llama", {"tie_word_embeddings": True}), "mistral": ("Mistral", {"sliding_window": None})}[arch]
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=300, hidden_size=48, intermediate_size=96, num_hidden_layers=3,
-                      num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=512,
-                      rope_theta=50000.0, rms_norm_eps=1e-6, tie_word_embeddings=True,
-                      bos_token_id=None, eos_token_id=None, pad_token_id=None)
-    hf = LlamaForCausalLM(cfg).eval()
+    cfg = getattr(transformers, f"{name}Config")(
+        vocab_size=300, hidden_size=48, intermediate_size=96, num_hidden_layers=3, num_attention_heads=6,
+        num_key_value_heads=2, max_position_embeddings=512, rope_theta=50000.0, rms_norm_eps=1e-6,
+        bos_token_id=None, eos_token_id=None, pad_token_id=None, **extra)
+    hf = getattr(transformers, f"{name}ForCausalLM")(cfg).eval()
     hf.save_pretrained(tmp_path)
     model = load_checkpoint(tmp_path)
-    assert model.config.num_kv_heads == 2 and model.config.tie_word_embeddings
+    assert model.config.num_kv_heads == 2 and model.config.tie_word_embeddings == (arch == "llama")
     eng = Engine(model.config, EngineConfig(num_blocks=32, max_model_len=512), model=model, keep_outputs=True)
     prompts = _prompts(300, [13, 30], seed=5)
     for i, p in enumerate(prompts):
@@ -87,26 +91,6 @@ def test_local_checkpoint_loads_and_matches_transformers(tmp_path):
     eng.run()
     for i, p in enumerate(prompts):
         assert eng.outputs[f"c{i}"] == hf_greedy(hf, p, 10)
-
-
-def test_a_mistral_checkpoint_without_a_sliding_window_loads_and_matches_transformers(tmp_path):
-    from transformers import MistralConfig, MistralForCausalLM
-
-    torch.manual_seed(1)
-    cfg = MistralConfig(vocab_size=300, hidden_size=48, intermediate_size=96, num_hidden_layers=2,
-                        num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=512,
-                        sliding_window=None, rope_theta=1e6, bos_token_id=None, eos_token_id=None, pad_token_id=None)
-    hf = MistralForCausalLM(cfg).eval()
-    hf.save_pretrained(tmp_path)
-    model = load_checkpoint(tmp_path)
-    assert model.config.rope_theta == 1e6
-    eng = Engine(model.config, EngineConfig(num_blocks=32, max_model_len=512), model=model, keep_outputs=True)
-    prompts = _prompts(300, [17, 40], seed=6)
-    for i, p in enumerate(prompts):
-        eng.submit(Request(f"m{i}", 0.0, len(p), 10, 10, prompt_ids=tuple(p)))
-    eng.run()
-    for i, p in enumerate(prompts):
-        assert eng.outputs[f"m{i}"] == hf_greedy(hf, p, 10)
 
 
 def test_a_prompt_alone_in_chunks_that_produce_no_token_matches_transformers(make_engine):
