@@ -92,7 +92,7 @@ def _add_deployment(p: argparse.ArgumentParser) -> None:
 
 def _add_workload(p: argparse.ArgumentParser, trace_required: bool) -> None:
     g = p.add_argument_group("workload")
-    g.add_argument("--trace", required=trace_required, default=None, help="trace file (Azure CSV, Mooncake JSONL, length CSV)")
+    g.add_argument("--trace", required=trace_required, default=None, help="trace file (Azure CSV, BurstGPT CSV, Mooncake JSONL, length CSV)")
     g.add_argument("--time-scale", type=float, default=1.0, help="arrival compression factor (default %(default)s)")
     g.add_argument("--start", type=float, default=0.0, help="window start in trace seconds")
     g.add_argument("--duration", type=float, default=60.0, help="window length in trace seconds (default %(default)s)")

@@ -152,3 +152,20 @@ def test_a_bad_jobs_count_is_refused_naming_the_option(tmp_path, capsys):
             main(["eval", "--scenario", str(short_burst(tmp_path, steps=3)), "--policy", "vllm", "--jobs", bad])
         assert stop.value.code == 2
         assert "--jobs" in capsys.readouterr().err
+
+
+def test_a_burstgpt_trace_replays_at_a_load(tmp_path, capsys):
+    # a trace in BurstGPT's format, which no bundled file has: read, sized to the deployment, replayed
+    lines = ["Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type"]
+    for i in range(300):
+        prompt, out = 200 + 37 * (i % 29), 20 + 53 * (i % 11)
+        lines.append(f"{1.7 * i:.1f},{'GPT-4' if i % 5 == 0 else 'ChatGPT'},{prompt},{out},{prompt + out},Conversation log")
+    trace = tmp_path / "burstgpt.csv"
+    trace.write_text("\n".join(lines) + "\n")
+    out = tmp_path / "eval.json"
+    assert main(["eval", "--policy", "default", "--policy", "watermark", "--trace", str(trace), "--load", "1.2",
+                 "--steps", "5", "--episodes", "1", "--json", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "burstgpt.csv" in printed and "puts it at 1.2x" in printed
+    results = json.loads(out.read_text())["results"]
+    assert results["default"]["requests_submitted"] > 0 and results["default"]["steps"] == 5

@@ -115,6 +115,22 @@ def test_azure_columns_by_name_zones_honoured_and_arrivals_from_the_earliest(tmp
     ]
 
 
+def test_burstgpt_rows_of_every_model_and_log_type_read_with_arrivals_from_the_earliest(tmp_path):
+    # BurstGPT's columns (HPMLL/BurstGPT); a failed request (0 response tokens) is kept: it arrived
+    path = write(
+        tmp_path,
+        "burst.csv",
+        "Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n"
+        "12,ChatGPT,600,40,640,Conversation log\n"
+        "12.5,GPT-4,1200,0,1200,API log\n"
+        "30,\"ChatGPT\",90,310,400,Conversation log\n",
+    )
+    trace = read_trace(path)
+    assert trace.format == "burstgpt" and trace.has_arrivals
+    assert [(r.arrival_s, r.prompt_len, r.output_len) for r in trace.records] == [
+        (0.0, 600, 40), (0.5, 1200, 0), (18.0, 90, 310)]
+
+
 def test_mooncake_and_length_files_of_any_size(tmp_path):
     moon = write(
         tmp_path,
@@ -183,6 +199,10 @@ def test_after_a_record_that_spans_lines_errors_still_name_the_right_line(tmp_pa
         ("len.csv", "num_prefill_tokens,num_decode_tokens\n3,abc\n", 2,
          "non-integer token count num_decode_tokens='abc'"),
         ("what.csv", "time,prompt,output\n0,1,1\n", 1, "unknown trace format"),
+        ("burst.csv", "Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n"
+         "5,ChatGPT,4,3,7,API log\n-1,ChatGPT,4,3,7,API log\n", 3, "bad timestamp '-1'"),
+        ("burst2.csv", "Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n"
+         "5,ChatGPT,4,x,7,API log\n", 2, "non-integer token count Response tokens='x'"),
         ("header.csv", "num_prefill_tokens,num_decode_tokens\n", 1, "header but no records"),
     ],
 )

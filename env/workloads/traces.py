@@ -1,4 +1,5 @@
-"""Readers for request traces: Azure LLM inference CSV, Mooncake JSONL and length-only CSV.
+"""Readers for request traces: Azure LLM inference CSV, BurstGPT CSV, Mooncake JSONL and
+length-only CSV.
 
 Any file of these formats reads, not just the bundled ones, so a reader checks every line and a
 bad one fails the whole read with the file and line in the message: a silently skipped row would
@@ -15,11 +16,14 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
-FORMATS = ("azure", "mooncake", "lengths")
+FORMATS = ("azure", "burstgpt", "mooncake", "lengths")
 MOONCAKE_HASH_BLOCK_TOKENS = 512  # Mooncake traces hash prompts in 512-token prefix blocks
 
 _AZURE_COLUMNS = ("timestamp", "contexttokens", "generatedtokens")
 _LENGTH_COLUMNS = ("num_prefill_tokens", "num_decode_tokens")
+# BurstGPT (HPMLL/BurstGPT): Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type,
+# the timestamp in seconds from the trace's start; a failed request has 0 response tokens
+_BURSTGPT_COLUMNS = ("timestamp", "request tokens", "response tokens")
 # Azure writes 7 fractional digits, which datetime.fromisoformat rejects before Python 3.11.
 _TIMESTAMP = re.compile(
     r"(\d{4})-(\d\d)-(\d\d)[ T](\d\d):(\d\d):(\d\d)(?:\.(\d+))?(Z|[+-]\d\d:?\d\d)?"
@@ -82,20 +86,24 @@ def read_trace(path: str | os.PathLike) -> Trace:
     columns = set(c.lower() for c in header)
     if set(_AZURE_COLUMNS) <= columns:
         kind = "azure"
+    elif set(_BURSTGPT_COLUMNS) <= columns:
+        kind = "burstgpt"
     elif set(_LENGTH_COLUMNS) <= columns:
         kind = "lengths"
     else:
         raise TraceError(
             path,
             f"unknown trace format: header {first.strip()!r} has neither the Azure columns "
-            f"({','.join(_AZURE_COLUMNS)}) nor the length-only ones "
-            f"({','.join(_LENGTH_COLUMNS)}), and the line is not a Mooncake JSON object",
+            f"({','.join(_AZURE_COLUMNS)}), nor BurstGPT's ({','.join(_BURSTGPT_COLUMNS)}), nor the "
+            f"length-only ones ({','.join(_LENGTH_COLUMNS)}), and the line is not a Mooncake JSON object",
             number,
         )
     if not rows:
         raise TraceError(path, "header but no records", number)
     if kind == "azure":
-        return Trace(_azure_records(path, header, rows), kind, path)
+        return Trace(_timed_records(path, header, rows, _AZURE_COLUMNS, _timestamp), kind, path)
+    if kind == "burstgpt":
+        return Trace(_timed_records(path, header, rows, _BURSTGPT_COLUMNS, _seconds), kind, path)
     at = [[c.lower() for c in header].index(c) for c in _LENGTH_COLUMNS]
     records = tuple(
         TraceRecord(None, *_counts(path, n, _fields(path, n, fields, header), header, at))
@@ -169,21 +177,34 @@ def _counts(
     )
 
 
-def _azure_records(path: Path, header: list[str], rows: list) -> tuple[TraceRecord, ...]:
-    """Azure rows; arrivals are seconds after the earliest row (the first, in a sorted trace)."""
-    columns = [c.lower() for c in header]
-    at_time, *at_counts = (columns.index(c) for c in _AZURE_COLUMNS)
+def _timed_records(path: Path, header: list[str], rows: list, columns: tuple[str, str, str],
+                   stamp) -> tuple[TraceRecord, ...]:
+    """Rows with a time, a prompt and an output column (``columns``, by name); arrivals are seconds
+    after the earliest row (the first, in a sorted trace). ``stamp`` reads a time as (whole
+    seconds, fraction): as one float since year 1, Azure's 7th digit would be lost."""
+    names = [c.lower() for c in header]
+    at_time, *at_counts = (names.index(c) for c in columns)
     stamps, lengths = [], []
     for number, fields in rows:
         fields = _fields(path, number, fields, header)
-        stamps.append(_timestamp(path, number, fields[at_time]))
+        stamps.append(stamp(path, number, fields[at_time]))
         lengths.append(_counts(path, number, fields, header, at_counts))
-    # Whole seconds and fraction apart: as one float since year 1, the 7th digit would be lost.
     whole0, frac0 = min(stamps)
     return tuple(
         TraceRecord((whole - whole0) + (frac - frac0), prompt, output)
         for (whole, frac), (prompt, output) in zip(stamps, lengths)
     )
+
+
+def _seconds(path: Path, number: int, text: str) -> tuple[int, float]:
+    """BurstGPT's time: seconds from the trace's start, as (0, seconds)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value < 0:
+        raise TraceError(path, f"bad timestamp {text!r}: not a number of seconds >= 0", number)
+    return 0, value
 
 
 def _timestamp(path: Path, number: int, text: str) -> tuple[int, float]:
