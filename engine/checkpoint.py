@@ -1,4 +1,4 @@
-"""Loading a local Hugging Face Llama (or Mistral) checkpoint directory (``config.json`` + ``*.safetensors``).
+"""Loading a local Hugging Face Llama, Mistral or Qwen2 checkpoint directory (``config.json`` + ``*.safetensors``).
 
 Nothing is fetched from a hub: the directory must hold everything. Every refusal names the file
 or tensor at fault.
@@ -15,8 +15,9 @@ from engine.config import ModelConfig, RopeScaling, torch_dtype
 from engine.model import LlamaModel
 
 
-# Mistral is Llama's architecture under its own name; without a sliding window it is Llama's attention too
-MODEL_TYPES = ("llama", "mistral")
+# Mistral is Llama's architecture under its own name; without a sliding window it is Llama's attention
+# too. Qwen2 (Qwen2.5, QwQ, DeepSeek-R1's Qwen distillations) is Llama's with biases on q, k and v.
+MODEL_TYPES = ("llama", "mistral", "qwen2")
 
 
 class CheckpointError(ValueError):
@@ -70,6 +71,8 @@ def read_config(directory: str | Path) -> ModelConfig:
             rope_scaling=scaling,
             rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            qkv_bias=cfg["model_type"] == "qwen2" or bool(cfg.get("attention_bias")),
+            o_bias=bool(cfg.get("attention_bias")),
             dtype=str(cfg.get("dtype") or cfg.get("torch_dtype") or "float32"))
     except KeyError as exc:
         raise CheckpointError(f"{path}: missing field {exc.args[0]!r}") from exc
@@ -77,15 +80,26 @@ def read_config(directory: str | Path) -> ModelConfig:
         raise CheckpointError(f"{path}: {exc}") from exc
     if cfg.get("head_dim") not in (None, mc.head_dim):
         raise CheckpointError(f"{path}: head_dim {cfg['head_dim']} != hidden_size / num_attention_heads ({mc.head_dim})")
-    window = cfg.get("sliding_window")
+    window = cfg.get("sliding_window") if _slides(cfg, mc.num_layers) else None
     if window is not None and (not isinstance(window, (int, float)) or window < mc.max_position):
         raise CheckpointError(f"{path}: sliding_window {window!r} is below max_position_embeddings {mc.max_position}: "
                               "sliding-window attention is not supported")
     if cfg.get("hidden_act", "silu") != "silu":
         raise CheckpointError(f"{path}: hidden_act {cfg['hidden_act']!r} is not supported (Llama's MLP is 'silu')")
-    if cfg.get("attention_bias") or cfg.get("mlp_bias"):
-        raise CheckpointError(f"{path}: attention or MLP biases are not supported")
+    if cfg.get("mlp_bias"):
+        raise CheckpointError(f"{path}: MLP biases are not supported")
     return mc
+
+
+def _slides(cfg: dict, num_layers: int) -> bool:
+    """Whether any layer attends through a sliding window: Mistral's do when ``sliding_window`` is
+    set; Qwen2's only with ``use_sliding_window``, and then from layer ``max_window_layers`` on;
+    transformers 5 also writes each layer's kind in ``layer_types``."""
+    if "layer_types" in cfg:
+        return any(kind != "full_attention" for kind in cfg["layer_types"] or [])
+    if cfg["model_type"] == "qwen2":
+        return bool(cfg.get("use_sliding_window")) and int(cfg.get("max_window_layers", 0)) < num_layers
+    return True
 
 
 def load_checkpoint(directory: str | Path, device: str | torch.device = "cpu",

@@ -64,6 +64,8 @@ class ModelConfig:
     rope_scaling: RopeScaling | None = None
     rms_norm_eps: float = 1e-5
     tie_word_embeddings: bool = False
+    qkv_bias: bool = False  # biases on the q, k and v projections (Qwen2; Llama's attention_bias)
+    o_bias: bool = False  # a bias on the output projection (Llama's attention_bias)
     dtype: str = "float32"  # activations and KV
     weight_bits: int | None = None  # quantised weights (4, 8); None: ``dtype``. Only the ledger and cost models read it
 
@@ -92,7 +94,7 @@ class ModelConfig:
 
     def param_count(self) -> int:
         h, i, kv = self.hidden_size, self.intermediate_size, self.num_kv_heads * self.head_dim
-        per_layer = h * h * 2 + h * kv * 2 + h * i * 3 + 2 * h
+        per_layer = h * h * 2 + h * kv * 2 + h * i * 3 + 2 * h + (h + 2 * kv) * self.qkv_bias + h * self.o_bias
         embed = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
         return self.num_layers * per_layer + embed + h
 

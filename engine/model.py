@@ -1,4 +1,5 @@
-"""A Llama-architecture decoder (RMSNorm, RoPE, grouped-query attention, SwiGLU) on a paged KV pool.
+"""A Llama-architecture decoder (RMSNorm, RoPE, grouped-query attention, SwiGLU) on a paged KV pool,
+with the attention biases some checkpoints of that architecture carry (Qwen2's on q, k and v).
 
 Parameter names follow Hugging Face's ``LlamaForCausalLM`` so that a local checkpoint loads as a
 plain state dict. The forward pass takes a flat batch of tokens from many sequences (prefill
@@ -31,30 +32,34 @@ class RMSNorm(nn.Module):
         return self.weight * xf.to(x.dtype)
 
 
-def stacked(module: nn.Module, fused: str, in_features: int, parts: dict[str, int]) -> nn.Linear:
-    """``module.<fused>``: a Linear whose weight stacks projections of the same input, ``parts``
-    (name -> output features), so that they cost one GEMM: a decode batch's GEMMs are small and
-    each call has its own overhead. ``module``'s state dict still holds them apart, under
-    transformers' names and in its order, so that checkpoints load and ``state_dict`` loads into
-    transformers as they are."""
-    names, sizes = [f"{name}.weight" for name in parts], list(parts.values())
+def stacked(module: nn.Module, fused: str, in_features: int, parts: dict[str, int], bias: bool = False) -> nn.Linear:
+    """``module.<fused>``: a Linear whose weight (and bias, with ``bias``) stacks projections of the
+    same input, ``parts`` (name -> output features), so that they cost one GEMM: a decode batch's
+    GEMMs are small and each call has its own overhead. ``module``'s state dict still holds them
+    apart, under transformers' names and in its order, so that checkpoints load and ``state_dict``
+    loads into transformers as they are."""
+    sizes = list(parts.values())
+    kinds = ("weight", "bias") if bias else ("weight",)
 
     def split(mod, state: dict, prefix: str, _metadata) -> None:
         # this module's keys are the dict's last (its children were just saved): re-add them in order
         own = [(k, state.pop(k)) for k in [k for k in state if k.startswith(prefix)]]
         for key, value in own:
-            if key == f"{prefix}{fused}.weight":
-                state.update(zip([prefix + n for n in names], value.split(sizes)))
+            kind = key.removeprefix(f"{prefix}{fused}.")
+            if key.startswith(f"{prefix}{fused}.") and kind in kinds:
+                state.update(zip([f"{prefix}{n}.{kind}" for n in parts], value.split(sizes)))
             else:
                 state[key] = value
 
     def join(mod, state: dict, prefix: str, *_) -> None:
-        if all(prefix + n in state for n in names):  # otherwise load_state_dict reports what is missing
-            state[f"{prefix}{fused}.weight"] = torch.cat([state.pop(prefix + n) for n in names])
+        for kind in kinds:
+            names = [f"{prefix}{n}.{kind}" for n in parts]
+            if all(n in state for n in names):  # otherwise load_state_dict reports what is missing
+                state[f"{prefix}{fused}.{kind}"] = torch.cat([state.pop(n) for n in names])
 
     module.register_state_dict_post_hook(split)
     module.register_load_state_dict_pre_hook(join)
-    return nn.Linear(in_features, sum(sizes), bias=False)
+    return nn.Linear(in_features, sum(sizes), bias=bias)
 
 
 def scaled(inv_freq: torch.Tensor, scaling: RopeScaling) -> torch.Tensor:
@@ -117,8 +122,9 @@ class Attention(nn.Module):
         self.layer = layer
         self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
-        self.qkv_proj = stacked(self, "qkv_proj", cfg.hidden_size, {"q_proj": q, "k_proj": kv, "v_proj": kv})
-        self.o_proj = nn.Linear(cfg.num_heads * cfg.head_dim, cfg.hidden_size, bias=False)
+        self.qkv_proj = stacked(self, "qkv_proj", cfg.hidden_size, {"q_proj": q, "k_proj": kv, "v_proj": kv},
+                                bias=cfg.qkv_bias)
+        self.o_proj = nn.Linear(cfg.num_heads * cfg.head_dim, cfg.hidden_size, bias=cfg.o_bias)
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
                 batch: AttentionBatch, pool: KVPool) -> torch.Tensor:
