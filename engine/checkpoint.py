@@ -1,4 +1,4 @@
-"""Loading a local Hugging Face Llama, Mistral or Qwen2 checkpoint directory (``config.json`` + ``*.safetensors``).
+"""Loading a local Hugging Face Llama, Mistral, Qwen2 or Qwen3 checkpoint directory (``config.json`` + ``*.safetensors``).
 
 Nothing is fetched from a hub: the directory must hold everything. Every refusal names the file
 or tensor at fault.
@@ -16,8 +16,9 @@ from engine.model import LlamaModel
 
 
 # Mistral is Llama's architecture under its own name; without a sliding window it is Llama's attention
-# too. Qwen2 (Qwen2.5, QwQ, DeepSeek-R1's Qwen distillations) is Llama's with biases on q, k and v.
-MODEL_TYPES = ("llama", "mistral", "qwen2")
+# too. Qwen2 (Qwen2.5, QwQ, DeepSeek-R1's Qwen distillations) is Llama's with biases on q, k and v;
+# Qwen3 (dense) is Llama's with an RMSNorm over each q and k head and its own head_dim.
+MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 
 
 class CheckpointError(ValueError):
@@ -63,6 +64,7 @@ def read_config(directory: str | Path) -> ModelConfig:
     theta, scaling = _rope(cfg, path)
     try:
         heads = int(cfg["num_attention_heads"])
+        head_dim = int(cfg.get("head_dim") or int(cfg["hidden_size"]) // heads)
         mc = ModelConfig(
             vocab_size=int(cfg["vocab_size"]), hidden_size=int(cfg["hidden_size"]),
             intermediate_size=int(cfg["intermediate_size"]), num_layers=int(cfg["num_hidden_layers"]),
@@ -73,13 +75,13 @@ def read_config(directory: str | Path) -> ModelConfig:
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             qkv_bias=cfg["model_type"] == "qwen2" or bool(cfg.get("attention_bias")),
             o_bias=bool(cfg.get("attention_bias")),
+            qk_norm=cfg["model_type"] == "qwen3",
+            explicit_head_dim=None if head_dim * heads == int(cfg["hidden_size"]) else head_dim,
             dtype=str(cfg.get("dtype") or cfg.get("torch_dtype") or "float32"))
     except KeyError as exc:
         raise CheckpointError(f"{path}: missing field {exc.args[0]!r}") from exc
     except (TypeError, ValueError) as exc:
         raise CheckpointError(f"{path}: {exc}") from exc
-    if cfg.get("head_dim") not in (None, mc.head_dim):
-        raise CheckpointError(f"{path}: head_dim {cfg['head_dim']} != hidden_size / num_attention_heads ({mc.head_dim})")
     window = cfg.get("sliding_window") if _slides(cfg, mc.num_layers) else None
     if window is not None and (not isinstance(window, (int, float)) or window < mc.max_position):
         raise CheckpointError(f"{path}: sliding_window {window!r} is below max_position_embeddings {mc.max_position}: "
@@ -93,11 +95,11 @@ def read_config(directory: str | Path) -> ModelConfig:
 
 def _slides(cfg: dict, num_layers: int) -> bool:
     """Whether any layer attends through a sliding window: Mistral's do when ``sliding_window`` is
-    set; Qwen2's only with ``use_sliding_window``, and then from layer ``max_window_layers`` on;
+    set; Qwen2's and Qwen3's only with ``use_sliding_window``, and then from layer ``max_window_layers`` on;
     transformers 5 also writes each layer's kind in ``layer_types``."""
     if "layer_types" in cfg:
         return any(kind != "full_attention" for kind in cfg["layer_types"] or [])
-    if cfg["model_type"] == "qwen2":
+    if cfg["model_type"] in ("qwen2", "qwen3"):
         return bool(cfg.get("use_sliding_window")) and int(cfg.get("max_window_layers", 0)) < num_layers
     return True
 

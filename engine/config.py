@@ -66,6 +66,8 @@ class ModelConfig:
     tie_word_embeddings: bool = False
     qkv_bias: bool = False  # biases on the q, k and v projections (Qwen2; Llama's attention_bias)
     o_bias: bool = False  # a bias on the output projection (Llama's attention_bias)
+    qk_norm: bool = False  # RMSNorm over each q and k head before RoPE (Qwen3)
+    explicit_head_dim: int | None = None  # config.json's head_dim where it is not hidden_size / num_heads (Qwen3)
     dtype: str = "float32"  # activations and KV
     weight_bits: int | None = None  # quantised weights (4, 8); None: ``dtype``. Only the ledger and cost models read it
 
@@ -74,7 +76,9 @@ class ModelConfig:
                      "num_kv_heads", "max_position"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
-        if self.hidden_size % self.num_heads:
+        if self.explicit_head_dim is not None and self.explicit_head_dim <= 0:
+            raise ValueError(f"explicit_head_dim must be > 0, got {self.explicit_head_dim}")
+        if self.explicit_head_dim is None and self.hidden_size % self.num_heads:
             raise ValueError(f"hidden_size {self.hidden_size} is not a multiple of num_heads {self.num_heads}")
         if self.num_heads % self.num_kv_heads:
             raise ValueError(f"num_heads {self.num_heads} is not a multiple of num_kv_heads {self.num_kv_heads}")
@@ -86,15 +90,17 @@ class ModelConfig:
 
     @property
     def head_dim(self) -> int:
-        return self.hidden_size // self.num_heads
+        return self.explicit_head_dim or self.hidden_size // self.num_heads
 
     @property
     def dtype_bytes(self) -> int:
         return torch_dtype(self.dtype).itemsize
 
     def param_count(self) -> int:
-        h, i, kv = self.hidden_size, self.intermediate_size, self.num_kv_heads * self.head_dim
-        per_layer = h * h * 2 + h * kv * 2 + h * i * 3 + 2 * h + (h + 2 * kv) * self.qkv_bias + h * self.o_bias
+        h, i = self.hidden_size, self.intermediate_size
+        q, kv = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        per_layer = (h * q * 2 + h * kv * 2 + h * i * 3 + 2 * h + (q + 2 * kv) * self.qkv_bias + h * self.o_bias
+                     + 2 * self.head_dim * self.qk_norm)
         embed = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
         return self.num_layers * per_layer + embed + h
 
@@ -109,8 +115,8 @@ class ModelConfig:
     def workspace_bytes_per_token(self) -> int:
         """Peak activation bytes one batched token needs in a forward pass (residual, qkv, MLP, logits)."""
         h, i = self.hidden_size, self.intermediate_size
-        kv = self.num_kv_heads * self.head_dim
-        return (4 * h + 2 * kv + 3 * i + self.vocab_size) * self.dtype_bytes
+        q, kv = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        return (3 * h + q + 2 * kv + 3 * i + self.vocab_size) * self.dtype_bytes
 
     def workspace_bytes(self, num_tokens: int, context_tokens: int) -> int:
         """Activation workspace of an iteration: per-token activations plus one layer's gathered KV."""

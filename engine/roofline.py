@@ -67,7 +67,7 @@ class RooflineCostModel:
         # them frozen): the same integers and products ``iterations_s`` used to form each call
         m = self.model
         matmul_params = m.param_count() - m.vocab_size * m.hidden_size * (0 if m.tie_word_embeddings else 1)
-        for name, value in (("_token_flops", 2 * matmul_params), ("_pair_flops", 4 * m.num_layers * m.hidden_size),
+        for name, value in (("_token_flops", 2 * matmul_params), ("_pair_flops", 4 * m.num_layers * m.num_heads * m.head_dim),
                             ("_weight_bytes", m.weight_bytes()), ("_kv_token_bytes", m.kv_bytes_per_token()),
                             ("_flops_per_s", self.gpu.peak_flops * self.flops_efficiency),
                             ("_bytes_per_s", self.gpu.memory_bytes_per_s * self.memory_efficiency)):

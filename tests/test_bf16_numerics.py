@@ -73,10 +73,14 @@ def sharpened(cfg: ModelConfig, seed: int) -> LlamaModel:
     return model
 
 
-@pytest.mark.parametrize("dtype, arch", [(d, "llama") for d in DTYPES] + [("bfloat16", "qwen2")])
+ARCHS = {"llama": {}, "qwen2": {"qkv_bias": True}, "qwen3": {"qk_norm": True, "explicit_head_dim": 24}}
+
+
+@pytest.mark.parametrize("dtype, arch", [(d, "llama") for d in DTYPES] + [("bfloat16", "qwen2"), ("bfloat16", "qwen3")])
 def test_long_prompts_in_low_precision_generate_what_transformers_generates(dtype, arch):
-    # Qwen2's q, k and v biases go into the stacked projection's GEMM: rounded as transformers rounds them
-    cfg, new_tokens = small(dtype, qkv_bias=arch == "qwen2"), 12
+    # Qwen2's q, k and v biases go into the stacked projection's GEMM, Qwen3's per-head norms
+    # between it and RoPE: rounded as transformers rounds them
+    cfg, new_tokens = small(dtype, **ARCHS[arch]), 12
     model = sharpened(cfg, seed=0)
     g = torch.Generator().manual_seed(1)
     prompts = [torch.randint(0, cfg.vocab_size, (n,), generator=g).tolist() for n in (1100, 1337)]

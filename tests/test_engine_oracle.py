@@ -69,29 +69,36 @@ def test_recompute_after_preemption_matches_transformers(make_engine):
         assert eng.outputs[f"r{i}"] == hf_greedy(hf, p, 12)
 
 
-@pytest.mark.parametrize("arch", ["llama", "mistral", "qwen2", "llama_attention_bias"])
+@pytest.mark.parametrize("arch", ["llama", "mistral", "qwen2", "llama_attention_bias", "qwen3"])
 def test_local_checkpoint_loads_and_matches_transformers(tmp_path, arch):
     import transformers
 
     # Mistral without a sliding window (v0.2 on) is Llama's architecture under its own name; Qwen2
-    # is Llama's with biases on q, k and v; Llama's attention_bias puts one on o as well
+    # is Llama's with biases on q, k and v; Llama's attention_bias puts one on o as well; Qwen3 norms
+    # each q and k head, and its heads here are wider than hidden_size / heads (12, not 8), as Qwen3's are
     name, extra = {"llama": ("Llama", {"tie_word_embeddings": True}),
                    "mistral": ("Mistral", {"sliding_window": None}),
                    "qwen2": ("Qwen2", {"tie_word_embeddings": True}),
-                   "llama_attention_bias": ("Llama", {"attention_bias": True})}[arch]
+                   "llama_attention_bias": ("Llama", {"attention_bias": True}),
+                   "qwen3": ("Qwen3", {"head_dim": 12, "tie_word_embeddings": True})}[arch]
     torch.manual_seed(0)
     cfg = getattr(transformers, f"{name}Config")(
         vocab_size=300, hidden_size=48, intermediate_size=96, num_hidden_layers=3, num_attention_heads=6,
         num_key_value_heads=2, max_position_embeddings=512, rope_theta=50000.0, rms_norm_eps=1e-6,
         bos_token_id=None, eos_token_id=None, pad_token_id=None, **extra)
     hf = getattr(transformers, f"{name}ForCausalLM")(cfg).eval()
-    with torch.no_grad():  # transformers starts biases at 0; large ones make a dropped bias change the tokens
-        for key, p in hf.named_parameters():
+    with torch.no_grad():  # transformers starts biases at 0 and norms at 1: a dropped one must change the
+        for key, p in hf.named_parameters():  # tokens, and attention must weigh enough in them to tell
             if key.endswith(".bias"):
                 p.normal_(0.0, 1.0)
+            elif key.endswith(("q_norm.weight", "k_norm.weight")):
+                p.uniform_(0.2, 3.0)
+            elif key.endswith(("v_proj.weight", "o_proj.weight")):
+                p.mul_(16)
     hf.save_pretrained(tmp_path)
     model = load_checkpoint(tmp_path)
     assert model.config.num_kv_heads == 2 and model.config.tie_word_embeddings == extra.get("tie_word_embeddings", False)
+    assert model.config.head_dim == extra.get("head_dim", 8) and model.config.qk_norm == (arch == "qwen3")
     biases = {k for k in model.state_dict() if k.endswith(".bias")}
     assert biases == {k for k, _ in hf.named_parameters() if k.endswith(".bias")}
     assert bool(biases) == (arch in ("qwen2", "llama_attention_bias"))

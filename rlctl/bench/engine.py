@@ -77,20 +77,24 @@ def hf_rope_scaling(scaling: RopeScaling | None) -> dict | None:
 
 def hf_twin(model: LlamaModel):
     """Hugging Face's causal LM with exactly the weights of our ``model``, on its device:
-    ``Qwen2ForCausalLM`` for biases on q, k and v alone, ``LlamaForCausalLM`` otherwise."""
-    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
+    ``Qwen3ForCausalLM`` for q and k norms, ``Qwen2ForCausalLM`` for biases on q, k and v alone,
+    ``LlamaForCausalLM`` otherwise."""
+    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3Config
 
     mc = model.config
-    if mc.o_bias and not mc.qkv_bias:
-        raise ValueError("no transformers architecture has a bias on o_proj alone")
     common = dict(vocab_size=mc.vocab_size, hidden_size=mc.hidden_size, intermediate_size=mc.intermediate_size,
                   num_hidden_layers=mc.num_layers, num_attention_heads=mc.num_heads,
-                  num_key_value_heads=mc.num_kv_heads, max_position_embeddings=mc.max_position,
+                  num_key_value_heads=mc.num_kv_heads, head_dim=mc.head_dim, max_position_embeddings=mc.max_position,
                   rope_theta=mc.rope_theta, rope_scaling=hf_rope_scaling(mc.rope_scaling),
                   rms_norm_eps=mc.rms_norm_eps, tie_word_embeddings=mc.tie_word_embeddings,
                   bos_token_id=None, eos_token_id=None, pad_token_id=None)
-    if mc.qkv_bias and not mc.o_bias:
+    if mc.qkv_bias and not mc.o_bias and not mc.qk_norm:
         hfc = Qwen2Config(**common, use_sliding_window=False)
+    elif mc.qkv_bias != mc.o_bias:
+        raise ValueError(f"no transformers architecture has qkv_bias={mc.qkv_bias}, o_bias={mc.o_bias}, "
+                         f"qk_norm={mc.qk_norm}")
+    elif mc.qk_norm:
+        hfc = Qwen3Config(**common, attention_bias=mc.o_bias, use_sliding_window=False)
     else:
         hfc = LlamaConfig(**common, attention_bias=mc.o_bias)
     param = next(model.parameters())
