@@ -93,6 +93,23 @@ def read_config(directory: str | Path) -> ModelConfig:
     return mc
 
 
+def weight_bits(directory: str | Path) -> int | None:
+    """The bits of a quantised checkpoint's weights, from its ``quantization_config`` (AWQ's and
+    GPTQ's ``bits``, FP8, bitsandbytes' 4 or 8 bits); None where the weights are not quantised."""
+    path = Path(directory) / "config.json"
+    q = json.loads(path.read_text()).get("quantization_config")
+    if not q:
+        return None
+    method = q.get("quant_method")
+    if isinstance(q.get("bits"), int):
+        return q["bits"]
+    if method == "fp8":
+        return 8
+    if method == "bitsandbytes" and (q.get("load_in_4bit") or q.get("load_in_8bit")):
+        return 4 if q.get("load_in_4bit") else 8
+    raise CheckpointError(f"{path}: quantization_config with quant_method {method!r} and no 'bits' is not supported")
+
+
 def _slides(cfg: dict, num_layers: int) -> bool:
     """Whether any layer attends through a sliding window: Mistral's do when ``sliding_window`` is
     set; Qwen2's and Qwen3's only with ``use_sliding_window``, and then from layer ``max_window_layers`` on;

@@ -12,6 +12,7 @@ blocks; the device itself is the whole GPU, so a co-tenant can take the rest and
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -172,7 +173,38 @@ DEPLOYMENTS = {
 }
 
 
+GPUS = {"h100": H100_SXM_80GB, "h200": H200_SXM_141GB, "a10": A10_24GB, "l40s": L40S_48GB}
+CHECKPOINT_MAX_MODEL_LEN = 32768  # the context a checkpoint deployment serves, where its model allows as much
+
+
 def deployment(name: str) -> Deployment:
-    if name not in DEPLOYMENTS:
-        raise ValueError(f"deployment: unknown {name!r}; known: {', '.join(DEPLOYMENTS)}")
-    return DEPLOYMENTS[name]
+    """The deployment ``name``: one of ``DEPLOYMENTS``, or ``CHECKPOINT_DIR@GPU``, a local
+    checkpoint's model (only its ``config.json`` is read) on one of ``GPUS``."""
+    if name in DEPLOYMENTS:
+        return DEPLOYMENTS[name]
+    if "@" in name:
+        return _checkpoint_deployment(name)
+    raise ValueError(f"unknown deployment {name!r}; known: {', '.join(DEPLOYMENTS)}, "
+                     f"or CHECKPOINT_DIR@GPU with GPU one of {', '.join(GPUS)}")
+
+
+@functools.lru_cache(maxsize=None)
+def _checkpoint_deployment(name: str) -> Deployment:
+    """As vLLM sizes a checkpoint it serves by default: the checkpoint's dtype (float16 for a
+    float32 one), its quantised weights' bits, 90 % of the GPU, blocks of 16, 256 sequences,
+    8,192 batched tokens; the context is its own, at most ``CHECKPOINT_MAX_MODEL_LEN``."""
+    from engine.checkpoint import read_config, weight_bits  # the engine's loader, not the roofline's concern
+
+    directory, gpu = name.rsplit("@", 1)
+    if gpu.lower() not in GPUS:
+        raise ValueError(f"deployment {name!r}: GPU {gpu!r} is not one of {', '.join(GPUS)}")
+    try:
+        model = read_config(directory)
+        bits = weight_bits(directory)
+    except ValueError as exc:  # the checkpoint's own refusal names its file and field
+        raise ValueError(f"deployment {name!r}: {exc}") from None
+    model = replace(model, dtype="float16" if model.dtype == "float32" else model.dtype,
+                    weight_bits=bits)
+    d = Deployment(name, GPUS[gpu.lower()], model, max_model_len=min(model.max_position, CHECKPOINT_MAX_MODEL_LEN))
+    d.kv_bytes()  # a checkpoint too large for the GPU is refused now, by name
+    return d

@@ -5,7 +5,7 @@ memory, as a YAML file (``experiments/scenarios/node_*.yaml``) read into these r
 name: node_chat_pair
 tenants:                                  # two or more engines on one GPU
   - name: a
-    deployment: llama7b-fp16-h100         # engine/roofline.py DEPLOYMENTS; every tenant on the same GPU
+    deployment: llama7b-fp16-h100         # engine/roofline.py deployment(); every tenant on the same GPU
     share: 0.5                            # its static partition: a share of the device's memory
     limit: 0.7                            # its MPS pinned-memory limit at the start (limits may sum past 1)
     compute_share: 0.5                    # its share of the GPU's compute and bandwidth (roofline derated)
@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from engine.config import EngineConfig, kv_blocks_within
-from engine.roofline import DEPLOYMENTS, GPU, RooflineCostModel
+from engine.roofline import GPU, RooflineCostModel, deployment
 from env.scenario import Observation, PhasedWorkload, Reward, ScenarioError, Workload
 from env.scenario_yaml import _fail, check_workload_fields, from_mapping, is_node_file, read_yaml
 from experiments import SCENARIOS, find
@@ -80,20 +80,20 @@ class NodeScenario:
 
     @property
     def gpu(self) -> GPU:
-        return DEPLOYMENTS[self.tenants[0].deployment].gpu
+        return deployment(self.tenants[0].deployment).gpu
 
     @property
     def names(self) -> list[str]:
         return [t.name for t in self.tenants]
 
     def engine_config(self, tenant: Tenant, **overrides) -> EngineConfig:
-        return DEPLOYMENTS[tenant.deployment].engine_config(**{**tenant.engine, **overrides})
+        return deployment(tenant.deployment).engine_config(**{**tenant.engine, **overrides})
 
     def cost_model(self, tenant: Tenant) -> RooflineCostModel:
         """The tenant's roofline clock, derated by its share of the GPU's compute and bandwidth."""
-        base = DEPLOYMENTS[tenant.deployment].cost_model()
+        base = deployment(tenant.deployment).cost_model()
         c = tenant.compute_share
-        return DEPLOYMENTS[tenant.deployment].cost_model(flops_efficiency=base.flops_efficiency * c,
+        return deployment(tenant.deployment).cost_model(flops_efficiency=base.flops_efficiency * c,
                                                          memory_efficiency=base.memory_efficiency * c)
 
     def limit_bytes(self, tenant: Tenant, rule: str | float = "scenario") -> int:
@@ -131,10 +131,12 @@ def _check(s: NodeScenario, where: str) -> NodeScenario:
         path = f"tenants[{i}]"
         if names.count(t.name) > 1 or "/" in t.name or ":" in t.name:
             raise _fail(where, f"{path}.name", f"{t.name!r} is used twice or holds '/' or ':'")
-        if t.deployment not in DEPLOYMENTS:
-            raise _fail(where, f"{path}.deployment", f"unknown {t.deployment!r} (known: {', '.join(DEPLOYMENTS)})")
-        if DEPLOYMENTS[t.deployment].gpu != s.gpu:
-            raise _fail(where, f"{path}.deployment", f"{t.deployment} is on a {DEPLOYMENTS[t.deployment].gpu.name}, "
+        try:
+            deployment(t.deployment)
+        except ValueError as exc:  # an unknown name (the message names the known ones) or a bad checkpoint
+            raise _fail(where, f"{path}.deployment", str(exc)) from None
+        if deployment(t.deployment).gpu != s.gpu:
+            raise _fail(where, f"{path}.deployment", f"{t.deployment} is on a {deployment(t.deployment).gpu.name}, "
                                                      f"tenants[0] on a {s.gpu.name}: a node is one GPU")
     for i, t in enumerate(s.tenants):
         path = f"tenants[{i}]"
@@ -147,7 +149,7 @@ def _check(s: NodeScenario, where: str) -> NodeScenario:
             raise _fail(where, f"{path}.engine", f"not an engine setting ({exc})") from None
         except ValueError as exc:
             raise _fail(where, f"{path}.engine", str(exc)) from None
-        model = DEPLOYMENTS[t.deployment].model
+        model = deployment(t.deployment).model
         for key in ("share", "limit"):
             blocks = kv_blocks_within(model, cfg, int(getattr(t, key) * s.gpu.memory_bytes))
             if blocks * cfg.block_size < min(cfg.max_model_len, model.max_position):

@@ -50,7 +50,7 @@ from engine.control import ACTIONS, Event, run_interval
 from engine.engine import Engine
 from engine.executor import ProfiledExecutor
 from engine.metrics import summarize
-from engine.roofline import DEPLOYMENTS
+from engine.roofline import deployment
 from engine.config import max_model_len
 from env.observation import FEATURES, HIGH, LOW, observe
 from env.scenario import Scenario
@@ -75,7 +75,7 @@ class OvercommitEnv(gym.Env):
         if shaping_gamma is not None and not 0 <= shaping_gamma <= 1:
             raise ValueError(f"shaping_gamma must be in [0, 1] or None, got {shaping_gamma!r}")
         self.scenario = scenario if isinstance(scenario, Scenario) else load_scenario(scenario)
-        self.deployment = DEPLOYMENTS[self.scenario.deployment]
+        self.deployment = deployment(self.scenario.deployment)
         self.cost = cost_model or self.deployment.cost_model()
         self.engine_overrides = dict(engine_overrides or {})
         self.shield = shield
@@ -189,7 +189,7 @@ def offered_output_rate(scenario: Scenario) -> float:
     """Output tokens per second the scenario's workload asks for (each request's real output, up
     to its max_tokens), on one reference draw: the goodput normaliser."""
     cfg = scenario.engine_config()
-    mml = max_model_len(DEPLOYMENTS[scenario.deployment].model, cfg)
+    mml = max_model_len(deployment(scenario.deployment).model, cfg)
     requests, _ = episode_requests(scenario.workload, scenario.episode_s, mml, np.random.default_rng(0))
     total = sum(min(r.output_len, r.max_tokens) for r in requests)
     return max(total / scenario.episode_s, 1e-9)

@@ -5,7 +5,7 @@ A scenario is a YAML file (see ``experiments/scenarios/``) read into these froze
 
 ```yaml
 name: burst
-deployment: llama70b-4bit-h100      # engine/roofline.py DEPLOYMENTS
+deployment: llama70b-4bit-h100      # engine/roofline.py DEPLOYMENTS, or CHECKPOINT_DIR@GPU
 engine: {ttft_slo_s: 5.0, tpot_slo_s: 0.2, overcommit_max: 2.0}   # EngineConfig overrides
 workload:                           # a trace window ...
   trace: azure2023_conv.csv         # bundled name (env/workloads/data) or a path
@@ -26,7 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from engine.config import EngineConfig
-from engine.roofline import DEPLOYMENTS
+from engine.roofline import deployment
 
 
 class ScenarioError(ValueError):
@@ -142,7 +142,7 @@ class Scenario:
         return self.decision_interval_s * self.max_steps
 
     def engine_config(self, **overrides) -> EngineConfig:
-        return DEPLOYMENTS[self.deployment].engine_config(**{**self.engine, **overrides})
+        return deployment(self.deployment).engine_config(**{**self.engine, **overrides})
 
     def at_load(self, load: float) -> "Scenario":
         """This scenario with its arrivals ``load`` times as frequent (a trace replayed faster)."""

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import yaml
 
-from engine.roofline import DEPLOYMENTS
+from engine.roofline import deployment
 from env.scenario import Distribution, GeneratorWorkload, PhasedWorkload, Scenario, ScenarioError, TraceWorkload
 from experiments import SCENARIOS, bundled, find
 from env.workload_builder import check_workload
@@ -134,8 +134,10 @@ def _distribution(value, where: str, path: str) -> Distribution:
 
 
 def _check(s: Scenario, where: str) -> Scenario:
-    if s.deployment not in DEPLOYMENTS:
-        raise _fail(where, "deployment", f"unknown {s.deployment!r} (known: {', '.join(DEPLOYMENTS)})")
+    try:
+        deployment(s.deployment)
+    except ValueError as exc:  # an unknown name (the message names the known ones) or a bad checkpoint
+        raise _fail(where, "deployment", str(exc)) from None
     try:
         s.engine_config()
     except TypeError as exc:

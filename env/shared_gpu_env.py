@@ -35,7 +35,7 @@ from engine.executor import ProfiledExecutor
 from engine.metrics import summarize
 from engine.node import Node
 from engine.node_control import action_names, run_node_interval
-from engine.roofline import DEPLOYMENTS
+from engine.roofline import deployment
 from engine.config import max_model_len
 from env.node_observation import node_bounds, node_features, observe_node
 from env.node_scenario import NodeScenario, load_node_scenario
@@ -82,7 +82,7 @@ class SharedGPUEnv(gym.Env):
             cfg = sc.engine_config(t, seed=int(rng.integers(2**31)), **overrides)
             if factor is not None:
                 cfg = cfg.pinned(float(factor))
-            self.node.add(t.name, DEPLOYMENTS[t.deployment].model, cfg, sc.limit_bytes(t, rule),
+            self.node.add(t.name, deployment(t.deployment).model, cfg, sc.limit_bytes(t, rule),
                           executor=ProfiledExecutor(sc.cost_model(t)))
         workloads = node_requests(sc, {n: e.max_model_len for n, e in self.node.engines.items()}, rng)
         self.workload_lines = {}
@@ -198,7 +198,7 @@ def node_requests(sc: NodeScenario, max_model_lens: dict[str, int], rng: np.rand
 def offered_output_rate(sc: NodeScenario) -> float:
     """Output tokens per second the node's workloads ask for (each request's real output, up to
     its max_tokens), on one reference draw: the goodput normaliser."""
-    lens = {t.name: max_model_len(DEPLOYMENTS[t.deployment].model, sc.engine_config(t)) for t in sc.tenants}
+    lens = {t.name: max_model_len(deployment(t.deployment).model, sc.engine_config(t)) for t in sc.tenants}
     requests = node_requests(sc, lens, np.random.default_rng(0))
     total = sum(min(r.output_len, r.max_tokens) for reqs, _ in requests.values() for r in reqs)
     return max(total / sc.episode_s, 1e-9)

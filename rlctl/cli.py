@@ -599,7 +599,7 @@ def parser() -> argparse.ArgumentParser:
                    help="with --trace: replay it at this multiple of what the deployment sustains (the time scale is "
                         "computed from the trace's demand and the deployment's cost model, and printed)")
     e.add_argument("--deployment", default=None,
-                   help="with --trace: the deployment to replay it on (default: the scenario's; engine/roofline.py)")
+                   help="with --trace: the deployment to replay it on: a name in engine/roofline.py or CHECKPOINT_DIR@GPU (a local checkpoint's config.json on h100, h200, a10 or l40s; default: the scenario's)")
     e.add_argument("--max-tokens", default=None, help="with --trace: declared max_tokens rule")
     e.add_argument("--episodes", type=int, default=1)
     e.add_argument("--steps", type=int, default=None, help="decisions per episode (default: the scenario's)")

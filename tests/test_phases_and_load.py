@@ -54,7 +54,7 @@ def test_eval_puts_a_held_out_trace_at_a_load_and_says_how(capsys):
     out = capsys.readouterr().out
     assert "load: arxiv_summarization_lengths_llama2tok.csv asks" in out and "puts it at 1.2x that" in out
     for bad, message in ((["--load", "0"], "--load must be > 0"), (["--load", "1", "--time-scale", "2"], "not both"),
-                         (["--load", "1", "--deployment", "gpu9000"], "unknown 'gpu9000'")):
+                         (["--load", "1", "--deployment", "gpu9000"], "unknown deployment 'gpu9000'")):
         assert main(["eval", "--trace", "azure2023_conv.csv", "--policy", "static:1.0", "--steps", "2", *bad]) == 2
         assert message in capsys.readouterr().err
     assert main(["eval", "--scenario", "steady", "--load", "1.2", "--policy", "static:1.0"]) == 2

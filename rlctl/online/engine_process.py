@@ -43,7 +43,7 @@ from engine.executor import ProfiledExecutor
 from engine.node import Node
 from engine.records import RequestRecord
 from engine.request import Request
-from engine.roofline import DEPLOYMENTS
+from engine.roofline import deployment
 from engine.shared_device import SharedDevice
 from env.node_scenario import load_node_scenario
 from rlctl.online.mps import CLIENT_LIMIT_ENV, parse_client_limit
@@ -79,7 +79,7 @@ class EngineProcess:
             raise ValueError(f"node scenario {sc.name} has no tenant {tenant!r} (tenants: {', '.join(sc.names)})")
         self.limit = limit_from_env()
         self.node = Node(SharedDevice(ledger), sc.slice_s)
-        self.engine = self.node.add(t.name, DEPLOYMENTS[t.deployment].model, EngineConfig(**config), self.limit,
+        self.engine = self.node.add(t.name, deployment(t.deployment).model, EngineConfig(**config), self.limit,
                                     executor=ProfiledExecutor(sc.cost_model(t)))
         self.node.clock = self.engine.clock = float(clock)
         if down:  # a restart under a new limit: down for the engine's restart time, as Node.set_limit is

@@ -33,7 +33,7 @@ import numpy as np
 from engine.config import max_model_len
 from engine.metrics import meets_slo
 from engine.records import Counters, RequestRecord
-from engine.roofline import DEPLOYMENTS
+from engine.roofline import deployment
 from engine.shared_device import SharedDevice
 from engine.snapshot import Snapshot
 from env.node_scenario import load_node_scenario
@@ -196,7 +196,7 @@ class ProcessNode:
                 cfg = sc.engine_config(t, seed=int(rng.integers(2**31)))
                 self.engines[t.name] = handle = EngineHandle(self, t.name, cfg)
                 handle.start(self.exact_limit(sc.limit_bytes(t, limits)), 0.0, down=False)
-            lens = {n: max_model_len(DEPLOYMENTS[t.deployment].model, e.base_config)
+            lens = {n: max_model_len(deployment(t.deployment).model, e.base_config)
                     for (n, e), t in zip(self.engines.items(), sc.tenants)}
             for name, (requests, _) in node_requests(sc, lens, rng).items():
                 self.engines[name].call("submit", requests=[request_to_dict(r) for r in requests])

@@ -1,0 +1,95 @@
+"""A local checkpoint on a named GPU is a deployment (``CHECKPOINT_DIR@GPU``): sized from its
+``config.json`` alone as vLLM sizes it, so that a policy can be judged on a user's own model."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from engine.roofline import GB, deployment
+from env.scenario_yaml import ScenarioError, load_scenario
+from experiments import SCENARIOS
+from rlctl.cli import main
+
+# config.json as the published checkpoints ship it (transformers 4's layout), without weights
+QWEN25_7B = {"model_type": "qwen2", "vocab_size": 152064, "hidden_size": 3584, "intermediate_size": 18944,
+             "num_hidden_layers": 28, "num_attention_heads": 28, "num_key_value_heads": 4,
+             "max_position_embeddings": 32768, "rope_theta": 1000000.0, "rms_norm_eps": 1e-06,
+             "hidden_act": "silu", "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+             "use_sliding_window": False, "sliding_window": 131072, "max_window_layers": 28}
+QWEN3_4B = {"model_type": "qwen3", "vocab_size": 151936, "hidden_size": 2560, "intermediate_size": 9728,
+            "num_hidden_layers": 36, "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
+            "max_position_embeddings": 40960, "rope_theta": 1000000, "rms_norm_eps": 1e-06, "hidden_act": "silu",
+            "tie_word_embeddings": True, "torch_dtype": "bfloat16", "attention_bias": False,
+            "use_sliding_window": False, "sliding_window": None, "max_window_layers": 36}
+
+
+def checkpoint(tmp_path: Path, name: str, config: dict) -> Path:
+    directory = tmp_path / name
+    directory.mkdir()
+    (directory / "config.json").write_text(json.dumps(config))
+    return directory
+
+
+def test_a_checkpoint_on_a_gpu_is_sized_from_its_config_as_vllm_sizes_it(tmp_path):
+    d = deployment(f"{checkpoint(tmp_path, 'Qwen2.5-7B-Instruct', QWEN25_7B)}@l40s")
+    m = d.model
+    # the ledger counts what the checkpoint holds: Qwen2.5-7B's published 7,615,616,512 parameters
+    # (its q/k/v biases included) in bf16, and 28 layers x 4 KV heads x 128 x K and V x 2 bytes a token
+    assert m.param_count() == 7_615_616_512 and m.qkv_bias and m.dtype == "bfloat16" and m.weight_bits is None
+    assert m.weight_bytes() == 2 * 7_615_616_512 and m.kv_bytes_per_token() == 57_344
+    assert d.max_model_len == 32768 and d.gpu.memory_bytes == 48 * GB
+    kv = d.num_blocks() * d.block_size * m.kv_bytes_per_token()
+    assert 0 < kv <= 0.9 * 48 * GB - m.weight_bytes()  # 90 % of the GPU, less weights and the workspace
+    assert "7.6B params at 16 bits on NVIDIA L40S 48GB" in d.describe()
+    # its own head_dim (128, where 2560 / 32 heads is 80), per-head norms, tied embeddings: 4,022,468,096
+    q3 = deployment(f"{checkpoint(tmp_path, 'Qwen3-4B', QWEN3_4B)}@h100").model
+    assert q3.param_count() == 4_022_468_096 and q3.head_dim == 128 and q3.qk_norm
+    assert deployment(f"{tmp_path / 'Qwen3-4B'}@h100").max_model_len == 32768  # 40,960 capped
+
+
+def test_quantised_weights_leave_the_kv_more_room(tmp_path):
+    bf16 = deployment(f"{checkpoint(tmp_path, 'bf16', QWEN25_7B)}@a10")
+    awq = deployment(f"{checkpoint(tmp_path, 'awq', {**QWEN25_7B, 'quantization_config': {'quant_method': 'awq', 'bits': 4, 'group_size': 128}})}@a10")
+    fp8 = deployment(f"{checkpoint(tmp_path, 'fp8', {**QWEN25_7B, 'quantization_config': {'quant_method': 'fp8'}})}@a10")
+    assert (awq.model.weight_bits, fp8.model.weight_bits, bf16.model.weight_bits) == (4, 8, None)
+    assert awq.num_blocks() > fp8.num_blocks() > bf16.num_blocks() > 0
+
+
+@pytest.mark.parametrize("config, gpu, match", [
+    (QWEN25_7B, "b200", "GPU 'b200' is not one of h100, h200, a10, l40s"),
+    ({**QWEN25_7B, "num_hidden_layers": 80, "hidden_size": 8192, "num_attention_heads": 64}, "a10",
+     "cannot hold one 32768-token sequence"),  # a 72B-sized model on a 24 GB GPU
+    ({**QWEN25_7B, "quantization_config": {"quant_method": "hqq"}}, "h100", "quant_method 'hqq' and no 'bits'"),
+    ({**QWEN25_7B, "model_type": "gemma"}, "h100", "model_type 'gemma' is not one of"),
+])
+def test_a_checkpoint_deployment_that_cannot_be_served_is_refused_by_name(tmp_path, config, gpu, match):
+    name = f"{checkpoint(tmp_path, 'ck', config)}@{gpu}"
+    with pytest.raises(ValueError, match=match) as err:
+        deployment(name)
+    assert name in str(err.value)  # the deployment the message is about
+
+
+def test_a_scenario_names_a_checkpoint_deployment_and_a_bad_one_names_the_field(tmp_path):
+    import yaml
+
+    data = yaml.safe_load((SCENARIOS / "long_outputs.yaml").read_text())
+    good = tmp_path / "qwen.yaml"
+    good.write_text(yaml.safe_dump({**data, "deployment": f"{checkpoint(tmp_path, 'qwen', QWEN25_7B)}@h100"}))
+    assert load_scenario(good).engine_config().num_blocks == deployment(f"{tmp_path / 'qwen'}@h100").num_blocks()
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump({**data, "deployment": f"{tmp_path / 'absent'}@h100"}))
+    with pytest.raises(ScenarioError, match=r"deployment.*no such checkpoint directory"):
+        load_scenario(bad)
+
+
+def test_the_shipped_policy_replays_a_trace_on_a_users_checkpoint(tmp_path, capsys):
+    name = f"{checkpoint(tmp_path, 'Qwen2.5-7B-Instruct', QWEN25_7B)}@l40s"
+    out = tmp_path / "eval.json"
+    assert main(["eval", "--policy", "default", "--policy", "vllm", "--trace", "azure2023_conv.csv", "--load", "1.2",
+                 "--deployment", name, "--steps", "5", "--episodes", "1", "--json", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "Qwen2.5-7B-Instruct@l40s" in printed and "puts it at 1.2x" in printed
+    results = json.loads(out.read_text())["results"]
+    assert results["default"]["steps"] == 5 and results["vllm"]["requests_submitted"] > 0
