@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 import numpy as np
 
@@ -179,7 +180,8 @@ CHECKPOINT_MAX_MODEL_LEN = 32768  # the context a checkpoint deployment serves, 
 
 def deployment(name: str) -> Deployment:
     """The deployment ``name``: one of ``DEPLOYMENTS``, or ``CHECKPOINT_DIR@GPU``, a local
-    checkpoint's model (only its ``config.json`` is read) on one of ``GPUS``."""
+    checkpoint's model (only its ``config.json`` is read) on one of ``GPUS``; a bare directory
+    name that is not here is looked for among the shipped ``experiments/checkpoints``."""
     if name in DEPLOYMENTS:
         return DEPLOYMENTS[name]
     if "@" in name:
@@ -194,8 +196,11 @@ def _checkpoint_deployment(name: str) -> Deployment:
     float32 one), its quantised weights' bits, 90 % of the GPU, blocks of 16, 256 sequences,
     8,192 batched tokens; the context is its own, at most ``CHECKPOINT_MAX_MODEL_LEN``."""
     from engine.checkpoint import read_config, weight_bits  # the engine's loader, not the roofline's concern
+    from experiments import CHECKPOINTS
 
     directory, gpu = name.rsplit("@", 1)
+    if not Path(directory).exists() and len(Path(directory).parts) == 1 and (CHECKPOINTS / directory).is_dir():
+        directory = str(CHECKPOINTS / directory)
     if gpu.lower() not in GPUS:
         raise ValueError(f"deployment {name!r}: GPU {gpu!r} is not one of {', '.join(GPUS)}")
     try:

@@ -2,14 +2,16 @@
 a wheel install finds them by name, as a checkout does: the scenarios (``scenarios/*.yaml``,
 ``load_scenario("burst")``), the training configurations (``train/*.yaml``,
 ``rlctl train --config steady``), trained policies (``policies/*.rlpolicy``,
-``rlctl eval --policy NAME``) and each scenario's sweep (``sweeps/*.json``, ``rlctl sweep``). This package is data and one lookup; it imports nothing of ours.
+``rlctl eval --policy NAME``), each scenario's sweep (``sweeps/*.json``, ``rlctl sweep``) and the
+``config.json`` of public checkpoints, without weights (``checkpoints/NAME/``, a deployment as
+``NAME@GPU``). This package is data and one lookup; it imports nothing of ours.
 """
 from __future__ import annotations
 
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent
-SCENARIOS, TRAIN, POLICIES = ROOT / "scenarios", ROOT / "train", ROOT / "policies"
+SCENARIOS, TRAIN, POLICIES, CHECKPOINTS = ROOT / "scenarios", ROOT / "train", ROOT / "policies", ROOT / "checkpoints"
 
 
 def bundled(folder: Path, suffix: str) -> list[str]:

@@ -9,20 +9,11 @@ import pytest
 
 from engine.roofline import GB, deployment
 from env.scenario_yaml import ScenarioError, load_scenario
-from experiments import SCENARIOS
+from experiments import CHECKPOINTS, SCENARIOS
 from rlctl.cli import main
 
 # config.json as the published checkpoints ship it (transformers 4's layout), without weights
-QWEN25_7B = {"model_type": "qwen2", "vocab_size": 152064, "hidden_size": 3584, "intermediate_size": 18944,
-             "num_hidden_layers": 28, "num_attention_heads": 28, "num_key_value_heads": 4,
-             "max_position_embeddings": 32768, "rope_theta": 1000000.0, "rms_norm_eps": 1e-06,
-             "hidden_act": "silu", "tie_word_embeddings": False, "torch_dtype": "bfloat16",
-             "use_sliding_window": False, "sliding_window": 131072, "max_window_layers": 28}
-QWEN3_4B = {"model_type": "qwen3", "vocab_size": 151936, "hidden_size": 2560, "intermediate_size": 9728,
-            "num_hidden_layers": 36, "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
-            "max_position_embeddings": 40960, "rope_theta": 1000000, "rms_norm_eps": 1e-06, "hidden_act": "silu",
-            "tie_word_embeddings": True, "torch_dtype": "bfloat16", "attention_bias": False,
-            "use_sliding_window": False, "sliding_window": None, "max_window_layers": 36}
+QWEN25_7B = json.loads((CHECKPOINTS / "Qwen2.5-7B-Instruct" / "config.json").read_text())
 
 
 def checkpoint(tmp_path: Path, name: str, config: dict) -> Path:
@@ -33,7 +24,7 @@ def checkpoint(tmp_path: Path, name: str, config: dict) -> Path:
 
 
 def test_a_checkpoint_on_a_gpu_is_sized_from_its_config_as_vllm_sizes_it(tmp_path):
-    d = deployment(f"{checkpoint(tmp_path, 'Qwen2.5-7B-Instruct', QWEN25_7B)}@l40s")
+    d = deployment("Qwen2.5-7B-Instruct@l40s")  # shipped (experiments/checkpoints), found by name
     m = d.model
     # the ledger counts what the checkpoint holds: Qwen2.5-7B's published 7,615,616,512 parameters
     # (its q/k/v biases included) in bf16, and 28 layers x 4 KV heads x 128 x K and V x 2 bytes a token
@@ -44,9 +35,13 @@ def test_a_checkpoint_on_a_gpu_is_sized_from_its_config_as_vllm_sizes_it(tmp_pat
     assert 0 < kv <= 0.9 * 48 * GB - m.weight_bytes()  # 90 % of the GPU, less weights and the workspace
     assert "7.6B params at 16 bits on NVIDIA L40S 48GB" in d.describe()
     # its own head_dim (128, where 2560 / 32 heads is 80), per-head norms, tied embeddings: 4,022,468,096
-    q3 = deployment(f"{checkpoint(tmp_path, 'Qwen3-4B', QWEN3_4B)}@h100").model
-    assert q3.param_count() == 4_022_468_096 and q3.head_dim == 128 and q3.qk_norm
-    assert deployment(f"{tmp_path / 'Qwen3-4B'}@h100").max_model_len == 32768  # 40,960 capped
+    q3 = deployment(f"{CHECKPOINTS / 'Qwen3-4B'}@h100")
+    assert q3.model.param_count() == 4_022_468_096 and q3.model.head_dim == 128 and q3.model.qk_norm
+    assert q3.max_model_len == 32768  # 40,960 capped
+    # Qwen3-8B's 8,190,735,360 and the AWQ Qwen2.5-32B's 32,763,876,352, counted at 4 bits
+    assert deployment("Qwen3-8B@h100").model.param_count() == 8_190_735_360
+    awq = deployment("Qwen2.5-32B-Instruct-AWQ@h100").model
+    assert awq.param_count() == 32_763_876_352 and awq.weight_bits == 4
 
 
 def test_quantised_weights_leave_the_kv_more_room(tmp_path):
@@ -85,7 +80,7 @@ def test_a_scenario_names_a_checkpoint_deployment_and_a_bad_one_names_the_field(
 
 
 def test_the_shipped_policy_replays_a_trace_on_a_users_checkpoint(tmp_path, capsys):
-    name = f"{checkpoint(tmp_path, 'Qwen2.5-7B-Instruct', QWEN25_7B)}@l40s"
+    name = f"{CHECKPOINTS / 'Qwen2.5-7B-Instruct'}@l40s"
     out = tmp_path / "eval.json"
     assert main(["eval", "--policy", "default", "--policy", "vllm", "--trace", "azure2023_conv.csv", "--load", "1.2",
                  "--deployment", name, "--steps", "5", "--episodes", "1", "--json", str(out)]) == 0

@@ -66,10 +66,11 @@ def installed(tmp_path_factory) -> tuple[Path, Path, Path]:
 def test_the_wheel_ships_the_experiments_the_traces_and_the_protocol(installed):
     wheel, _, _ = installed
     names = set(zipfile.ZipFile(wheel).namelist())
-    for shipped in (REPO / "experiments").glob("*/*.*"):  # the data directories, not a byte-code cache
-        if shipped.parent.name != "__pycache__":
+    for shipped in (REPO / "experiments").rglob("*"):  # every data file, not a byte-code cache
+        if shipped.is_file() and "__pycache__" not in shipped.parts:
             assert shipped.relative_to(REPO).as_posix() in names
     assert {"experiments/scenarios/steady.yaml", "experiments/train/steady.yaml", "env/workloads/data/azure2023_conv.csv",
+            "experiments/checkpoints/Qwen3-8B/config.json",
             "rlctl/online/proto/rlctl/controller/v1/controller.proto"} <= names
     assert not any(n.startswith("tests/") for n in names)
 
