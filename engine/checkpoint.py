@@ -1,4 +1,4 @@
-"""Loading a local Hugging Face Llama, Mistral, Qwen2 or Qwen3 checkpoint directory (``config.json`` + ``*.safetensors``).
+"""Loading a local Hugging Face Llama, Mistral, Qwen2, Qwen3 or Phi-3 checkpoint directory (``config.json`` + ``*.safetensors``).
 
 Nothing is fetched from a hub: the directory must hold everything. Every refusal names the file
 or tensor at fault.
@@ -17,8 +17,10 @@ from engine.model import LlamaModel
 
 # Mistral is Llama's architecture under its own name; without a sliding window it is Llama's attention
 # too. Qwen2 (Qwen2.5, QwQ, DeepSeek-R1's Qwen distillations) is Llama's with biases on q, k and v;
-# Qwen3 (dense) is Llama's with an RMSNorm over each q and k head and its own head_dim.
-MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+# Qwen3 (dense) is Llama's with an RMSNorm over each q and k head and its own head_dim. Phi-3 (and
+# Phi-4) is Llama's with q/k/v and gate/up each stored as one tensor, as this engine computes them.
+MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3")
+FUSED = {"self_attn.qkv_proj.weight": ("q_proj", "k_proj", "v_proj"), "mlp.gate_up_proj.weight": ("gate_proj", "up_proj")}
 
 
 class CheckpointError(ValueError):
@@ -90,7 +92,28 @@ def read_config(directory: str | Path) -> ModelConfig:
         raise CheckpointError(f"{path}: hidden_act {cfg['hidden_act']!r} is not supported (Llama's MLP is 'silu')")
     if cfg.get("mlp_bias"):
         raise CheckpointError(f"{path}: MLP biases are not supported")
+    partial = (cfg.get("rope_parameters") or {}).get("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0))
+    if partial not in (None, 1, 1.0):
+        raise CheckpointError(f"{path}: partial_rotary_factor {partial!r} is not supported (RoPE over the whole head)")
     return mc
+
+
+def _unfused(state: dict[str, torch.Tensor], mc: ModelConfig, directory) -> dict[str, torch.Tensor]:
+    """``state`` with Phi-3's stacked tensors split under Llama's names, as the model's loader takes them."""
+    q, kv = mc.num_heads * mc.head_dim, mc.num_kv_heads * mc.head_dim
+    sizes = {"self_attn.qkv_proj.weight": [q, kv, kv], "mlp.gate_up_proj.weight": [mc.intermediate_size] * 2}
+    out = {}
+    for key, tensor in state.items():
+        suffix = next((f for f in FUSED if key.endswith(f)), None)
+        if suffix is None:
+            out[key] = tensor
+            continue
+        if tensor.shape[0] != sum(sizes[suffix]):
+            raise CheckpointError(f"{directory}: tensor {key!r} has {tensor.shape[0]} rows, config.json implies "
+                                  f"{sum(sizes[suffix])} ({' + '.join(map(str, sizes[suffix]))})")
+        prefix = key[: -len(suffix)] + suffix.split(".")[0] + "."
+        out.update({f"{prefix}{name}.weight": part for name, part in zip(FUSED[suffix], tensor.split(sizes[suffix]))})
+    return out
 
 
 def weight_bits(directory: str | Path) -> int | None:
@@ -136,6 +159,7 @@ def load_checkpoint(directory: str | Path, device: str | torch.device = "cpu",
             state.update(load_file(str(f)))
         except Exception as exc:  # safetensors raises its own error types for a damaged file
             raise CheckpointError(f"{f}: cannot be read as safetensors ({exc})") from exc
+    state = _unfused(state, mc, directory)
     model = LlamaModel(mc)
     expected = model.state_dict()
     if mc.tie_word_embeddings:

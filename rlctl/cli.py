@@ -85,7 +85,7 @@ def _add_deployment(p: argparse.ArgumentParser) -> None:
     g.add_argument("--downtime", type=float, default=d.restart_downtime_s, help="restart downtime after an OOM crash (s)")
     g.add_argument("--ttft-slo", type=float, default=None, help="TTFT target (s) for goodput")
     g.add_argument("--tpot-slo", type=float, default=None, help="TPOT target (s) for goodput")
-    g.add_argument("--model-dir", default=None, help="local Hugging Face Llama, Mistral, Qwen2 or Qwen3 checkpoint (default: tiny seeded model)")
+    g.add_argument("--model-dir", default=None, help="local Hugging Face Llama, Mistral, Qwen2, Qwen3 or Phi-3 checkpoint (default: tiny seeded model)")
     g.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
     g.add_argument("--seed", type=int, default=d.seed)
 
@@ -656,7 +656,7 @@ def parser() -> argparse.ArgumentParser:
     pr.add_argument("--device", default="cpu", help="cpu or cuda[:N] (default %(default)s)")
     pr.add_argument("--repeats", type=int, default=7, help="timed runs per point, the median counts (default %(default)s)")
     pr.add_argument("--quick", action="store_true", help="a smaller grid (seconds, not tens of seconds)")
-    pr.add_argument("--model-dir", default=None, help="local Hugging Face Llama, Mistral, Qwen2 or Qwen3 checkpoint (default: tiny seeded model)")
+    pr.add_argument("--model-dir", default=None, help="local Hugging Face Llama, Mistral, Qwen2, Qwen3 or Phi-3 checkpoint (default: tiny seeded model)")
     pr.add_argument("--seed", type=int, default=0)
     pr.set_defaults(fn=cmd_profile)
     return p

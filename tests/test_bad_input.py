@@ -134,7 +134,8 @@ def test_a_checkpoint_in_the_older_config_layout_loads_its_rope_scaling(checkpoi
 
 
 @pytest.mark.parametrize("fields, match", [
-    ({"model_type": "gemma"}, "model_type 'gemma' is not one of llama, mistral, qwen2, qwen3"),
+    ({"model_type": "gemma"}, "model_type 'gemma' is not one of llama, mistral, qwen2, qwen3, phi3"),
+    ({"model_type": "phi3", "partial_rotary_factor": 0.75}, "partial_rotary_factor 0.75 is not supported"),
     ({"model_type": "qwen3"}, r"tensor 'model.layers.0.self_attn.k_norm.weight' is missing \(2 missing"),  # Llama's weights
     ({"model_type": "mistral", "sliding_window": 64}, "sliding_window 64 is below max_position_embeddings 128"),
     ({"model_type": "qwen2", "use_sliding_window": True, "sliding_window": 64, "max_window_layers": 0},
@@ -165,3 +166,16 @@ def test_a_damaged_weight_file_is_refused_by_file_name(checkpoint):
     weights.write_bytes(weights.read_bytes()[:100])
     with pytest.raises(CheckpointError, match="model.safetensors: cannot be read"):
         load_checkpoint(checkpoint)
+
+
+def test_a_stacked_tensor_of_the_wrong_height_is_refused_by_name(tmp_path):
+    from transformers import Phi3Config, Phi3ForCausalLM
+
+    cfg = Phi3Config(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                     num_key_value_heads=1, max_position_embeddings=128, sliding_window=None, pad_token_id=None)
+    Phi3ForCausalLM(cfg).save_pretrained(tmp_path)
+    assert load_checkpoint(tmp_path).config.num_kv_heads == 1
+    _edit_config(tmp_path, num_key_value_heads=2)  # the stacked q/k/v holds one KV head, not two
+    with pytest.raises(CheckpointError, match=r"'model.layers.0.self_attn.qkv_proj.weight' has 32 rows, "
+                                              r"config.json implies 48 \(16 \+ 16 \+ 16\)"):
+        load_checkpoint(tmp_path)

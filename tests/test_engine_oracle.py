@@ -69,18 +69,20 @@ def test_recompute_after_preemption_matches_transformers(make_engine):
         assert eng.outputs[f"r{i}"] == hf_greedy(hf, p, 12)
 
 
-@pytest.mark.parametrize("arch", ["llama", "mistral", "qwen2", "llama_attention_bias", "qwen3"])
+@pytest.mark.parametrize("arch", ["llama", "mistral", "qwen2", "llama_attention_bias", "qwen3", "phi3"])
 def test_local_checkpoint_loads_and_matches_transformers(tmp_path, arch):
     import transformers
 
     # Mistral without a sliding window (v0.2 on) is Llama's architecture under its own name; Qwen2
     # is Llama's with biases on q, k and v; Llama's attention_bias puts one on o as well; Qwen3 norms
-    # each q and k head, and its heads here are wider than hidden_size / heads (12, not 8), as Qwen3's are
+    # each q and k head, and its heads here are wider than hidden_size / heads (12, not 8), as Qwen3's are;
+    # Phi-3 (and Phi-4) stores q/k/v and gate/up each as one tensor
     name, extra = {"llama": ("Llama", {"tie_word_embeddings": True}),
                    "mistral": ("Mistral", {"sliding_window": None}),
                    "qwen2": ("Qwen2", {"tie_word_embeddings": True}),
                    "llama_attention_bias": ("Llama", {"attention_bias": True}),
-                   "qwen3": ("Qwen3", {"head_dim": 12, "tie_word_embeddings": True})}[arch]
+                   "qwen3": ("Qwen3", {"head_dim": 12, "tie_word_embeddings": True}),
+                   "phi3": ("Phi3", {"sliding_window": None})}[arch]
     torch.manual_seed(0)
     cfg = getattr(transformers, f"{name}Config")(
         vocab_size=300, hidden_size=48, intermediate_size=96, num_hidden_layers=3, num_attention_heads=6,
@@ -93,8 +95,10 @@ def test_local_checkpoint_loads_and_matches_transformers(tmp_path, arch):
                 p.normal_(0.0, 1.0)
             elif key.endswith(("q_norm.weight", "k_norm.weight")):
                 p.uniform_(0.2, 3.0)
-            elif key.endswith(("v_proj.weight", "o_proj.weight")):
+            elif key.endswith(("v_proj.weight", "o_proj.weight", "qkv_proj.weight")):
                 p.mul_(16)
+            elif ".mlp." in key:  # so that gate and up swapped would show
+                p.mul_(8)
     hf.save_pretrained(tmp_path)
     model = load_checkpoint(tmp_path)
     assert model.config.num_kv_heads == 2 and model.config.tie_word_embeddings == extra.get("tie_word_embeddings", False)
