@@ -1,4 +1,5 @@
-"""Loading a local Hugging Face Llama, Mistral, Qwen2, Qwen3 or Phi-3 checkpoint directory (``config.json`` + ``*.safetensors``).
+"""Loading a local Hugging Face Llama, Mistral, Qwen2, Qwen3, Phi-3, Mixtral or Qwen3-MoE checkpoint
+directory (``config.json`` + ``*.safetensors``).
 
 Nothing is fetched from a hub: the directory must hold everything. Every refusal names the file
 or tensor at fault.
@@ -19,8 +20,12 @@ from engine.model import LlamaModel
 # too. Qwen2 (Qwen2.5, QwQ, DeepSeek-R1's Qwen distillations) is Llama's with biases on q, k and v;
 # Qwen3 (dense) is Llama's with an RMSNorm over each q and k head and its own head_dim. Phi-3 (and
 # Phi-4) is Llama's with q/k/v and gate/up each stored as one tensor, as this engine computes them.
-MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3")
+# Mixtral is Mistral's with a mixture of eight experts for each MLP (two a token); Qwen3-MoE is
+# Qwen3's with one (e.g. 8 of 128 experts a token), some layers optionally kept dense.
+MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "mixtral", "qwen3_moe")
 FUSED = {"self_attn.qkv_proj.weight": ("q_proj", "k_proj", "v_proj"), "mlp.gate_up_proj.weight": ("gate_proj", "up_proj")}
+# one expert's projections as checkpoints store them: (gate, up, down)
+EXPERT_NAMES = {"mixtral": ("w1", "w3", "w2"), "qwen3_moe": ("gate_proj", "up_proj", "down_proj")}
 
 
 class CheckpointError(ValueError):
@@ -77,13 +82,15 @@ def read_config(directory: str | Path) -> ModelConfig:
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             qkv_bias=cfg["model_type"] == "qwen2" or bool(cfg.get("attention_bias")),
             o_bias=bool(cfg.get("attention_bias")),
-            qk_norm=cfg["model_type"] == "qwen3",
+            qk_norm=cfg["model_type"] in ("qwen3", "qwen3_moe"),
             explicit_head_dim=None if head_dim * heads == int(cfg["hidden_size"]) else head_dim,
             dtype=str(cfg.get("dtype") or cfg.get("torch_dtype") or "float32"))
     except KeyError as exc:
         raise CheckpointError(f"{path}: missing field {exc.args[0]!r}") from exc
     except (TypeError, ValueError) as exc:
         raise CheckpointError(f"{path}: {exc}") from exc
+    if cfg["model_type"] in EXPERT_NAMES:
+        mc = _experts(cfg, mc, path)
     window = cfg.get("sliding_window") if _slides(cfg, mc.num_layers) else None
     if window is not None and (not isinstance(window, (int, float)) or window < mc.max_position):
         raise CheckpointError(f"{path}: sliding_window {window!r} is below max_position_embeddings {mc.max_position}: "
@@ -96,6 +103,61 @@ def read_config(directory: str | Path) -> ModelConfig:
     if partial not in (None, 1, 1.0):
         raise CheckpointError(f"{path}: partial_rotary_factor {partial!r} is not supported (RoPE over the whole head)")
     return mc
+
+
+def _experts(cfg: dict, mc: ModelConfig, path: Path) -> ModelConfig:
+    """``mc`` with the mixture of experts ``cfg`` describes (Mixtral's or Qwen3-MoE's fields)."""
+    from dataclasses import replace
+
+    mixtral = cfg["model_type"] == "mixtral"
+    try:
+        experts = int(cfg.get("num_local_experts") or cfg.get("num_experts") or 0)
+        if experts <= 0:
+            raise CheckpointError(f"{path}: a {cfg['model_type']} checkpoint needs num_experts (or num_local_experts) > 0")
+        dense = ()
+        if not mixtral:  # Qwen3-MoE: mlp_only_layers, and only every decoder_sparse_step-th layer sparse
+            step = int(cfg.get("decoder_sparse_step", 1))
+            if step <= 0:
+                raise CheckpointError(f"{path}: decoder_sparse_step must be > 0, got {step}")
+            only = {int(i) for i in cfg.get("mlp_only_layers") or []}
+            dense = tuple(i for i in range(mc.num_layers) if i in only or (i + 1) % step)
+        return replace(mc, num_experts=experts, experts_per_token=int(cfg["num_experts_per_tok"]),
+                       moe_intermediate_size=int(cfg["intermediate_size"] if mixtral else cfg["moe_intermediate_size"]),
+                       norm_topk_prob=True if mixtral else bool(cfg.get("norm_topk_prob", False)),
+                       moe_float32_weights=mixtral, dense_layers=dense)
+    except KeyError as exc:
+        raise CheckpointError(f"{path}: missing field {exc.args[0]!r}") from exc
+    except (TypeError, ValueError) as exc:
+        if isinstance(exc, CheckpointError):
+            raise
+        raise CheckpointError(f"{path}: {exc}") from exc
+
+
+def _stacked_experts(state: dict[str, torch.Tensor], mc: ModelConfig, kind: str, directory) -> dict[str, torch.Tensor]:
+    """``state`` with each layer's experts, stored one tensor per projection and expert (Mixtral's
+    ``block_sparse_moe.experts.E.w1``, Qwen3-MoE's ``mlp.experts.E.gate_proj``), stacked under
+    the model's names (``mlp.experts.gate_up_proj`` and ``mlp.experts.down_proj``, as transformers
+    5 holds them), and Mixtral's router moved to ``mlp.gate``."""
+    gate, up, down = EXPERT_NAMES[kind]
+    out = {k.replace(".block_sparse_moe.gate.", ".mlp.gate."): v for k, v in state.items()
+           if ".experts." not in k or k.endswith((".experts.gate_up_proj", ".experts.down_proj"))}
+    for layer in range(mc.num_layers):
+        if not mc.is_sparse(layer):
+            continue
+        block = f"model.layers.{layer}.{'block_sparse_moe' if kind == 'mixtral' else 'mlp'}.experts"
+        if f"model.layers.{layer}.mlp.experts.gate_up_proj" in out:
+            continue  # already stacked
+        parts = {}
+        for name in (gate, up, down):
+            for e in range(mc.num_experts):
+                key = f"{block}.{e}.{name}.weight"
+                if key not in state:
+                    raise CheckpointError(f"{directory}: tensor {key!r} is missing (config.json has {mc.num_experts} experts)")
+                parts[name, e] = state[key]
+        out[f"model.layers.{layer}.mlp.experts.gate_up_proj"] = torch.stack(
+            [torch.cat((parts[gate, e], parts[up, e])) for e in range(mc.num_experts)])
+        out[f"model.layers.{layer}.mlp.experts.down_proj"] = torch.stack([parts[down, e] for e in range(mc.num_experts)])
+    return out
 
 
 def _unfused(state: dict[str, torch.Tensor], mc: ModelConfig, directory) -> dict[str, torch.Tensor]:
@@ -139,7 +201,7 @@ def _slides(cfg: dict, num_layers: int) -> bool:
     transformers 5 also writes each layer's kind in ``layer_types``."""
     if "layer_types" in cfg:
         return any(kind != "full_attention" for kind in cfg["layer_types"] or [])
-    if cfg["model_type"] in ("qwen2", "qwen3"):
+    if cfg["model_type"] in ("qwen2", "qwen3", "qwen3_moe"):
         return bool(cfg.get("use_sliding_window")) and int(cfg.get("max_window_layers", 0)) < num_layers
     return True
 
@@ -160,6 +222,8 @@ def load_checkpoint(directory: str | Path, device: str | torch.device = "cpu",
         except Exception as exc:  # safetensors raises its own error types for a damaged file
             raise CheckpointError(f"{f}: cannot be read as safetensors ({exc})") from exc
     state = _unfused(state, mc, directory)
+    if mc.num_experts:
+        state = _stacked_experts(state, mc, json.loads((Path(directory) / "config.json").read_text())["model_type"], directory)
     model = LlamaModel(mc)
     expected = model.state_dict()
     if mc.tie_word_embeddings:

@@ -51,7 +51,16 @@ class RopeScaling:
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """A Llama-architecture decoder. The default is tiny so that it runs fast on a CPU."""
+    """A Llama-architecture decoder. The default is tiny so that it runs fast on a CPU.
+
+    With ``num_experts`` > 0 the MLP of every layer not in ``dense_layers`` is a mixture of
+    experts (Mixtral, Qwen3-MoE): a router picks ``experts_per_token`` of ``num_experts`` SwiGLU
+    experts of width ``moe_intermediate_size`` for each token and weighs their outputs by its
+    softmax, renormalised over the ones picked where ``norm_topk_prob``; ``dense_layers`` keep a
+    dense MLP of width ``intermediate_size``. ``moe_float32_weights``: the routing weights stay
+    float32 when they scale an expert's output (Mixtral) instead of taking the model's dtype first
+    (Qwen3-MoE), which tells the two apart in bf16.
+    """
 
     vocab_size: int = 512
     hidden_size: int = 64
@@ -70,6 +79,12 @@ class ModelConfig:
     explicit_head_dim: int | None = None  # config.json's head_dim where it is not hidden_size / num_heads (Qwen3)
     dtype: str = "float32"  # activations and KV
     weight_bits: int | None = None  # quantised weights (4, 8); None: ``dtype``. Only the ledger and cost models read it
+    num_experts: int = 0  # 0: a dense model
+    experts_per_token: int = 0
+    moe_intermediate_size: int = 0
+    norm_topk_prob: bool = True
+    moe_float32_weights: bool = False
+    dense_layers: tuple[int, ...] = ()  # layers whose MLP stays dense in a mixture-of-experts model
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
@@ -87,6 +102,17 @@ class ModelConfig:
             raise ValueError(f"rope_scaling must be a RopeScaling or None, got {self.rope_scaling!r}")
         if self.weight_bits is not None and self.weight_bits not in (2, 3, 4, 8, 16, 32):
             raise ValueError(f"weight_bits must be one of 2, 3, 4, 8, 16, 32, got {self.weight_bits}")
+        if self.num_experts < 0:
+            raise ValueError(f"num_experts must be >= 0, got {self.num_experts}")
+        if self.num_experts:
+            if not 0 < self.experts_per_token <= self.num_experts:
+                raise ValueError(f"experts_per_token must be in [1, num_experts={self.num_experts}], "
+                                 f"got {self.experts_per_token}")
+            if self.moe_intermediate_size <= 0:
+                raise ValueError(f"moe_intermediate_size must be > 0, got {self.moe_intermediate_size}")
+        bad = [i for i in self.dense_layers if not 0 <= i < self.num_layers]
+        if bad:
+            raise ValueError(f"dense_layers: layer {bad[0]} is not one of the {self.num_layers} layers")
 
     @property
     def head_dim(self) -> int:
@@ -96,13 +122,30 @@ class ModelConfig:
     def dtype_bytes(self) -> int:
         return torch_dtype(self.dtype).itemsize
 
-    def param_count(self) -> int:
+    def is_sparse(self, layer: int) -> bool:
+        """Whether ``layer``'s MLP is a mixture of experts."""
+        return self.num_experts > 0 and layer not in self.dense_layers
+
+    @property
+    def sparse_layers(self) -> int:
+        return sum(self.is_sparse(i) for i in range(self.num_layers))
+
+    def expert_params(self) -> int:
+        """Parameters of one expert (gate, up and down projections)."""
+        return 3 * self.hidden_size * self.moe_intermediate_size
+
+    def param_count(self, active: bool = False) -> int:
+        """Every parameter; with ``active``, those one token passes through (a mixture of experts'
+        ``experts_per_token`` of its experts per layer, and its router)."""
         h, i = self.hidden_size, self.intermediate_size
         q, kv = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        per_layer = (h * q * 2 + h * kv * 2 + h * i * 3 + 2 * h + (q + 2 * kv) * self.qkv_bias + h * self.o_bias
+        per_layer = (h * q * 2 + h * kv * 2 + 2 * h + (q + 2 * kv) * self.qkv_bias + h * self.o_bias
                      + 2 * self.head_dim * self.qk_norm)
+        experts = self.experts_per_token if active else self.num_experts
+        sparse = self.sparse_layers
+        mlp = (self.num_layers - sparse) * h * i * 3 + sparse * (experts * self.expert_params() + h * self.num_experts)
         embed = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
-        return self.num_layers * per_layer + embed + h
+        return self.num_layers * per_layer + mlp + embed + h
 
     def weight_bytes(self) -> int:
         """Bytes of the weights on the device (quantised when ``weight_bits`` is set)."""
@@ -116,7 +159,11 @@ class ModelConfig:
         """Peak activation bytes one batched token needs in a forward pass (residual, qkv, MLP, logits)."""
         h, i = self.hidden_size, self.intermediate_size
         q, kv = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        return (3 * h + q + 2 * kv + 3 * i + self.vocab_size) * self.dtype_bytes
+        mlp = 3 * i if self.sparse_layers < self.num_layers else 0
+        if self.num_experts:  # the router's logits and softmax; each pick's gate-up, product and
+            # weighted output (at float32 in a 16-bit model), as vLLM's fused MoE holds them
+            mlp = max(mlp, 3 * self.num_experts + self.experts_per_token * (3 * self.moe_intermediate_size + 2 * h))
+        return (3 * h + q + 2 * kv + mlp + self.vocab_size) * self.dtype_bytes
 
     def workspace_bytes(self, num_tokens: int, context_tokens: int) -> int:
         """Activation workspace of an iteration: per-token activations plus one layer's gathered KV."""

@@ -1,6 +1,7 @@
 """A Llama-architecture decoder (RMSNorm, RoPE, grouped-query attention, SwiGLU) on a paged KV pool,
 with what some checkpoints of that architecture add: biases on the attention projections
-(Qwen2's on q, k and v) and an RMSNorm over each q and k head (Qwen3's).
+(Qwen2's on q, k and v), an RMSNorm over each q and k head (Qwen3's), and a mixture of SwiGLU
+experts in place of the MLP (Mixtral's, Qwen3-MoE's).
 
 Parameter names follow Hugging Face's ``LlamaForCausalLM`` so that a local checkpoint loads as a
 plain state dict. The forward pass takes a flat batch of tokens from many sequences (prefill
@@ -155,13 +156,57 @@ class MLP(nn.Module):
         return self.down_proj(F.silu(gate) * up)
 
 
+class Experts(nn.Module):
+    """The experts of one layer as two stacked tensors, as transformers holds them: ``gate_up_proj``
+    [experts, 2 x width, hidden] and ``down_proj`` [experts, hidden, width]."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        e, h, i = cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size
+        self.gate_up_proj = nn.Parameter(torch.empty(e, 2 * i, h))
+        self.down_proj = nn.Parameter(torch.empty(e, h, i))
+
+
+class SparseMoE(nn.Module):
+    """A mixture of experts: each token goes through the ``experts_per_token`` experts its router
+    scores highest, their outputs weighed by the router's softmax (renormalised over those picked
+    where ``norm_topk_prob``). Each expert runs once on the tokens routed to it; a token's weighted
+    expert outputs are then summed in one reduction and rounded once to the model's dtype, as
+    transformers' default (grouped GEMM) path and vLLM's fused MoE sum them, not rounded after
+    each expert."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.top_k, self.normalise, self.float32_weights = cfg.experts_per_token, cfg.norm_topk_prob, cfg.moe_float32_weights
+        self.gate = nn.Linear(cfg.hidden_size, cfg.num_experts, bias=False)
+        self.experts = Experts(cfg)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        logits = self.gate(x)
+        weights, picked = torch.topk(F.softmax(logits, dim=-1, dtype=torch.float), self.top_k, dim=-1)
+        if self.normalise:
+            weights = weights / weights.sum(dim=-1, keepdim=True)
+        if not self.float32_weights:
+            weights = weights.to(logits.dtype)
+        n, k = picked.shape
+        flat = picked.flatten()  # row t * k + j: token t's j-th pick
+        order = torch.argsort(flat, stable=True)  # grouped by expert
+        experts, counts = torch.unique_consecutive(flat[order], return_counts=True)
+        weighted = torch.empty(n * k, x.shape[-1], dtype=torch.promote_types(x.dtype, weights.dtype), device=x.device)
+        w = weights.flatten()
+        for e, rows in zip(experts.tolist(), order.split(counts.tolist())):
+            gate, up = F.linear(x[rows // k], self.experts.gate_up_proj[e]).chunk(2, dim=-1)
+            weighted[rows] = F.linear(F.silu(gate) * up, self.experts.down_proj[e]) * w[rows, None]
+        return weighted.view(n, k, -1).sum(dim=1).to(x.dtype)
+
+
 class DecoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig, layer: int) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.self_attn = Attention(cfg, layer)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = MLP(cfg)
+        self.mlp = SparseMoE(cfg) if cfg.is_sparse(layer) else MLP(cfg)
 
     def forward(self, x, rope, batch, pool):
         x = x + self.self_attn(self.input_layernorm(x), rope, batch, pool)

@@ -49,6 +49,11 @@ class RooflineCostModel:
     FLOPs of an iteration: 2 per parameter per batched token (the embedding lookup excluded,
     the LM head counted for every token) plus 4 x layers x heads x head_dim per attended
     (query, key) pair. Bytes: the weights once, plus the KV each sequence reads and writes.
+
+    A mixture of experts counts the parameters a token passes through (its ``experts_per_token``
+    experts and the router) for FLOPs, and reads the experts its tokens pick: with n tokens
+    routed independently and evenly, E x (1 - (1 - k / E)^n) of a layer's E experts, so a decode
+    step of one sequence reads k experts a layer and a large batch reads them all.
     """
 
     gpu: GPU
@@ -68,9 +73,11 @@ class RooflineCostModel:
         # the model's and the device's figures every iteration reads, worked out once (all of
         # them frozen): the same integers and products ``iterations_s`` used to form each call
         m = self.model
-        matmul_params = m.param_count() - m.vocab_size * m.hidden_size * (0 if m.tie_word_embeddings else 1)
+        matmul_params = m.param_count(active=True) - m.vocab_size * m.hidden_size * (0 if m.tie_word_embeddings else 1)
+        expert_bytes = m.sparse_layers * m.num_experts * m.expert_params() * (m.weight_bits or 8 * m.dtype_bytes) // 8
         for name, value in (("_token_flops", 2 * matmul_params), ("_pair_flops", 4 * m.num_layers * m.num_heads * m.head_dim),
-                            ("_weight_bytes", m.weight_bytes()), ("_kv_token_bytes", m.kv_bytes_per_token()),
+                            ("_weight_bytes", m.weight_bytes() - expert_bytes), ("_expert_bytes", expert_bytes),
+                            ("_kv_token_bytes", m.kv_bytes_per_token()),
                             ("_flops_per_s", self.gpu.peak_flops * self.flops_efficiency),
                             ("_bytes_per_s", self.gpu.memory_bytes_per_s * self.memory_efficiency)):
             object.__setattr__(self, name, value)
@@ -83,6 +90,9 @@ class RooflineCostModel:
         iterations, engine/decode_run.py), with the same arithmetic, so the same durations."""
         flops = self._token_flops * num_tokens + self._pair_flops * attended
         nbytes = self._weight_bytes + self._kv_token_bytes * (context_tokens + num_tokens)
+        if self._expert_bytes:  # the share of experts the iteration's tokens pick
+            m = self.model
+            nbytes = nbytes + self._expert_bytes * (1.0 - (1.0 - m.experts_per_token / m.num_experts) ** np.asarray(num_tokens))
         compute = flops / self._flops_per_s
         memory = nbytes / self._bytes_per_s
         return self.overhead_s + np.maximum(compute, memory)
@@ -141,7 +151,8 @@ class Deployment:
 
     def describe(self) -> str:
         blocks = self.num_blocks()
-        return (f"{self.name}: {self.model.param_count() / 1e9:.1f}B params at {self.model.weight_bits or 8 * self.model.dtype_bytes} "
+        active = f" ({self.model.param_count(active=True) / 1e9:.1f}B active)" if self.model.num_experts else ""
+        return (f"{self.name}: {self.model.param_count() / 1e9:.1f}B params{active} at {self.model.weight_bits or 8 * self.model.dtype_bytes} "
                 f"bits on {self.gpu.name}; KV {blocks} blocks x {self.block_size} = {blocks * self.block_size} tokens "
                 f"({self.kv_bytes() / GB:.1f} GB)")
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import hf_greedy
+from conftest import hf_greedy, hf_tiny
 from rlctl.bench.engine import hf_twin
 from engine.checkpoint import load_checkpoint
 from engine.config import EngineConfig
@@ -71,8 +71,6 @@ def test_recompute_after_preemption_matches_transformers(make_engine):
 
 @pytest.mark.parametrize("arch", ["llama", "mistral", "qwen2", "llama_attention_bias", "qwen3", "phi3"])
 def test_local_checkpoint_loads_and_matches_transformers(tmp_path, arch):
-    import transformers
-
     # Mistral without a sliding window (v0.2 on) is Llama's architecture under its own name; Qwen2
     # is Llama's with biases on q, k and v; Llama's attention_bias puts one on o as well; Qwen3 norms
     # each q and k head, and its heads here are wider than hidden_size / heads (12, not 8), as Qwen3's are;
@@ -83,12 +81,7 @@ def test_local_checkpoint_loads_and_matches_transformers(tmp_path, arch):
                    "llama_attention_bias": ("Llama", {"attention_bias": True}),
                    "qwen3": ("Qwen3", {"head_dim": 12, "tie_word_embeddings": True}),
                    "phi3": ("Phi3", {"sliding_window": None})}[arch]
-    torch.manual_seed(0)
-    cfg = getattr(transformers, f"{name}Config")(
-        vocab_size=300, hidden_size=48, intermediate_size=96, num_hidden_layers=3, num_attention_heads=6,
-        num_key_value_heads=2, max_position_embeddings=512, rope_theta=50000.0, rms_norm_eps=1e-6,
-        bos_token_id=None, eos_token_id=None, pad_token_id=None, **extra)
-    hf = getattr(transformers, f"{name}ForCausalLM")(cfg).eval()
+    hf = hf_tiny(name, **extra)
     with torch.no_grad():  # transformers starts biases at 0 and norms at 1: a dropped one must change the
         for key, p in hf.named_parameters():  # tokens, and attention must weigh enough in them to tell
             if key.endswith(".bias"):

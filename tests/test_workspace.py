@@ -3,6 +3,10 @@
 masked grouped-query attention) and every tensor the forward creates counted."""
 from __future__ import annotations
 
+from dataclasses import replace
+
+import pytest
+
 from engine import attention
 from engine.config import ModelConfig
 from tests.gpu.checks import Deadline, Sizes, check_workspace
@@ -28,3 +32,16 @@ def test_decodes_are_charged_for_their_padding_and_chunks_for_their_scores():
     short = attention.workspace_bytes(MODEL, 16, [], [(256, 256)])
     late = attention.workspace_bytes(MODEL, 16, [], [(256, 4096)])
     assert late > 12 * short
+
+
+@pytest.mark.parametrize("experts", [dict(num_experts=8, experts_per_token=2, moe_intermediate_size=256),
+                                     dict(num_experts=8, experts_per_token=2, moe_intermediate_size=256,
+                                          dtype="bfloat16", moe_float32_weights=True)])
+def test_a_mixture_of_experts_allocates_at_most_its_charged_workspace(experts):
+    # the router's scores, each pick's expert rows and its weighted output (float32 beside bf16, as
+    # Mixtral's routing weights keep it) are charged per batched token
+    sizes = Sizes.cpu()
+    report = check_workspace(replace(sizes, big_model={**sizes.big_model, **experts}), Deadline(600))
+    assert report["status"] == "ok", report
+    assert report["iterations"] >= 10 and report["iterations_over_charged"] == 0
+    assert report["min_peak_over_charged"] > 0.15

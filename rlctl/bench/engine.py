@@ -78,7 +78,7 @@ def hf_rope_scaling(scaling: RopeScaling | None) -> dict | None:
 def hf_twin(model: LlamaModel):
     """Hugging Face's causal LM with exactly the weights of our ``model``, on its device:
     ``Qwen3ForCausalLM`` for q and k norms, ``Qwen2ForCausalLM`` for biases on q, k and v alone,
-    ``LlamaForCausalLM`` otherwise."""
+    ``LlamaForCausalLM`` otherwise; with experts, ``Qwen3MoeForCausalLM`` or ``MixtralForCausalLM``."""
     from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3Config
 
     mc = model.config
@@ -88,7 +88,9 @@ def hf_twin(model: LlamaModel):
                   rope_theta=mc.rope_theta, rope_scaling=hf_rope_scaling(mc.rope_scaling),
                   rms_norm_eps=mc.rms_norm_eps, tie_word_embeddings=mc.tie_word_embeddings,
                   bos_token_id=None, eos_token_id=None, pad_token_id=None)
-    if mc.qkv_bias and not mc.o_bias and not mc.qk_norm:
+    if mc.num_experts:
+        hfc = _hf_moe_config(mc, common)
+    elif mc.qkv_bias and not mc.o_bias and not mc.qk_norm:
         hfc = Qwen2Config(**common, use_sliding_window=False)
     elif mc.qkv_bias != mc.o_bias:
         raise ValueError(f"no transformers architecture has qkv_bias={mc.qkv_bias}, o_bias={mc.o_bias}, "
@@ -105,6 +107,25 @@ def hf_twin(model: LlamaModel):
     hf.load_state_dict(model.state_dict(), strict=True)
     return hf.to(device=param.device)
 
+
+
+def _hf_moe_config(mc, common: dict):
+    """transformers' configuration of a mixture-of-experts ``mc``: Qwen3-MoE's (q and k norms,
+    routing weights in the model's dtype) or Mixtral's (neither, every layer sparse, renormalised
+    routing weights kept float32, experts as wide as ``intermediate_size``)."""
+    from transformers import MixtralConfig, Qwen3MoeConfig
+
+    experts = dict(num_experts_per_tok=mc.experts_per_token)
+    if mc.qk_norm and not mc.moe_float32_weights and not mc.qkv_bias:
+        return Qwen3MoeConfig(**common, **experts, num_experts=mc.num_experts, moe_intermediate_size=mc.moe_intermediate_size,
+                              norm_topk_prob=mc.norm_topk_prob, mlp_only_layers=list(mc.dense_layers),
+                              decoder_sparse_step=1, use_sliding_window=False)
+    if not mc.qk_norm and mc.moe_float32_weights and mc.norm_topk_prob and not mc.dense_layers and not mc.qkv_bias:
+        return MixtralConfig(**{**common, "intermediate_size": mc.moe_intermediate_size}, **experts,
+                             num_local_experts=mc.num_experts, sliding_window=None)
+    raise ValueError(f"no transformers mixture-of-experts architecture has qk_norm={mc.qk_norm}, qkv_bias={mc.qkv_bias}, "
+                     f"moe_float32_weights={mc.moe_float32_weights}, norm_topk_prob={mc.norm_topk_prob}, "
+                     f"dense_layers={mc.dense_layers}")
 
 
 # ---- decode ------------------------------------------------------------------------------------
