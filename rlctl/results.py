@@ -8,7 +8,9 @@ same engine (the tuned fixed factor, shielded or not, and ``watermark``) on a cr
 of those, ``vllm`` and ``sglang`` on a preempting one, where ``vllm`` and ``sglang`` are engines of
 that kind. The share of headroom a policy
 captures is ``(policy - best incumbent) / (oracle - best incumbent)``; where the oracle does no
-better than the best incumbent the table says "no headroom".
+better than the best incumbent the table says "no headroom". Under the table, each trained
+policy's own goodput, SLO attainment and actions an episode, so that a weight that loses can be
+read from the same run.
 """
 from __future__ import annotations
 
@@ -18,7 +20,8 @@ from agents.spec import make_policy, static_spec
 from env.scenario import Scenario
 from rlctl.evaluate import run_evals
 
-FIGURES = ("goodput_tokens_per_s", "oom_events", "preemptions", "kv_util_mean", "ttft_p99_s")
+FIGURES = ("goodput_tokens_per_s", "oom_events", "preemptions", "kv_util_mean", "ttft_p99_s", "slo_attainment")
+ACTIONS = ("hold", "scale_up", "back_off", "defrag", "evict")
 
 
 SHIELDED = " + shield"
@@ -52,11 +55,15 @@ def results(scenario: Scenario, policy_files: list[str], episodes: int, seed: in
     baseline = run_evals(entries + [(shielded, True)] + [(p, True) for p in trained], scenario, episodes, seed, jobs)
     dqn = [baseline.pop(p.name) for p in trained]
     rows = {"dqn": {k: [d[k] for d in dqn] for k in FIGURES}}
+    # each weight's actions an episode: what it did, beside what it got
+    actions = {f: {a: float(np.mean([e["actions"].get(a, 0) for e in d["episodes"]])) for a in ACTIONS}
+               for f, d in zip(policy_files, dqn)}
     for name, r in baseline.items():
         rows[name] = {k: [r[k]] for k in FIGURES}
     best = max(incumbents(scenario), key=lambda n: baseline[n]["goodput_tokens_per_s"])
     out = {"scenario": scenario.name, "oom_mode": scenario.engine_config().oom_mode, "best_incumbent": best,
-           "rows": rows, "seeds": [seed, seed + episodes - 1], "policies": list(policy_files)}
+           "rows": rows, "seeds": [seed, seed + episodes - 1], "policies": list(policy_files),
+           "dqn_actions": actions}
     if oracle:
         inc, orc = baseline[best]["goodput_tokens_per_s"], baseline["oracle"]["goodput_tokens_per_s"]
         out["share_of_headroom"] = {n: share(float(np.mean(r["goodput_tokens_per_s"])), inc, orc)
@@ -80,14 +87,19 @@ def format_results(out: dict) -> str:
     """One markdown table: a row per policy. OOMs an episode have two digits, so that one OOM in
     the 30 episodes of three training seeds x ten episodes shows (0.03), where one would round it away."""
     head = f"**{out['scenario']}** ({out['oom_mode']}; best incumbent {out['best_incumbent']})"
-    lines = [head, "", "| policy | goodput tok/s | OOMs | preemptions | KV util % | TTFT p99 s | share of headroom |",
-             "|---|---|---|---|---|---|---|"]
+    lines = [head, "", "| policy | goodput tok/s | OOMs | preemptions | KV util % | TTFT p99 s | SLO attained % | share of headroom |",
+             "|---|---|---|---|---|---|---|---|"]
     shares = out.get("share_of_headroom", {})
     for name, r in out["rows"].items():
         s = shares.get(name)
         cell = "no headroom" if "share_of_headroom" in out and s is None else ("-" if s is None else f"{s:.2f}")
         lines.append(f"| {name} | {_cell(r['goodput_tokens_per_s'])} | {_cell(r['oom_events'], digits=2)} | "
                      f"{_cell(r['preemptions'], digits=0)} | {_cell(r['kv_util_mean'], pct=True)} | "
-                     f"{_cell(r['ttft_p99_s'])} | {cell} |")
+                     f"{_cell(r['ttft_p99_s'])} | {_cell(r['slo_attainment'], pct=True)} | {cell} |")
     over = ", ".join(f"{n} {x:.2f}x" for n, x in out["dqn_over"].items() if x is not None)
-    return "\n".join(lines + ["", f"dqn's goodput over: {over}"])
+    lines += ["", f"dqn's goodput over: {over}"]
+    for k, (f, acts) in enumerate(out.get("dqn_actions", {}).items()):
+        by_weight = ", ".join(f"{v:.0f} {a}" for a, v in acts.items())
+        goodput, slo = out["rows"]["dqn"]["goodput_tokens_per_s"][k], out["rows"]["dqn"]["slo_attainment"][k]
+        lines.append(f"dqn {k} ({f}): {goodput:.1f} tok/s, SLO {100 * slo:.1f} %; actions an episode: {by_weight}")
+    return "\n".join(lines)

@@ -20,7 +20,14 @@ def test_a_crashing_engines_incumbents_include_the_shielded_tuned_factor():
     assert rows[tuned + SHIELDED]["oom_events"][0] <= rows[tuned]["oom_events"][0]
     best = max(incumbents(sc), key=lambda n: rows[n]["goodput_tokens_per_s"][0])
     assert out["best_incumbent"] == best
-    assert tuned + SHIELDED in format_results(out)
+    table = format_results(out)
+    assert tuned + SHIELDED in table
+    # each weight's own figures and actions, from the same run: 40 decisions an episode
+    acts = out["dqn_actions"]["default"]
+    assert set(acts) == {"hold", "scale_up", "back_off", "defrag", "evict"} and sum(acts.values()) == 40
+    assert 0 <= rows["dqn"]["slo_attainment"][0] <= 1
+    line = next(x for x in table.splitlines() if x.startswith("dqn 0 (default): "))
+    assert f"SLO {100 * rows['dqn']['slo_attainment'][0]:.1f} %" in line and f"{acts['scale_up']:.0f} scale_up" in line
 
 
 def test_a_preempting_engines_incumbents_add_the_peers():
@@ -37,9 +44,9 @@ def test_a_preempting_engines_incumbents_add_the_peers():
 def test_one_oom_in_thirty_episodes_shows_in_the_table():
     """Three training seeds x ten episodes, one OOM on one seed: the table must not round it to 0."""
     figures = {"goodput_tokens_per_s": [500.0], "oom_events": [0.0], "preemptions": [0.0], "kv_util_mean": [0.5],
-               "ttft_p99_s": [1.0]}
+               "ttft_p99_s": [1.0], "slo_attainment": [0.9]}
     dqn = dict(figures, goodput_tokens_per_s=[500.0, 510.0, 490.0], oom_events=[0.0, 0.1, 0.0],
-               preemptions=[0.0] * 3, kv_util_mean=[0.5] * 3, ttft_p99_s=[1.0] * 3)
+               preemptions=[0.0] * 3, kv_util_mean=[0.5] * 3, ttft_p99_s=[1.0] * 3, slo_attainment=[0.9] * 3)
     out = {"scenario": "s", "oom_mode": "crash", "best_incumbent": "watermark",
            "rows": {"dqn": dqn, "watermark": figures}, "dqn_over": {"watermark": 1.0}}
     row = next(line for line in format_results(out).splitlines() if line.startswith("| dqn |"))
