@@ -47,6 +47,7 @@ def test_the_gpu_checks_code_runs_on_the_cpu():
     for name in GPU_CHECKS:
         assert checks[name]["status"] == "ok", name
     assert checks["torch_executor"]["bigger"]["all_served"]
+    assert checks["torch_executor"]["moe"]["all_served"] and checks["torch_executor"]["moe"]["model"]["num_experts"] == 8
     oom = checks["oom_crash"]
     assert oom["oom_events"] == 1 and oom["requests_lost"] == [] and oom["pool_bytes_after_crash"] == 0
     # the ledger refuses the pool's next segment, or first the iteration's workspace (decodes of

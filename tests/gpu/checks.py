@@ -163,7 +163,10 @@ def check_torch_executor(sizes: Sizes, deadline: Deadline) -> dict:
     from engine.engine import Engine
 
     out = {}
-    for name, mc in (("tiny", ModelConfig()), ("bigger", _model(**sizes.big_model))):
+    # the bigger model again as a mixture of experts (8 experts of a quarter its MLP's width, 2 a token)
+    moe = _model(**sizes.big_model, num_experts=8, experts_per_token=2,
+                 moe_intermediate_size=sizes.big_model["intermediate_size"] // 4)
+    for name, mc in (("tiny", ModelConfig()), ("bigger", _model(**sizes.big_model)), ("moe", moe)):
         cfg = EngineConfig(num_blocks=512, max_model_len=2048)
         t0 = time.perf_counter()
         eng = Engine(mc, cfg, torch_device=sizes.device, keep_outputs=True)
@@ -179,7 +182,7 @@ def check_torch_executor(sizes: Sizes, deadline: Deadline) -> dict:
         decode = [it for it in eng.iterations if it.prefill_tokens == 0]
         out[name] = {
             "model": {k: getattr(mc, k) for k in ("hidden_size", "num_layers", "num_heads", "num_kv_heads",
-                                                   "vocab_size", "dtype")},
+                                                   "vocab_size", "dtype", "num_experts")},
             "weight_bytes": eng.model.weight_bytes(), "build_s": round(build_s, 2),
             "requests": len(reqs), "all_served": served, "tokens_in_vocabulary": in_vocab,
             "tokens_generated": eng.counters.tokens_generated, "iterations": eng.counters.iterations,
