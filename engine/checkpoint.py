@@ -133,11 +133,12 @@ def _experts(cfg: dict, mc: ModelConfig, path: Path) -> ModelConfig:
         raise CheckpointError(f"{path}: {exc}") from exc
 
 
-def _stacked_experts(state: dict[str, torch.Tensor], mc: ModelConfig, kind: str, directory) -> dict[str, torch.Tensor]:
+def _stacked_experts(state: dict[str, torch.Tensor], mc: ModelConfig, directory) -> dict[str, torch.Tensor]:
     """``state`` with each layer's experts, stored one tensor per projection and expert (Mixtral's
     ``block_sparse_moe.experts.E.w1``, Qwen3-MoE's ``mlp.experts.E.gate_proj``), stacked under
     the model's names (``mlp.experts.gate_up_proj`` and ``mlp.experts.down_proj``, as transformers
     5 holds them), and Mixtral's router moved to ``mlp.gate``."""
+    kind = "mixtral" if any(".block_sparse_moe." in k for k in state) else "qwen3_moe"
     gate, up, down = EXPERT_NAMES[kind]
     out = {k.replace(".block_sparse_moe.gate.", ".mlp.gate."): v for k, v in state.items()
            if ".experts." not in k or k.endswith((".experts.gate_up_proj", ".experts.down_proj"))}
@@ -223,7 +224,7 @@ def load_checkpoint(directory: str | Path, device: str | torch.device = "cpu",
             raise CheckpointError(f"{f}: cannot be read as safetensors ({exc})") from exc
     state = _unfused(state, mc, directory)
     if mc.num_experts:
-        state = _stacked_experts(state, mc, json.loads((Path(directory) / "config.json").read_text())["model_type"], directory)
+        state = _stacked_experts(state, mc, directory)
     model = LlamaModel(mc)
     expected = model.state_dict()
     if mc.tie_word_embeddings:
