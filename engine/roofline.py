@@ -198,7 +198,14 @@ def deployment(name: str) -> Deployment:
     if "@" in name:
         return _checkpoint_deployment(name)
     raise ValueError(f"unknown deployment {name!r}; known: {', '.join(DEPLOYMENTS)}, "
-                     f"or CHECKPOINT_DIR@GPU with GPU one of {', '.join(GPUS)}")
+                     f"or CHECKPOINT_DIR@GPU with GPU one of {', '.join(GPUS)} "
+                     f"(shipped checkpoints: {', '.join(_shipped_checkpoints())})")
+
+
+def _shipped_checkpoints() -> list[str]:
+    from experiments import CHECKPOINTS
+
+    return sorted(p.parent.name for p in CHECKPOINTS.glob("*/config.json"))
 
 
 @functools.lru_cache(maxsize=None)
@@ -218,7 +225,8 @@ def _checkpoint_deployment(name: str) -> Deployment:
         model = read_config(directory)
         bits = weight_bits(directory)
     except ValueError as exc:  # the checkpoint's own refusal names its file and field
-        raise ValueError(f"deployment {name!r}: {exc}") from None
+        shipped = "" if Path(directory).exists() else f" (shipped checkpoints: {', '.join(_shipped_checkpoints())})"
+        raise ValueError(f"deployment {name!r}: {exc}{shipped}") from None
     model = replace(model, dtype="float16" if model.dtype == "float32" else model.dtype,
                     weight_bits=bits)
     d = Deployment(name, GPUS[gpu.lower()], model, max_model_len=min(model.max_position, CHECKPOINT_MAX_MODEL_LEN))

@@ -66,6 +66,14 @@ def test_a_checkpoint_deployment_that_cannot_be_served_is_refused_by_name(tmp_pa
     assert name in str(err.value)  # the deployment the message is about
 
 
+def test_a_deployment_not_found_names_the_shipped_checkpoints():
+    shipped = sorted(p.parent.name for p in CHECKPOINTS.glob("*/config.json"))
+    assert {"Mixtral-8x7B-Instruct-v0.1", "Qwen3-30B-A3B", "Qwen3-8B"} <= set(shipped)
+    for name in ("qwen3-30b", "Qwen3-30B@h100"):  # neither a known name nor a checkpoint directory
+        with pytest.raises(ValueError, match=f"shipped checkpoints: {', '.join(shipped)}"):
+            deployment(name)
+
+
 def test_a_scenario_names_a_checkpoint_deployment_and_a_bad_one_names_the_field(tmp_path):
     import yaml
 
