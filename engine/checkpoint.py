@@ -1,4 +1,4 @@
-"""Loading a local Hugging Face Llama, Mistral, Qwen2, Qwen3, Phi-3, Mixtral or Qwen3-MoE checkpoint
+"""Loading a local Hugging Face Llama, Mistral, Qwen2, Qwen3, Phi-3, Mixtral, Qwen2-MoE or Qwen3-MoE checkpoint
 directory (``config.json`` + ``*.safetensors``).
 
 Nothing is fetched from a hub: the directory must hold everything. Every refusal names the file
@@ -21,11 +21,13 @@ from engine.model import LlamaModel
 # Qwen3 (dense) is Llama's with an RMSNorm over each q and k head and its own head_dim. Phi-3 (and
 # Phi-4) is Llama's with q/k/v and gate/up each stored as one tensor, as this engine computes them.
 # Mixtral is Mistral's with a mixture of eight experts for each MLP (two a token); Qwen3-MoE is
-# Qwen3's with one (e.g. 8 of 128 experts a token), some layers optionally kept dense.
-MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "mixtral", "qwen3_moe")
+# Qwen3's with one (e.g. 8 of 128 experts a token), some layers optionally kept dense; Qwen2-MoE
+# (Qwen1.5-MoE, Qwen2-57B-A14B) is Qwen2's with one and a gated shared expert beside it.
+MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "mixtral", "qwen2_moe", "qwen3_moe")
 FUSED = {"self_attn.qkv_proj.weight": ("q_proj", "k_proj", "v_proj"), "mlp.gate_up_proj.weight": ("gate_proj", "up_proj")}
 # one expert's projections as checkpoints store them: (gate, up, down)
-EXPERT_NAMES = {"mixtral": ("w1", "w3", "w2"), "qwen3_moe": ("gate_proj", "up_proj", "down_proj")}
+EXPERT_NAMES = {"mixtral": ("w1", "w3", "w2"), "qwen2_moe": ("gate_proj", "up_proj", "down_proj"),
+                "qwen3_moe": ("gate_proj", "up_proj", "down_proj")}
 
 
 class CheckpointError(ValueError):
@@ -80,7 +82,8 @@ def read_config(directory: str | Path) -> ModelConfig:
             rope_scaling=scaling,
             rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-            qkv_bias=cfg["model_type"] == "qwen2" or bool(cfg.get("attention_bias")),
+            qkv_bias=(cfg["model_type"] == "qwen2" or bool(cfg.get("attention_bias"))
+                      or (cfg["model_type"] == "qwen2_moe" and bool(cfg.get("qkv_bias", True)))),
             o_bias=bool(cfg.get("attention_bias")),
             qk_norm=cfg["model_type"] in ("qwen3", "qwen3_moe"),
             explicit_head_dim=None if head_dim * heads == int(cfg["hidden_size"]) else head_dim,
@@ -115,7 +118,7 @@ def _experts(cfg: dict, mc: ModelConfig, path: Path) -> ModelConfig:
         if experts <= 0:
             raise CheckpointError(f"{path}: a {cfg['model_type']} checkpoint needs num_experts (or num_local_experts) > 0")
         dense = ()
-        if not mixtral:  # Qwen3-MoE: mlp_only_layers, and only every decoder_sparse_step-th layer sparse
+        if not mixtral:  # Qwen-MoE: mlp_only_layers, and only every decoder_sparse_step-th layer sparse
             step = int(cfg.get("decoder_sparse_step", 1))
             if step <= 0:
                 raise CheckpointError(f"{path}: decoder_sparse_step must be > 0, got {step}")
@@ -124,7 +127,9 @@ def _experts(cfg: dict, mc: ModelConfig, path: Path) -> ModelConfig:
         return replace(mc, num_experts=experts, experts_per_token=int(cfg["num_experts_per_tok"]),
                        moe_intermediate_size=int(cfg["intermediate_size"] if mixtral else cfg["moe_intermediate_size"]),
                        norm_topk_prob=True if mixtral else bool(cfg.get("norm_topk_prob", False)),
-                       moe_float32_weights=mixtral, dense_layers=dense)
+                       moe_float32_weights=mixtral, dense_layers=dense,
+                       shared_expert_intermediate_size=int(cfg["shared_expert_intermediate_size"])
+                       if cfg["model_type"] == "qwen2_moe" else 0)
     except KeyError as exc:
         raise CheckpointError(f"{path}: missing field {exc.args[0]!r}") from exc
     except (TypeError, ValueError) as exc:
@@ -202,7 +207,7 @@ def _slides(cfg: dict, num_layers: int) -> bool:
     transformers 5 also writes each layer's kind in ``layer_types``."""
     if "layer_types" in cfg:
         return any(kind != "full_attention" for kind in cfg["layer_types"] or [])
-    if cfg["model_type"] in ("qwen2", "qwen3", "qwen3_moe"):
+    if cfg["model_type"] in ("qwen2", "qwen3", "qwen2_moe", "qwen3_moe"):
         return bool(cfg.get("use_sliding_window")) and int(cfg.get("max_window_layers", 0)) < num_layers
     return True
 

@@ -57,7 +57,8 @@ class ModelConfig:
     experts (Mixtral, Qwen3-MoE): a router picks ``experts_per_token`` of ``num_experts`` SwiGLU
     experts of width ``moe_intermediate_size`` for each token and weighs their outputs by its
     softmax, renormalised over the ones picked where ``norm_topk_prob``; ``dense_layers`` keep a
-    dense MLP of width ``intermediate_size``. ``moe_float32_weights``: the routing weights stay
+    dense MLP of width ``intermediate_size``; ``shared_expert_intermediate_size`` > 0 adds Qwen2-MoE's
+    shared expert, which every token takes, gated by a sigmoid. ``moe_float32_weights``: the routing weights stay
     float32 when they scale an expert's output (Mixtral) instead of taking the model's dtype first
     (Qwen3-MoE), which tells the two apart in bf16.
     """
@@ -85,6 +86,7 @@ class ModelConfig:
     norm_topk_prob: bool = True
     moe_float32_weights: bool = False
     dense_layers: tuple[int, ...] = ()  # layers whose MLP stays dense in a mixture-of-experts model
+    shared_expert_intermediate_size: int = 0  # Qwen2-MoE's shared expert beside the routed ones; 0: none
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
@@ -131,8 +133,13 @@ class ModelConfig:
         return sum(self.is_sparse(i) for i in range(self.num_layers))
 
     def expert_params(self) -> int:
-        """Parameters of one expert (gate, up and down projections)."""
+        """Parameters of one routed expert (gate, up and down projections)."""
         return 3 * self.hidden_size * self.moe_intermediate_size
+
+    def shared_expert_params(self) -> int:
+        """Parameters of a sparse layer's shared expert and its gate (Qwen2-MoE), 0 without one."""
+        s = self.shared_expert_intermediate_size
+        return 3 * self.hidden_size * s + self.hidden_size if s else 0
 
     def param_count(self, active: bool = False) -> int:
         """Every parameter; with ``active``, those one token passes through (a mixture of experts'
@@ -143,7 +150,8 @@ class ModelConfig:
                      + 2 * self.head_dim * self.qk_norm)
         experts = self.experts_per_token if active else self.num_experts
         sparse = self.sparse_layers
-        mlp = (self.num_layers - sparse) * h * i * 3 + sparse * (experts * self.expert_params() + h * self.num_experts)
+        mlp = (self.num_layers - sparse) * h * i * 3 + sparse * (experts * self.expert_params() + h * self.num_experts
+                                                                 + self.shared_expert_params())
         embed = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
         return self.num_layers * per_layer + mlp + embed + h
 
@@ -162,7 +170,8 @@ class ModelConfig:
         mlp = 3 * i if self.sparse_layers < self.num_layers else 0
         if self.num_experts:  # the router's logits and softmax; each pick's gate-up, product and
             # weighted output (at float32 in a 16-bit model), as vLLM's fused MoE holds them
-            mlp = max(mlp, 3 * self.num_experts + self.experts_per_token * (3 * self.moe_intermediate_size + 2 * h))
+            mlp = max(mlp, 3 * self.num_experts + self.experts_per_token * (3 * self.moe_intermediate_size + 2 * h)
+                      + (3 * self.shared_expert_intermediate_size + 2 * h if self.shared_expert_intermediate_size else 0))
         return (3 * h + q + 2 * kv + mlp + self.vocab_size) * self.dtype_bytes
 
     def workspace_bytes(self, num_tokens: int, context_tokens: int) -> int:

@@ -145,11 +145,11 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, width: int | None = None) -> None:
         super().__init__()
-        i = cfg.intermediate_size
+        i = width or cfg.intermediate_size
         self.gate_up_proj = stacked(self, "gate_up_proj", cfg.hidden_size, {"gate_proj": i, "up_proj": i})
-        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        self.down_proj = nn.Linear(i, cfg.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
@@ -173,13 +173,17 @@ class SparseMoE(nn.Module):
     where ``norm_topk_prob``). Each expert runs once on the tokens routed to it; a token's weighted
     expert outputs are then summed in one reduction and rounded once to the model's dtype, as
     transformers' default (grouped GEMM) path and vLLM's fused MoE sum them, not rounded after
-    each expert."""
+    each expert. Qwen2-MoE adds a shared expert every token passes through, its output scaled by a
+    sigmoid gate of its own."""
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.top_k, self.normalise, self.float32_weights = cfg.experts_per_token, cfg.norm_topk_prob, cfg.moe_float32_weights
         self.gate = nn.Linear(cfg.hidden_size, cfg.num_experts, bias=False)
         self.experts = Experts(cfg)
+        if cfg.shared_expert_intermediate_size:  # Qwen2-MoE: one more expert every token takes, gated
+            self.shared_expert = MLP(cfg, cfg.shared_expert_intermediate_size)
+            self.shared_expert_gate = nn.Linear(cfg.hidden_size, 1, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         logits = self.gate(x)
@@ -197,7 +201,10 @@ class SparseMoE(nn.Module):
         for e, rows in zip(experts.tolist(), order.split(counts.tolist())):
             gate, up = F.linear(x[rows // k], self.experts.gate_up_proj[e]).chunk(2, dim=-1)
             weighted[rows] = F.linear(F.silu(gate) * up, self.experts.down_proj[e]) * w[rows, None]
-        return weighted.view(n, k, -1).sum(dim=1).to(x.dtype)
+        out = weighted.view(n, k, -1).sum(dim=1).to(x.dtype)
+        if hasattr(self, "shared_expert"):
+            out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
+        return out
 
 
 class DecoderLayer(nn.Module):

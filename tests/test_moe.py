@@ -1,4 +1,4 @@
-"""Mixture-of-experts checkpoints (Mixtral, Qwen3-MoE): the engine generates what transformers
+"""Mixture-of-experts checkpoints (Mixtral, Qwen2-MoE, Qwen3-MoE): the engine generates what transformers
 generates from the same checkpoint directory, its expert block is transformers' to the bit in
 bf16, and the ledger and the roofline clock count experts as a served MoE model holds and reads
 them."""
@@ -30,6 +30,9 @@ ARCHS = {
     "qwen3_moe_sparse_step": ("Qwen3Moe", dict(num_experts=6, num_experts_per_tok=3, moe_intermediate_size=32,
                                                decoder_sparse_step=2, norm_topk_prob=False)),
     "mixtral": ("Mixtral", dict(num_local_experts=4, num_experts_per_tok=2, sliding_window=None)),
+    # Qwen2-MoE: q/k/v biases, and a gated shared expert beside the routed ones
+    "qwen2_moe": ("Qwen2Moe", dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                                   shared_expert_intermediate_size=40, mlp_only_layers=[2], norm_topk_prob=False)),
 }
 
 
@@ -38,8 +41,11 @@ def hf_moe(arch: str, dtype: torch.dtype = torch.float32):
     hf = hf_tiny(name, **extra)
     with torch.no_grad():  # routers far from uniform and experts that weigh in the tokens, so that a
         for key, p in hf.named_parameters():  # wrong pick, weight or expert order changes them
-            if key.endswith("mlp.gate.weight"):
+            if key.endswith(("mlp.gate.weight", "shared_expert_gate.weight")):
                 p.normal_(0.0, 1.0)
+            elif key.endswith(".bias"):  # attention in bf16 is not transformers' to the last bit (its SDPA
+                p.normal_(0.0, 1.0 if dtype == torch.float32 else 0.05)  # sums differently): large biases
+                # would let those bits pick tokens, so bf16 keeps them small, as test_bf16_numerics does
             elif ".mlp." in key:
                 p.mul_(8)
     return hf.to(dtype)
@@ -57,8 +63,9 @@ def test_a_moe_checkpoint_loads_and_generates_what_transformers_generates(tmp_pa
     hf.save_pretrained(tmp_path)  # the hub's layout: one tensor per expert and projection
     model = load_checkpoint(tmp_path)
     mc = model.config
-    assert mc.dtype == dtype and mc.num_experts == {"mixtral": 4, "qwen3_moe": 4}.get(arch, 6)
-    assert mc.dense_layers == {"qwen3_moe": (1,), "qwen3_moe_sparse_step": (0, 2)}.get(arch, ())
+    assert mc.dtype == dtype and mc.num_experts == {"qwen3_moe_sparse_step": 6}.get(arch, 4)
+    assert mc.dense_layers == {"qwen3_moe": (1,), "qwen3_moe_sparse_step": (0, 2), "qwen2_moe": (2,)}.get(arch, ())
+    assert mc.shared_expert_intermediate_size == (40 if arch == "qwen2_moe" else 0) and mc.qkv_bias == (arch == "qwen2_moe")
     assert mc.param_count() == hf.num_parameters()  # the ledger counts every expert
     # small batches and chunked prefill, so that tokens of several sequences share the experts
     eng = Engine(mc, EngineConfig(num_blocks=64, block_size=4, max_model_len=512, max_num_batched_tokens=24),
@@ -73,7 +80,7 @@ def test_a_moe_checkpoint_loads_and_generates_what_transformers_generates(tmp_pa
     assert hf_greedy(hf_twin(model), ps[1], 12) == eng.outputs["c1"]
 
 
-@pytest.mark.parametrize("arch", ["qwen3_moe", "mixtral"])
+@pytest.mark.parametrize("arch", ["qwen3_moe", "mixtral", "qwen2_moe"])
 def test_the_expert_block_is_transformers_to_the_bit_in_bf16_and_its_routing_rules_matter(tmp_path, arch):
     hf = hf_moe(arch, torch.bfloat16)
     hf.save_pretrained(tmp_path)
@@ -91,6 +98,13 @@ def test_the_expert_block_is_transformers_to_the_bit_in_bf16_and_its_routing_rul
         ours.float32_weights = not ours.float32_weights
         ours.normalise = not ours.normalise
         assert not torch.equal(ours(x[0]), expected)
+        ours.normalise = not ours.normalise
+        if arch == "qwen2_moe":  # the shared expert counts, gated
+            gate = ours.shared_expert_gate.weight.data.clone()
+            ours.shared_expert_gate.weight.data.zero_()
+            assert not torch.equal(ours(x[0]), expected)
+            ours.shared_expert_gate.weight.data.copy_(gate)
+            assert torch.equal(ours(x[0]), expected)
 
 
 def test_a_moe_checkpoint_that_does_not_match_its_config_is_refused_by_name(tmp_path):

@@ -36,10 +36,12 @@ def test_decodes_are_charged_for_their_padding_and_chunks_for_their_scores():
 
 @pytest.mark.parametrize("experts", [dict(num_experts=8, experts_per_token=2, moe_intermediate_size=256),
                                      dict(num_experts=8, experts_per_token=2, moe_intermediate_size=256,
-                                          dtype="bfloat16", moe_float32_weights=True)])
+                                          dtype="bfloat16", moe_float32_weights=True),
+                                     dict(num_experts=8, experts_per_token=2, moe_intermediate_size=64,
+                                          shared_expert_intermediate_size=256)])
 def test_a_mixture_of_experts_allocates_at_most_its_charged_workspace(experts):
     # the router's scores, each pick's expert rows and its weighted output (float32 beside bf16, as
-    # Mixtral's routing weights keep it) are charged per batched token
+    # Mixtral's routing weights keep it), and a shared expert's rows (Qwen2-MoE's) are charged per batched token
     sizes = Sizes.cpu()
     report = check_workspace(replace(sizes, big_model={**sizes.big_model, **experts}), Deadline(600))
     assert report["status"] == "ok", report

@@ -110,22 +110,28 @@ def hf_twin(model: LlamaModel):
 
 
 def _hf_moe_config(mc, common: dict):
-    """transformers' configuration of a mixture-of-experts ``mc``: Qwen3-MoE's (q and k norms,
+    """transformers' configuration of a mixture-of-experts ``mc``: Qwen2-MoE's (a shared expert, q/k/v
+    biases), Qwen3-MoE's (q and k norms,
     routing weights in the model's dtype) or Mixtral's (neither, every layer sparse, renormalised
     routing weights kept float32, experts as wide as ``intermediate_size``)."""
-    from transformers import MixtralConfig, Qwen3MoeConfig
+    from transformers import MixtralConfig, Qwen2MoeConfig, Qwen3MoeConfig
 
     experts = dict(num_experts_per_tok=mc.experts_per_token)
-    if mc.qk_norm and not mc.moe_float32_weights and not mc.qkv_bias:
-        return Qwen3MoeConfig(**common, **experts, num_experts=mc.num_experts, moe_intermediate_size=mc.moe_intermediate_size,
-                              norm_topk_prob=mc.norm_topk_prob, mlp_only_layers=list(mc.dense_layers),
-                              decoder_sparse_step=1, use_sliding_window=False)
-    if not mc.qk_norm and mc.moe_float32_weights and mc.norm_topk_prob and not mc.dense_layers and not mc.qkv_bias:
+    routed = dict(num_experts=mc.num_experts, moe_intermediate_size=mc.moe_intermediate_size,
+                  norm_topk_prob=mc.norm_topk_prob, mlp_only_layers=list(mc.dense_layers), decoder_sparse_step=1,
+                  use_sliding_window=False)
+    if mc.shared_expert_intermediate_size:
+        if mc.qkv_bias and not mc.qk_norm and not mc.moe_float32_weights:
+            return Qwen2MoeConfig(**common, **experts, **routed, qkv_bias=True,
+                                  shared_expert_intermediate_size=mc.shared_expert_intermediate_size)
+    elif mc.qk_norm and not mc.moe_float32_weights and not mc.qkv_bias:
+        return Qwen3MoeConfig(**common, **experts, **routed)
+    elif not mc.qk_norm and mc.moe_float32_weights and mc.norm_topk_prob and not mc.dense_layers and not mc.qkv_bias:
         return MixtralConfig(**{**common, "intermediate_size": mc.moe_intermediate_size}, **experts,
                              num_local_experts=mc.num_experts, sliding_window=None)
     raise ValueError(f"no transformers mixture-of-experts architecture has qk_norm={mc.qk_norm}, qkv_bias={mc.qkv_bias}, "
                      f"moe_float32_weights={mc.moe_float32_weights}, norm_topk_prob={mc.norm_topk_prob}, "
-                     f"dense_layers={mc.dense_layers}")
+                     f"dense_layers={mc.dense_layers}, shared_expert_intermediate_size={mc.shared_expert_intermediate_size}")
 
 
 # ---- decode ------------------------------------------------------------------------------------
