@@ -7,6 +7,7 @@ or tensor at fault.
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -25,9 +26,10 @@ from engine.model import LlamaModel
 # (Qwen1.5-MoE, Qwen2-57B-A14B) is Qwen2's with one and a gated shared expert beside it.
 MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "mixtral", "qwen2_moe", "qwen3_moe")
 FUSED = {"self_attn.qkv_proj.weight": ("q_proj", "k_proj", "v_proj"), "mlp.gate_up_proj.weight": ("gate_proj", "up_proj")}
-# one expert's projections as checkpoints store them: (gate, up, down)
-EXPERT_NAMES = {"mixtral": ("w1", "w3", "w2"), "qwen2_moe": ("gate_proj", "up_proj", "down_proj"),
-                "qwen3_moe": ("gate_proj", "up_proj", "down_proj")}
+MOE_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe")
+# where a layer's experts are stored, and one expert's (gate, up, down) projections there: Mixtral's
+# names, or Qwen-MoE's
+EXPERT_LAYOUTS = {"block_sparse_moe": ("w1", "w3", "w2"), "mlp": ("gate_proj", "up_proj", "down_proj")}
 
 
 class CheckpointError(ValueError):
@@ -92,7 +94,7 @@ def read_config(directory: str | Path) -> ModelConfig:
         raise CheckpointError(f"{path}: missing field {exc.args[0]!r}") from exc
     except (TypeError, ValueError) as exc:
         raise CheckpointError(f"{path}: {exc}") from exc
-    if cfg["model_type"] in EXPERT_NAMES:
+    if cfg["model_type"] in MOE_TYPES:
         mc = _experts(cfg, mc, path)
     window = cfg.get("sliding_window") if _slides(cfg, mc.num_layers) else None
     if window is not None and (not isinstance(window, (int, float)) or window < mc.max_position):
@@ -109,9 +111,7 @@ def read_config(directory: str | Path) -> ModelConfig:
 
 
 def _experts(cfg: dict, mc: ModelConfig, path: Path) -> ModelConfig:
-    """``mc`` with the mixture of experts ``cfg`` describes (Mixtral's or Qwen3-MoE's fields)."""
-    from dataclasses import replace
-
+    """``mc`` with the mixture of experts ``cfg`` describes (Mixtral's or Qwen-MoE's fields)."""
     mixtral = cfg["model_type"] == "mixtral"
     try:
         experts = int(cfg.get("num_local_experts") or cfg.get("num_experts") or 0)
@@ -130,11 +130,11 @@ def _experts(cfg: dict, mc: ModelConfig, path: Path) -> ModelConfig:
                        moe_float32_weights=mixtral, dense_layers=dense,
                        shared_expert_intermediate_size=int(cfg["shared_expert_intermediate_size"])
                        if cfg["model_type"] == "qwen2_moe" else 0)
+    except CheckpointError:
+        raise
     except KeyError as exc:
         raise CheckpointError(f"{path}: missing field {exc.args[0]!r}") from exc
     except (TypeError, ValueError) as exc:
-        if isinstance(exc, CheckpointError):
-            raise
         raise CheckpointError(f"{path}: {exc}") from exc
 
 
@@ -143,14 +143,14 @@ def _stacked_experts(state: dict[str, torch.Tensor], mc: ModelConfig, directory)
     ``block_sparse_moe.experts.E.w1``, Qwen3-MoE's ``mlp.experts.E.gate_proj``), stacked under
     the model's names (``mlp.experts.gate_up_proj`` and ``mlp.experts.down_proj``, as transformers
     5 holds them), and Mixtral's router moved to ``mlp.gate``."""
-    kind = "mixtral" if any(".block_sparse_moe." in k for k in state) else "qwen3_moe"
-    gate, up, down = EXPERT_NAMES[kind]
+    layout = "block_sparse_moe" if any(".block_sparse_moe." in k for k in state) else "mlp"
+    gate, up, down = EXPERT_LAYOUTS[layout]
     out = {k.replace(".block_sparse_moe.gate.", ".mlp.gate."): v for k, v in state.items()
            if ".experts." not in k or k.endswith((".experts.gate_up_proj", ".experts.down_proj"))}
     for layer in range(mc.num_layers):
         if not mc.is_sparse(layer):
             continue
-        block = f"model.layers.{layer}.{'block_sparse_moe' if kind == 'mixtral' else 'mlp'}.experts"
+        block = f"model.layers.{layer}.{layout}.experts"
         if f"model.layers.{layer}.mlp.experts.gate_up_proj" in out:
             continue  # already stacked
         parts = {}

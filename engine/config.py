@@ -130,7 +130,8 @@ class ModelConfig:
 
     @property
     def sparse_layers(self) -> int:
-        return sum(self.is_sparse(i) for i in range(self.num_layers))
+        """How many layers' MLPs are mixtures of experts (read on every iteration's workspace)."""
+        return self.num_layers - len(set(self.dense_layers)) if self.num_experts else 0
 
     def expert_params(self) -> int:
         """Parameters of one routed expert (gate, up and down projections)."""
@@ -157,8 +158,15 @@ class ModelConfig:
 
     def weight_bytes(self) -> int:
         """Bytes of the weights on the device (quantised when ``weight_bits`` is set)."""
-        bits = self.weight_bits or 8 * self.dtype_bytes
-        return self.param_count() * bits // 8
+        return self.param_count() * self._weight_bits // 8
+
+    def routed_expert_bytes(self) -> int:
+        """Bytes of every layer's routed experts, of ``weight_bytes`` (0 for a dense model)."""
+        return self.sparse_layers * self.num_experts * self.expert_params() * self._weight_bits // 8
+
+    @property
+    def _weight_bits(self) -> int:
+        return self.weight_bits or 8 * self.dtype_bytes
 
     def kv_bytes_per_token(self) -> int:
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.dtype_bytes

@@ -181,9 +181,9 @@ class SparseMoE(nn.Module):
         self.top_k, self.normalise, self.float32_weights = cfg.experts_per_token, cfg.norm_topk_prob, cfg.moe_float32_weights
         self.gate = nn.Linear(cfg.hidden_size, cfg.num_experts, bias=False)
         self.experts = Experts(cfg)
-        if cfg.shared_expert_intermediate_size:  # Qwen2-MoE: one more expert every token takes, gated
-            self.shared_expert = MLP(cfg, cfg.shared_expert_intermediate_size)
-            self.shared_expert_gate = nn.Linear(cfg.hidden_size, 1, bias=False)
+        shared = cfg.shared_expert_intermediate_size  # Qwen2-MoE: one more expert every token takes, gated
+        self.shared_expert = MLP(cfg, shared) if shared else None
+        self.shared_expert_gate = nn.Linear(cfg.hidden_size, 1, bias=False) if shared else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         logits = self.gate(x)
@@ -202,7 +202,7 @@ class SparseMoE(nn.Module):
             gate, up = F.linear(x[rows // k], self.experts.gate_up_proj[e]).chunk(2, dim=-1)
             weighted[rows] = F.linear(F.silu(gate) * up, self.experts.down_proj[e]) * w[rows, None]
         out = weighted.view(n, k, -1).sum(dim=1).to(x.dtype)
-        if hasattr(self, "shared_expert"):
+        if self.shared_expert is not None:
             out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
         return out
 

@@ -74,9 +74,10 @@ class RooflineCostModel:
         # them frozen): the same integers and products ``iterations_s`` used to form each call
         m = self.model
         matmul_params = m.param_count(active=True) - m.vocab_size * m.hidden_size * (0 if m.tie_word_embeddings else 1)
-        expert_bytes = m.sparse_layers * m.num_experts * m.expert_params() * (m.weight_bits or 8 * m.dtype_bytes) // 8
+        expert_bytes = m.routed_expert_bytes()
         for name, value in (("_token_flops", 2 * matmul_params), ("_pair_flops", 4 * m.num_layers * m.num_heads * m.head_dim),
                             ("_weight_bytes", m.weight_bytes() - expert_bytes), ("_expert_bytes", expert_bytes),
+                            ("_expert_unpicked", 1.0 - m.experts_per_token / m.num_experts if m.num_experts else 1.0),
                             ("_kv_token_bytes", m.kv_bytes_per_token()),
                             ("_flops_per_s", self.gpu.peak_flops * self.flops_efficiency),
                             ("_bytes_per_s", self.gpu.memory_bytes_per_s * self.memory_efficiency)):
@@ -91,8 +92,7 @@ class RooflineCostModel:
         flops = self._token_flops * num_tokens + self._pair_flops * attended
         nbytes = self._weight_bytes + self._kv_token_bytes * (context_tokens + num_tokens)
         if self._expert_bytes:  # the share of experts the iteration's tokens pick
-            m = self.model
-            nbytes = nbytes + self._expert_bytes * (1.0 - (1.0 - m.experts_per_token / m.num_experts) ** np.asarray(num_tokens))
+            nbytes = nbytes + self._expert_bytes * (1.0 - self._expert_unpicked ** np.asarray(num_tokens))
         compute = flops / self._flops_per_s
         memory = nbytes / self._bytes_per_s
         return self.overhead_s + np.maximum(compute, memory)
