@@ -46,7 +46,7 @@ from agents.node_spec import make_node_policy, node_baselines
 from agents.shield import TRAINING
 from env.mixture import MixtureEnv
 from env.node_scenario import is_node_scenario, load_node_scenario
-from env.scenario import Scenario, ScenarioError, TraceWorkload
+from env.scenario import Reward, Scenario, ScenarioError, TraceWorkload
 from env.scenario_yaml import from_mapping, load_scenario, read_yaml
 from experiments import TRAIN, bundled, find
 from rlctl.evaluate import evaluate, make_env
@@ -72,6 +72,7 @@ class TrainConfig:
     n_steps: int = 3
     shield: bool = True
     shaping: bool = False                            # potential-based shaping with the work under way (env/overcommit_env.py)
+    reward: Reward | None = None                     # the reward every training scenario trains on in place of its own
     net_arch: tuple[int, ...] = (128, 128)
     learning_rate: float = 5e-4
     buffer_size: int = 50_000
@@ -136,6 +137,8 @@ def load_train_config(path: str | Path, **overrides) -> TrainConfig:
             MixtureEnv(scenarios)
         elif cfg.shaping:
             raise ScenarioError("shaping: a node policy trains on the plain reward (rlctl/SharedGPU-v0 has no shaping)")
+        elif cfg.reward is not None:
+            raise ScenarioError("reward: a node policy trains on its node scenario's reward")
         held_out(cfg)
     except ValueError as exc:
         raise ScenarioError(f"{p}: {exc}") from None
@@ -158,6 +161,8 @@ def training_scenarios(cfg: TrainConfig) -> list[Scenario]:
     out = []
     for name in cfg.scenarios:
         sc = load_scenario(name)
+        if cfg.reward is not None:
+            sc = dataclasses.replace(sc, reward=cfg.reward)
         out += [sc if load == 1.0 else sc.at_load(load) for load in cfg.loads]
     return out
 

@@ -12,7 +12,7 @@ import yaml
 
 from experiments import SCENARIOS
 from agents.spec import make_policy
-from env.scenario import ScenarioError
+from env.scenario import Reward, ScenarioError
 from env.scenario_yaml import load_scenario
 from rlctl.cli import main
 from rlctl.evaluate import evaluate, make_env
@@ -67,7 +67,11 @@ def test_resume_continues_from_a_checkpoint(run):
                                           ({"select_seed": 1000}, "overlap the held-out seeds 1000..1000"),
                                           ({"select_seed": 500}, "select_seed: with eval_starts"),
                                           ({"scenarios": ["node_chat_pair"], "eval_starts": None, "shaping": True},
-                                           "shaping")])
+                                           "shaping"),
+                                          ({"reward": {"gamma": -1}}, "reward.gamma: must be >= 0"),
+                                          ({"reward": {"gama": 1}}, "reward.gama: unknown key"),
+                                          ({"scenarios": ["node_chat_pair"], "eval_starts": None, "reward": {"gamma": 1}},
+                                           "reward: a node policy")])
 def test_bad_training_configuration_is_refused_naming_the_field(tmp_path, extra, field):
     with pytest.raises(ScenarioError, match=field):
         load_train_config(configs(tmp_path, **extra))
@@ -93,7 +97,7 @@ def test_a_shipped_training_config_loads_by_name_and_an_unknown_name_lists_them(
 
     cfg = load_train_config("steady")
     assert cfg.name == "steady" and cfg == load_train_config(TRAIN / "steady.yaml")
-    shipped = ("burst, default, default_ensemble, default_no_per, default_overload, default_select, default_smallkv, default_vanilla, long_outputs, "
+    shipped = ("burst, default, default_ensemble, default_no_per, default_overload, default_select, default_slo, default_smallkv, default_vanilla, long_outputs, "
                "long_outputs_no_double, long_outputs_no_dueling, long_outputs_no_per, long_outputs_vanilla, node_chat_pair, node_mixed, "
                "node_reasoning, node_reasoning_preempt, node_reasoning_trio, phase_shift, ")
     with pytest.raises(ScenarioError, match=r"training config stedy: no such file \(bundled: " + shipped):
@@ -123,6 +127,18 @@ def test_the_shipped_selecting_config_is_the_default_with_only_its_validation_se
 def test_the_shipped_ensemble_config_is_the_default_with_only_its_members_added():
     assert load_train_config("default_ensemble") == dataclasses.replace(load_train_config("default"),
                                                                         name="default_ensemble", members=2)
+
+
+def test_the_slo_experiment_is_the_default_with_only_its_training_reward_changed():
+    """Its training scenarios pay the SLO term; the held-out evaluation keeps each scenario's own reward."""
+    from rlctl.train import held_out, training_scenarios
+
+    slo, default = load_train_config("default_slo"), load_train_config("default")
+    assert slo == dataclasses.replace(default, name="default_slo", reward=Reward(gamma=1.0))
+    trained, plain = training_scenarios(slo), training_scenarios(default)
+    assert [s.reward for s in trained] == [Reward(gamma=1.0)] * len(plain) != [s.reward for s in plain]
+    assert [dataclasses.replace(s, reward=p.reward) for s, p in zip(trained, plain)] == plain
+    assert held_out(slo) == held_out(default)
 
 
 def test_every_shipped_training_config_pins_its_environment_count():
