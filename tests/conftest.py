@@ -15,6 +15,22 @@ def hf_greedy(hf, prompt: list[int], n: int) -> list[int]:
     return out[0, len(prompt):].tolist()
 
 
+def assert_greedy_up_to_rounding(hf, prompt: list[int], tokens: list[int], ulps: int = 2) -> None:
+    """``tokens`` continue ``prompt`` as transformers' greedy decoding does, up to rounding: after
+    each prefix of them, the token's logit in ``hf`` is within ``ulps`` units in the last place (of
+    the logits' dtype, at the largest logit's magnitude) of the largest. Two bf16 implementations
+    round a near-tie either way, and greedy decoding then goes on from a different token; this
+    checks every step from the engine's own prefix instead of stopping at the first such tie."""
+    with torch.no_grad():
+        logits = hf(torch.tensor([prompt + tokens])).logits[0, len(prompt) - 1:-1]
+    eps = torch.finfo(logits.dtype).eps
+    logits = logits.float()
+    tol = ulps * eps * 2.0 ** torch.floor(torch.log2(logits.abs().max())).item()
+    gaps = logits.max(-1).values - logits[torch.arange(len(tokens)), torch.tensor(tokens)]
+    far = [(j, tokens[j], round(g, 5)) for j, g in enumerate(gaps.tolist()) if g > tol]
+    assert not far, f"(step, token, logit below the top) beyond {tol:.5f}: {far}"
+
+
 def hf_tiny(name: str, **extra):
     """transformers' ``<name>ForCausalLM`` at a tiny size (3 layers, 6 heads over 2 KV heads, a
     300-token vocabulary), its weights drawn from seed 0; ``extra`` adds to its configuration."""
