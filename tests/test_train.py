@@ -97,7 +97,7 @@ def test_a_shipped_training_config_loads_by_name_and_an_unknown_name_lists_them(
 
     cfg = load_train_config("steady")
     assert cfg.name == "steady" and cfg == load_train_config(TRAIN / "steady.yaml")
-    shipped = ("burst, default, default_ensemble, default_no_per, default_overload, default_select, default_slo, default_slo_half, default_smallkv, default_vanilla, long_outputs, "
+    shipped = ("burst, default, default_ensemble, default_no_per, default_overload, default_select, default_slo, default_slo_half, default_smallkv, default_vanilla, default_wide, long_outputs, "
                "long_outputs_no_double, long_outputs_no_dueling, long_outputs_no_per, long_outputs_vanilla, node_chat_pair, node_mixed, "
                "node_reasoning, node_reasoning_preempt, node_reasoning_trio, phase_shift, ")
     with pytest.raises(ScenarioError, match=r"training config stedy: no such file \(bundled: " + shipped):
@@ -127,6 +127,13 @@ def test_the_shipped_selecting_config_is_the_default_with_only_its_validation_se
 def test_the_shipped_ensemble_config_is_the_default_with_only_its_members_added():
     assert load_train_config("default_ensemble") == dataclasses.replace(load_train_config("default"),
                                                                         name="default_ensemble", members=2)
+
+
+def test_the_wide_experiment_is_the_default_with_only_long_outputs_on_a_second_deployment_added():
+    default = load_train_config("default")
+    extra = ("long_outputs_8b_h200", "long_outputs_8b_h200_preempt")
+    assert load_train_config("default_wide") == dataclasses.replace(
+        default, name="default_wide", scenarios=type(default.scenarios)([*default.scenarios, *extra]))
 
 
 def test_the_slo_experiment_is_the_default_with_only_its_training_reward_changed():
