@@ -132,8 +132,8 @@ def test_the_shipped_ensemble_config_is_the_default_with_only_its_members_added(
 def test_the_wide_experiment_is_the_default_with_only_long_outputs_on_a_second_deployment_added():
     default = load_train_config("default")
     extra = ("long_outputs_8b_h200", "long_outputs_8b_h200_preempt")
-    assert load_train_config("default_wide") == dataclasses.replace(
-        default, name="default_wide", scenarios=type(default.scenarios)([*default.scenarios, *extra]))
+    assert load_train_config("default_wide") == dataclasses.replace(default, name="default_wide",
+                                                                    scenarios=default.scenarios + extra)
 
 
 def test_the_slo_experiment_is_the_default_with_only_its_training_reward_changed():
