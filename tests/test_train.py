@@ -97,7 +97,7 @@ def test_a_shipped_training_config_loads_by_name_and_an_unknown_name_lists_them(
 
     cfg = load_train_config("steady")
     assert cfg.name == "steady" and cfg == load_train_config(TRAIN / "steady.yaml")
-    shipped = ("burst, default, default_ensemble, default_no_per, default_overload, default_select, default_slo, default_slo_half, default_smallkv, default_vanilla, default_wide, long_outputs, "
+    shipped = ("burst, default, default_cap16, default_ensemble, default_no_per, default_overload, default_select, default_slo, default_slo_half, default_smallkv, default_vanilla, default_wide, long_outputs, "
                "long_outputs_no_double, long_outputs_no_dueling, long_outputs_no_per, long_outputs_vanilla, node_chat_pair, node_mixed, "
                "node_reasoning, node_reasoning_preempt, node_reasoning_trio, phase_shift, ")
     with pytest.raises(ScenarioError, match=r"training config stedy: no such file \(bundled: " + shipped):
@@ -134,6 +134,18 @@ def test_the_wide_experiment_is_the_default_with_only_long_outputs_on_a_second_d
     extra = ("long_outputs_8b_h200", "long_outputs_8b_h200_preempt")
     assert load_train_config("default_wide") == dataclasses.replace(default, name="default_wide",
                                                                     scenarios=default.scenarios + extra)
+
+
+def test_the_cap16_experiment_is_the_default_with_only_the_crashing_long_outputs_cap_raised():
+    default = load_train_config("default")
+    assert default.scenarios[0] == "long_outputs"
+    assert load_train_config("default_cap16") == dataclasses.replace(
+        default, name="default_cap16", scenarios=("long_outputs_cap16",) + default.scenarios[1:])
+    plain, raised = load_scenario("long_outputs"), load_scenario("long_outputs_cap16")
+    assert (plain.engine["overcommit_max"], raised.engine["overcommit_max"]) == (8.0, 16.0)
+    assert raised.engine["overcommit_max"] == load_scenario("long_outputs_preempt").engine["overcommit_max"]
+    assert dataclasses.replace(raised, name=plain.name, description=plain.description,
+                               engine={**raised.engine, "overcommit_max": 8.0}) == plain
 
 
 def test_the_slo_experiment_is_the_default_with_only_its_training_reward_changed():
