@@ -117,7 +117,14 @@ def run_eval(policies: list[Policy], scenario, episodes: int, seed: int, shield:
 
 def run_evals(entries: list[tuple[Policy, bool]], scenario, episodes: int, seed: int, jobs: int = 1) -> dict[str, dict]:
     """Each ``(policy, shield)`` on the same ``episodes`` seeds of ``scenario``, keyed by the
-    policy's name in the order given; ``jobs`` > 1 runs the episodes in that many processes."""
+    policy's name in the order given; ``jobs`` > 1 runs the episodes in that many processes. Two
+    policies of one name are refused: the second's figures would silently stand for both
+    (``agents.spec.label_policies`` gives each its own)."""
+    names = [p.name for p, _ in entries]
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:
+        raise ValueError(f"policies: {', '.join(map(repr, repeated))} named more than once; the figures are keyed by "
+                         "name (agents.spec.label_policies labels trained policies by their paths)")
     if episodes <= 0:
         raise ValueError(f"--episodes must be > 0, got {episodes}")
     if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:

@@ -146,6 +146,34 @@ def test_jobs_run_the_episodes_in_processes_with_the_same_figures(tmp_path, caps
     assert serial["static:1.5"]["episodes"][0] != serial["static:1.5"]["episodes"][1]
 
 
+def test_two_policies_of_one_name_are_refused_until_labelled(tmp_path):
+    """Every training run writes a policy.rlpolicy: two of them in one evaluation would share the
+    name the figures are keyed by, and one's figures would stand for both."""
+    import dataclasses
+    import shutil
+
+    from agents.spec import label_policies, make_policy
+    from experiments import POLICIES
+    from env.scenario_yaml import load_scenario
+    from rlctl.evaluate import run_evals
+
+    specs = []
+    for run, shipped in (("a", "default"), ("b", "default_seed2")):
+        (tmp_path / run).mkdir()
+        specs.append(str(shutil.copy(POLICIES / f"{shipped}.rlpolicy", tmp_path / run / "policy.rlpolicy")))
+    policies = {spec: make_policy(spec) for spec in specs}
+    assert [p.name for p in policies.values()] == ["policy", "policy"]
+    scenario = dataclasses.replace(load_scenario("steady"), max_steps=6)  # where the two weights act apart
+    with pytest.raises(ValueError, match=r"'policy' named more than once.*label_policies"):
+        run_evals([(p, True) for p in policies.values()], scenario, 1, 1000)
+    results = run_evals([(p, True) for p in label_policies(policies).values()], scenario, 1, 1000)
+    assert list(results) == [s.removesuffix(".rlpolicy") for s in specs]
+    actions = [results[label]["episodes"][0]["actions"] for label in results]
+    alone = [run_evals([(make_policy(spec), True)], scenario, 1, 1000)["policy"]["episodes"][0]["actions"]
+             for spec in specs]
+    assert actions == alone and actions[0] != actions[1]
+
+
 def test_a_bad_jobs_count_is_refused_naming_the_option(tmp_path, capsys):
     for bad in ("0", "-2", "two"):
         with pytest.raises(SystemExit) as stop:
