@@ -97,7 +97,7 @@ def test_a_shipped_training_config_loads_by_name_and_an_unknown_name_lists_them(
 
     cfg = load_train_config("steady")
     assert cfg.name == "steady" and cfg == load_train_config(TRAIN / "steady.yaml")
-    shipped = ("burst, default, default_cap16, default_ensemble, default_no_per, default_overload, default_select, default_slo, default_slo_half, default_smallkv, default_vanilla, default_wide, long_outputs, "
+    shipped = ("burst, default, default_bothcaps, default_cap16, default_ensemble, default_no_per, default_overload, default_select, default_slo, default_slo_half, default_smallkv, default_vanilla, default_wide, long_outputs, "
                "long_outputs_no_double, long_outputs_no_dueling, long_outputs_no_per, long_outputs_vanilla, node_chat_pair, node_mixed, "
                "node_reasoning, node_reasoning_preempt, node_reasoning_trio, phase_shift, ")
     with pytest.raises(ScenarioError, match=r"training config stedy: no such file \(bundled: " + shipped):
@@ -146,6 +146,12 @@ def test_the_cap16_experiment_is_the_default_with_only_the_crashing_long_outputs
     assert raised.engine["overcommit_max"] == load_scenario("long_outputs_preempt").engine["overcommit_max"]
     assert dataclasses.replace(raised, name=plain.name, description=plain.description,
                                engine={**raised.engine, "overcommit_max": 8.0}) == plain
+
+
+def test_the_bothcaps_experiment_is_the_default_with_the_cap16_long_outputs_added_beside_the_capped_one():
+    default = load_train_config("default")
+    assert load_train_config("default_bothcaps") == dataclasses.replace(
+        default, name="default_bothcaps", scenarios=default.scenarios[:1] + ("long_outputs_cap16",) + default.scenarios[1:])
 
 
 def test_the_slo_experiment_is_the_default_with_only_its_training_reward_changed():
