@@ -1,4 +1,4 @@
-"""``rlctl``: one command line for everything (replay, serve, train, eval, bench, profile, demo).
+"""``rlctl``: one command line for everything (replay, serve, train, eval, explain, bench, profile, demo).
 
 This file holds every subcommand's options, their checks and the dispatch, and so runs past 350
 lines; the work itself lives in the modules each command calls."""
@@ -448,6 +448,32 @@ def cmd_eval(a: argparse.Namespace) -> int:
     return _write_eval(a, sc, results)
 
 
+def cmd_explain(a: argparse.Namespace) -> int:
+    import dataclasses
+
+    from agents.spec import is_trained, make_policy
+    from env.scenario_yaml import load_scenario
+    from rlctl.explain import action_index, explain, format_explain
+
+    if not is_trained(a.policy):
+        raise ValueError(f"--policy {a.policy}: explain reads a trained policy's decisions from its observations; "
+                         "a baseline or the oracle does not decide from them")
+    if a.top <= 0:
+        raise ValueError(f"--top must be > 0, got {a.top}")
+    if a.steps is not None and a.steps <= 0:
+        raise ValueError(f"--steps must be > 0, got {a.steps}")
+    action = action_index(a.action) if a.action is not None else None
+    policy = make_policy(a.policy)
+    scenarios = [load_scenario(name) for name in (a.scenario, a.reference)]
+    if a.steps is not None:
+        scenarios = [dataclasses.replace(sc, max_steps=a.steps) for sc in scenarios]
+    out = explain(policy, *scenarios, a.seed, action)
+    print(format_explain(out, a.top))
+    if a.json:
+        _write_json(a, out)
+    return 0
+
+
 def cmd_sweep(a: argparse.Namespace) -> int:
     from env.scenario_yaml import load_scenario
     from rlctl.sweep import format_sweep, sweep
@@ -610,6 +636,20 @@ def parser() -> argparse.ArgumentParser:
     e.add_argument("--plot", default=None, help="draw utilisation, factor, queue and OOMs over time to this PNG")
     _jobs_option(e)
     e.set_defaults(fn=cmd_eval)
+
+    x = sub.add_parser("explain", help="which observation features a trained policy's decisions on a scenario turn "
+                                       "on, against a reference scenario")
+    x.add_argument("--policy", required=True, help="a policy file or shipped name (default, default_seed1, ...)")
+    x.add_argument("--scenario", required=True, help="the scenario whose decisions to explain (YAML or bundled name)")
+    x.add_argument("--reference", required=True,
+                   help="the scenario whose feature means stand in, one feature at a time (e.g. one it trained on)")
+    x.add_argument("--action", default=None, help="explain only the decisions that took this action (hold, scale_up, "
+                                                  "back_off, defrag, evict; default: every decision)")
+    x.add_argument("--seed", type=int, default=0, help="the episode's seed, the same for both scenarios")
+    x.add_argument("--steps", type=int, default=None, help="decisions per episode (default: each scenario's)")
+    x.add_argument("--top", type=int, default=10, help="features to print, most decisions changed first (default %(default)s)")
+    _json_option(x, "every feature's figures")
+    x.set_defaults(fn=cmd_explain)
 
     w = sub.add_parser("sweep", help="every fixed factor, the rules, the peers and the oracle on a scenario: does it "
                                      "need a controller")
