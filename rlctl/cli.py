@@ -451,6 +451,7 @@ def cmd_eval(a: argparse.Namespace) -> int:
 def cmd_explain(a: argparse.Namespace) -> int:
     import dataclasses
 
+    from agents.export import POLICY_SUFFIX
     from agents.spec import is_trained, make_policy
     from env.scenario_yaml import load_scenario
     from rlctl.explain import action_index, explain, format_explain
@@ -464,6 +465,8 @@ def cmd_explain(a: argparse.Namespace) -> int:
         raise ValueError(f"--steps must be > 0, got {a.steps}")
     action = action_index(a.action) if a.action is not None else None
     policy = make_policy(a.policy)
+    if policy.name == "policy":  # a training run's policy.rlpolicy: named by its path, as rlctl eval labels it
+        policy.name = a.policy.removesuffix(POLICY_SUFFIX)
     scenarios = [load_scenario(name) for name in (a.scenario, a.reference)]
     if a.steps is not None:
         scenarios = [dataclasses.replace(sc, max_steps=a.steps) for sc in scenarios]

@@ -93,3 +93,20 @@ def test_explain_refuses_a_baseline_an_unknown_action_and_a_bad_count(capsys):
     assert "--top must be > 0" in capsys.readouterr().err
     assert main(base + ["--policy", "default", "--steps", "0"]) == 2
     assert "--steps must be > 0" in capsys.readouterr().err
+
+
+def test_a_training_run_s_policy_file_is_named_by_its_path(tmp_path, capsys):
+    import shutil
+
+    from experiments import POLICIES
+
+    run = tmp_path / "run"
+    run.mkdir()
+    shutil.copy(POLICIES / "default.rlpolicy", run / "policy.rlpolicy")
+    assert main(["explain", "--policy", str(run / "policy.rlpolicy"), "--scenario", "long_outputs", "--reference",
+                 "long_outputs", "--steps", "3", "--json", "-"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["policy"] == str(run / "policy")
+    # one scenario as its own reference, on one seed: the same episode, so the same means
+    assert all(r["mean"] == r["reference_mean"] for r in out["features"])
+    assert out["decisions"] == out["reference_decisions"]
