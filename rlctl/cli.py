@@ -465,7 +465,7 @@ def cmd_explain(a: argparse.Namespace) -> int:
         raise ValueError(f"--steps must be > 0, got {a.steps}")
     action = action_index(a.action) if a.action is not None else None
     policy = make_policy(a.policy)
-    if policy.name == "policy":  # a training run's policy.rlpolicy: named by its path, as rlctl eval labels it
+    if policy.name == "policy":  # a training run's policy.rlpolicy: named by its path (label_policies' label)
         policy.name = a.policy.removesuffix(POLICY_SUFFIX)
     scenarios = [load_scenario(name) for name in (a.scenario, a.reference)]
     if a.steps is not None:

@@ -20,6 +20,7 @@ import numpy as np
 from agents.policy import Policy
 from engine.control import ACTIONS
 from env.observation import FEATURES
+from rlctl.evaluate import make_env, run_episode
 
 
 class _Recorder(Policy):
@@ -43,8 +44,6 @@ class _Recorder(Policy):
 def record(policy: Policy, scenario, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """One episode of ``policy`` on ``scenario`` behind the served shield: the observations it
     saw (decisions x features) and the decisions it took."""
-    from rlctl.evaluate import make_env, run_episode
-
     recorder = _Recorder(policy)
     run_episode(make_env(scenario, shield=True), recorder, seed)
     return np.stack(recorder.observations), np.array(recorder.decisions)
@@ -80,12 +79,16 @@ def explain(policy: Policy, scenario, reference, seed: int, action: int | None =
     """``rlctl explain``'s figures: the two episodes' decisions and ``attribute``'s rows."""
     observations, decisions = record(policy, scenario, seed)
     reference_obs, reference_decisions = record(policy, reference, seed)
-    counts = lambda d: {name: int((d == k).sum()) for k, name in enumerate(ACTIONS)}  # noqa: E731
+    taken = _counts(decisions)
     return {"policy": policy.name, "scenario": scenario.name, "reference": reference.name, "seed": seed,
             "action": ACTIONS[action] if action is not None else None,
-            "decisions": counts(decisions), "reference_decisions": counts(reference_decisions),
-            "explained": int(len(decisions) if action is None else (decisions == action).sum()),
+            "decisions": taken, "reference_decisions": _counts(reference_decisions),
+            "explained": len(decisions) if action is None else taken[ACTIONS[action]],
             "features": attribute(policy, observations, decisions, reference_obs, action)}
+
+
+def _counts(decisions: np.ndarray) -> dict[str, int]:
+    return dict(zip(ACTIONS, np.bincount(decisions, minlength=len(ACTIONS)).tolist()))
 
 
 def format_explain(out: dict, top: int) -> str:
