@@ -69,6 +69,7 @@ def _figures(engine, done: list, its: tuple[int, int], span: float) -> dict:
         "tokens_per_s": sum(r.output_len for r in done) / span,
         "goodput_tokens": sum(r.output_len for r in good),
         "goodput_tokens_per_s": sum(r.output_len for r in good) / span,
+        "late_tokens": sum(r.output_len for r in done) - sum(r.output_len for r in good),
         "generated_tokens_per_s": int(engine.iterations.column("generated", *its).sum()) / span,
         "slo_attainment": len(good) / len(done) if done else None,
         "slo_missed": len(done) - len(good),
@@ -137,12 +138,14 @@ def on_track(engine, seq) -> bool:
             or (now - r.first_token_s) / (seq.num_generated - 1) <= cfg.tpot_slo_s)
 
 
-def work_under_way(engine, before: dict[str, int] | None = None) -> int:
+def work_under_way(engine, before: dict[str, int] | None = None, late: bool = False) -> int:
     """Tokens generated since ``before`` (``generated_so_far`` then; all so far without it) by the
-    requests still unfinished now that are on track for their SLO: what a horizon's end counts of
-    work under way, and the potential of the training reward's shaping (env/overcommit_env.py)."""
+    requests still unfinished now that are on track for their SLO (with ``late``: those no longer
+    on track): what a horizon's end counts of work under way, and the potential of the training
+    reward's shaping (env/overcommit_env.py)."""
     before = before or {}
-    return sum(q.num_generated - before.get(q.id, 0) for q in engine.scheduler.unfinished() if on_track(engine, q))
+    return sum(q.num_generated - before.get(q.id, 0) for q in engine.scheduler.unfinished()
+               if on_track(engine, q) != late)
 
 
 @dataclass(frozen=True)

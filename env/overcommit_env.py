@@ -8,13 +8,15 @@ cost model), and return the observation of the snapshot taken then.
 Reward, each term over the interval just ended (``engine.metrics.since``), weights from the
 scenario's ``reward`` (env/scenario.py ``Reward``):
 
-    r = alpha * goodput - gamma * slo_violation - omega * ooms - rho * recompute + beta * alloc
+    r = alpha * goodput + kappa * late - gamma * slo_violation - omega * ooms - rho * recompute + beta * alloc
 
 - goodput: output tokens of requests that finished in the interval and met the SLO (every
   finished one when no SLO is set), per ``decision_interval_s``, over ``tokens_per_s_scale`` (default: the
   scenario's offered output tokens per second, measured on one draw of its workload, so a step
   that serves all that is asked is about 1 on every deployment). A request counts once, when it
   finishes, so the rewards of an episode add up to its goodput (``tests/test_reward.py``).
+- late: output tokens of requests that finished in the interval past their SLO, on goodput's
+  scale (weight 0 by default: a late answer earns nothing).
 - slo_violation: share of the requests that finished in the interval or are waiting at its end
   that missed (or, waiting, already exceed) the TTFT/TPOT target, in [0, 1]; 0 without an SLO.
 - ooms: OOM events in the interval.
@@ -24,8 +26,8 @@ scenario's ``reward`` (env/scenario.py ``Reward``):
 
 Training may add potential-based shaping (``shaping_gamma``, Ng, Harada and Russell 1999):
 ``+ shaping_gamma * phi(s') - phi(s)``, with ``phi`` alpha times the tokens generated so far by the
-unfinished requests still on track for their SLO (``engine.metrics.work_under_way``), on the
-goodput's scale. Goodput pays a request when it finishes, which for a reasoning-length output is
+unfinished requests still on track for their SLO (``engine.metrics.work_under_way``), plus kappa
+times those of the ones no longer on track, on the goodput's scale. Goodput pays a request when it finishes, which for a reasoning-length output is
 minutes after the admission that earned it; the shaping pays its tokens as they come and takes
 them back when it finishes (when goodput pays them) or falls off track (a crash, a preemption, a
 missed target), so that the credit is near the decision. With ``shaping_gamma`` the agent's own
@@ -58,7 +60,7 @@ from env.scenario_yaml import load_scenario
 from env.workload_builder import episode_requests
 
 # reward term -> (weight of the scenario's ``reward``, sign)
-REWARD_TERMS = {"goodput": ("alpha", 1.0), "slo_violation": ("gamma", -1.0), "ooms": ("omega", -1.0),
+REWARD_TERMS = {"goodput": ("alpha", 1.0), "late": ("kappa", 1.0), "slo_violation": ("gamma", -1.0), "ooms": ("omega", -1.0),
                 "recompute": ("rho", -1.0), "alloc": ("beta", 1.0)}
 
 
@@ -149,13 +151,15 @@ class OvercommitEnv(gym.Env):
         scale = self.tokens_per_s_scale
         # per nominal interval, so that an episode's rewards add up to its goodput tokens exactly
         terms = {"goodput": figures["goodput_tokens"] / (scale * sc.decision_interval_s),
+                 "late": figures["late_tokens"] / (scale * sc.decision_interval_s),
                  "slo_violation": figures["slo_violation"],
                  "ooms": figures["oom_events"], "recompute": figures["recomputed_tokens"] / (scale * sc.decision_interval_s),
                  "alloc": figures["kv_util"]}
         weighted = {k: sign * getattr(sc.reward, w) * terms[k] for k, (w, sign) in REWARD_TERMS.items()}
         reward = sum(weighted.values())
         if self.shaping_gamma is not None:
-            potential = sc.reward.alpha * metrics.work_under_way(e) / (scale * sc.decision_interval_s)
+            potential = (sc.reward.alpha * metrics.work_under_way(e) + sc.reward.kappa * metrics.work_under_way(e, late=True)
+                         ) / (scale * sc.decision_interval_s)
             weighted["shaping"] = self.shaping_gamma * potential - self._potential
             reward += weighted["shaping"]
             self._potential = potential

@@ -98,12 +98,15 @@ class Cotenant:
 
 @dataclass(frozen=True)
 class Reward:
-    """r = alpha*goodput - gamma*slo_violation - omega*ooms - rho*recompute + beta*alloc
+    """r = alpha*goodput + kappa*late - gamma*slo_violation - omega*ooms - rho*recompute + beta*alloc
     (env/overcommit_env.py). Goodput is what operators are paid for; an OOM's downtime and lost
     work already cost goodput, and omega makes one OOM cost more than taking the risk could
-    earn; KV utilisation is reported, not paid for (beta 0)."""
+    earn; KV utilisation is reported, not paid for (beta 0). ``late`` is the output of requests
+    that finished past their SLO, on goodput's scale: unpaid by default (kappa 0), it can be worth
+    a share of an answer on time."""
 
     alpha: float = 1.0
+    kappa: float = 0.0
     beta: float = 0.0
     gamma: float = 0.0
     omega: float = 20.0

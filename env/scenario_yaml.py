@@ -24,7 +24,7 @@ _RANGES = {  # field -> (low, high, low inclusive)
     "time_scale": (0, math.inf, False), "rate_rps": (0, math.inf, False), "mean_hold_s": (0, math.inf, False),
     "decision_interval_s": (0, math.inf, False), "max_steps": (1, math.inf, True), "mean_dwell_s": (0, math.inf, False),
     "evict_free_share": (0, 1, True), "alpha": (0, math.inf, True), "beta": (0, math.inf, True),
-    "gamma": (0, math.inf, True), "omega": (0, math.inf, True), "rho": (0, math.inf, True), "tokens_per_s_scale": (0, math.inf, False),
+    "gamma": (0, math.inf, True), "kappa": (0, math.inf, True), "omega": (0, math.inf, True), "rho": (0, math.inf, True), "tokens_per_s_scale": (0, math.inf, False),
     "queue_scale": (1, math.inf, True), "swapped_scale": (1, math.inf, True),
     "slope_scale": (0, math.inf, False), "overcommit_scale": (0, math.inf, False), "best_static": (0, math.inf, False),
     "slice_s": (0, math.inf, False), "best_overcommit": (0, math.inf, False), "phase_offset": (0, math.inf, True),

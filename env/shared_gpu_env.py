@@ -8,11 +8,12 @@ clock derated by the tenant's share of the GPU's compute, its KV sized from its 
 
 Reward over the interval, the node's sums of each engine's figures (``engine.metrics.since``):
 
-    r = alpha * goodput - gamma * slo_violation - omega * ooms - rho * recompute
+    r = alpha * goodput + kappa * late - gamma * slo_violation - omega * ooms - rho * recompute
 
 goodput is the output tokens that finished within their tenant's SLO over what the node's
 workloads ask for in an interval (their offered output tokens per second, on one draw), so an
-episode's rewards add up to its node goodput; slo_violation is the worst tenant's; an OOM of any
+episode's rewards add up to its node goodput; late is those that finished past it, on the same
+scale (kappa 0 by default); slo_violation is the worst tenant's; an OOM of any
 engine costs omega. A graceful restart (``resize``) costs what it costs: the engine's downtime and
 the recomputation of what it held.
 
@@ -117,11 +118,12 @@ class SharedGPUEnv(gym.Env):
         figures = {n: metrics.since(e, marks[n]) for n, e in node.engines.items()}
         per_interval = self.tokens_per_s_scale * sc.decision_interval_s
         terms = {"goodput": sum(f["goodput_tokens"] for f in figures.values()) / per_interval,
+                 "late": sum(f["late_tokens"] for f in figures.values()) / per_interval,
                  "slo_violation": max(f["slo_violation"] for f in figures.values()),
                  "ooms": sum(f["oom_events"] for f in figures.values()),
                  "recompute": sum(f["recomputed_tokens"] for f in figures.values()) / per_interval}
         w = sc.reward
-        weighted = {"goodput": w.alpha * terms["goodput"], "slo_violation": -w.gamma * terms["slo_violation"],
+        weighted = {"goodput": w.alpha * terms["goodput"], "late": w.kappa * terms["late"], "slo_violation": -w.gamma * terms["slo_violation"],
                     "ooms": -w.omega * terms["ooms"], "recompute": -w.rho * terms["recompute"]}
         reward = sum(weighted.values())
         engines = node.engines.values()

@@ -16,8 +16,8 @@ the event files back).
 - ``log_hparams``: hyperparameters and final figures for the HPARAMS tab.
 
 Reward terms: ``episode/reward_terms/<term>`` is the term's signed, weighted contribution summed
-over the episode (``alpha*goodput``, ``-gamma*slo_violation``, ``-omega*ooms``,
-``-rho*recompute``, ``beta*alloc``, as each step's ``info["weighted_reward_terms"]`` gives them), so the four add up
+over the episode (``alpha*goodput``, ``kappa*late``, ``-gamma*slo_violation``, ``-omega*ooms``,
+``-rho*recompute``, ``beta*alloc``, as each step's ``info["weighted_reward_terms"]`` gives them), so they add up
 to the environment's episode reward; ``episode/raw_terms/<term>`` is the unweighted sum. An
 environment whose ``info`` has no weighted terms gets the raw sums only.
 """

@@ -97,7 +97,7 @@ def test_a_shipped_training_config_loads_by_name_and_an_unknown_name_lists_them(
 
     cfg = load_train_config("steady")
     assert cfg.name == "steady" and cfg == load_train_config(TRAIN / "steady.yaml")
-    shipped = ("burst, default, default_bothcaps, default_cap16, default_ensemble, default_no_per, default_overload, default_select, default_slo, default_slo_half, default_smallkv, default_vanilla, default_wide, long_outputs, "
+    shipped = ("burst, default, default_bothcaps, default_cap16, default_ensemble, default_late, default_no_per, default_overload, default_select, default_slo, default_slo_half, default_smallkv, default_vanilla, default_wide, long_outputs, "
                "long_outputs_no_double, long_outputs_no_dueling, long_outputs_no_per, long_outputs_vanilla, node_chat_pair, node_mixed, "
                "node_reasoning, node_reasoning_preempt, node_reasoning_trio, phase_shift, ")
     with pytest.raises(ScenarioError, match=r"training config stedy: no such file \(bundled: " + shipped):
@@ -165,6 +165,11 @@ def test_the_slo_experiment_is_the_default_with_only_its_training_reward_changed
     assert [dataclasses.replace(s, reward=p.reward) for s, p in zip(trained, plain)] == plain
     assert held_out(slo) == held_out(default)
     assert load_train_config("default_slo_half") == dataclasses.replace(slo, name="default_slo_half", reward=Reward(gamma=0.5))
+
+
+def test_the_late_experiment_is_the_default_with_late_answers_paid_half():
+    default = load_train_config("default")
+    assert load_train_config("default_late") == dataclasses.replace(default, name="default_late", reward=Reward(kappa=0.5))
 
 
 def test_every_shipped_training_config_pins_its_environment_count():
