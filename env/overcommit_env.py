@@ -27,8 +27,8 @@ scenario's ``reward`` (env/scenario.py ``Reward``):
 Training may add potential-based shaping (``shaping_gamma``, Ng, Harada and Russell 1999):
 ``+ shaping_gamma * phi(s') - phi(s)``, with ``phi`` alpha times the tokens generated so far by the
 unfinished requests still on track for their SLO (``engine.metrics.work_under_way``), plus kappa
-times those of the ones no longer on track, on the goodput's scale. Goodput pays a request when it finishes, which for a reasoning-length output is
-minutes after the admission that earned it; the shaping pays its tokens as they come and takes
+times those of the ones no longer on track, on the goodput's scale. Goodput pays a request when it
+finishes, which for a reasoning-length output is minutes after the admission that earned it; the shaping pays its tokens as they come and takes
 them back when it finishes (when goodput pays them) or falls off track (a crash, a preemption, a
 missed target), so that the credit is near the decision. With ``shaping_gamma`` the agent's own
 discount the optimal policy is unchanged. Off by default: evaluation scores the plain reward.
@@ -60,8 +60,8 @@ from env.scenario_yaml import load_scenario
 from env.workload_builder import episode_requests
 
 # reward term -> (weight of the scenario's ``reward``, sign)
-REWARD_TERMS = {"goodput": ("alpha", 1.0), "late": ("kappa", 1.0), "slo_violation": ("gamma", -1.0), "ooms": ("omega", -1.0),
-                "recompute": ("rho", -1.0), "alloc": ("beta", 1.0)}
+REWARD_TERMS = {"goodput": ("alpha", 1.0), "late": ("kappa", 1.0), "slo_violation": ("gamma", -1.0),
+                "ooms": ("omega", -1.0), "recompute": ("rho", -1.0), "alloc": ("beta", 1.0)}
 
 
 class OvercommitEnv(gym.Env):
@@ -158,8 +158,8 @@ class OvercommitEnv(gym.Env):
         weighted = {k: sign * getattr(sc.reward, w) * terms[k] for k, (w, sign) in REWARD_TERMS.items()}
         reward = sum(weighted.values())
         if self.shaping_gamma is not None:
-            potential = (sc.reward.alpha * metrics.work_under_way(e) + sc.reward.kappa * metrics.work_under_way(e, late=True)
-                         ) / (scale * sc.decision_interval_s)
+            under_way = sc.reward.alpha * metrics.work_under_way(e) + sc.reward.kappa * metrics.work_under_way(e, late=True)
+            potential = under_way / (scale * sc.decision_interval_s)
             weighted["shaping"] = self.shaping_gamma * potential - self._potential
             reward += weighted["shaping"]
             self._potential = potential

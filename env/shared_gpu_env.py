@@ -13,8 +13,7 @@ Reward over the interval, the node's sums of each engine's figures (``engine.met
 goodput is the output tokens that finished within their tenant's SLO over what the node's
 workloads ask for in an interval (their offered output tokens per second, on one draw), so an
 episode's rewards add up to its node goodput; late is those that finished past it, on the same
-scale (kappa 0 by default); slo_violation is the worst tenant's; an OOM of any
-engine costs omega. A graceful restart (``resize``) costs what it costs: the engine's downtime and
+scale (kappa 0 by default); slo_violation is the worst tenant's; an OOM of any engine costs omega. A graceful restart (``resize``) costs what it costs: the engine's downtime and
 the recomputation of what it held.
 
 ``reset(options={"engine": {...}})`` pins engine settings on every engine, as a baseline does;
@@ -123,8 +122,9 @@ class SharedGPUEnv(gym.Env):
                  "ooms": sum(f["oom_events"] for f in figures.values()),
                  "recompute": sum(f["recomputed_tokens"] for f in figures.values()) / per_interval}
         w = sc.reward
-        weighted = {"goodput": w.alpha * terms["goodput"], "late": w.kappa * terms["late"], "slo_violation": -w.gamma * terms["slo_violation"],
-                    "ooms": -w.omega * terms["ooms"], "recompute": -w.rho * terms["recompute"]}
+        weighted = {"goodput": w.alpha * terms["goodput"], "late": w.kappa * terms["late"],
+                    "slo_violation": -w.gamma * terms["slo_violation"], "ooms": -w.omega * terms["ooms"],
+                    "recompute": -w.rho * terms["recompute"]}
         reward = sum(weighted.values())
         engines = node.engines.values()
         span = sc.decision_interval_s
