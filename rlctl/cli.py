@@ -518,7 +518,7 @@ def cmd_train(a: argparse.Namespace) -> int:
     from rlctl.train import is_node_config, load_train_config, train
 
     seeds = a.seeds or [a.seed]
-    configs = [(path, load_train_config(path, timesteps=a.timesteps, seed=s, n_envs=a.n_envs))
+    configs = [(path, load_train_config(path, timesteps=a.timesteps, seed=s, n_envs=a.n_envs, init_policy=a.init_policy))
                for path in a.config for s in seeds]  # every config is checked before anything runs
     runs = []
     for path, cfg in configs:
@@ -684,6 +684,8 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("--n-envs", type=int, default=None, help="environments in parallel (default: the config's n_envs; where it has none, one per core)")
     t.add_argument("--logdir", default="runs", help="TensorBoard and run directory root (default %(default)s)")
     t.add_argument("--resume", default=None, help="a checkpoint (.zip) of an earlier run to continue")
+    t.add_argument("--init-policy", default=None,
+                   help="start from this policy file's network (or a shipped one's, e.g. default): fine-tune it")
     t.add_argument("--no-progress", action="store_true", help="no progress bar")
     t.set_defaults(fn=cmd_train)
 

@@ -19,6 +19,13 @@ writes one policy file of all of them (agents/export.py ``export_ensemble``), wh
 mean of their Q-values; a network that learned a bad habit on its seed is then outvoted. Each
 member's run is the run ``rlctl train`` gives that seed alone, bit for bit.
 
+With ``init_policy`` (a policy file, or the name of a shipped one), training starts from that
+file's network instead of a random one: the online and the target network both, with an empty
+replay buffer and the configuration's own exploration schedule. That is fine-tuning: the shipped
+default on one's own deployment or trace. The file must hold one network of the configuration's
+shape (``net_arch``, ``dueling``) over this build's features and actions; anything else is refused
+before a step runs, naming what differs.
+
 A configuration whose one scenario is a node scenario (several engines on one GPU) trains on
 ``rlctl/SharedGPU-v0`` and is judged against the node's baselines (agents/node_spec.py); its
 policy file records the node's engines, and is refused on any other node or on one engine.
@@ -73,6 +80,7 @@ class TrainConfig:
     shield: bool = True
     shaping: bool = False                            # potential-based shaping with the work under way (env/overcommit_env.py)
     reward: Reward | None = None                     # the reward every training scenario trains on in place of its own
+    init_policy: str | None = None                   # a policy file (or shipped name) whose network training starts from
     net_arch: tuple[int, ...] = (128, 128)
     learning_rate: float = 5e-4
     buffer_size: int = 50_000
@@ -140,9 +148,36 @@ def load_train_config(path: str | Path, **overrides) -> TrainConfig:
         elif cfg.reward is not None:
             raise ScenarioError("reward: a node policy trains on its node scenario's reward")
         held_out(cfg)
+        if cfg.init_policy is not None:
+            initial_network(cfg)
     except ValueError as exc:
         raise ScenarioError(f"{p}: {exc}") from None
     return cfg
+
+
+def initial_network(cfg: TrainConfig):
+    """The network of ``cfg.init_policy`` that training starts from (module docstring), checked
+    against ``cfg``; a ``ValueError`` names the file and what does not fit."""
+    from agents.spec import make_policy
+
+    where = f"init_policy {cfg.init_policy}"
+    if is_node_config(cfg) or cfg.members > 1:
+        raise ValueError(f"{where}: fine-tuning starts one engine's network; this configuration trains "
+                         + ("a node's policy" if is_node_config(cfg) else f"an ensemble of {cfg.members}"))
+    try:
+        policy = make_policy(cfg.init_policy)
+    except ValueError as exc:  # a missing or bad file, a node policy: the loader's own message
+        raise ValueError(f"{where}: {exc}") from None
+    if not hasattr(policy, "networks"):
+        raise ValueError(f"{where}: not a trained policy (a policy file or a shipped name)")
+    if len(policy.networks) != 1:
+        raise ValueError(f"{where}: an ensemble of {len(policy.networks)} networks; fine-tuning starts from one")
+    net = policy.header["network"]
+    theirs, ours = (list(net["net_arch"]), bool(net["dueling"])), (list(cfg.net_arch), cfg.dueling)
+    if theirs != ours:
+        raise ValueError(f"{where}: its network is net_arch {theirs[0]}, dueling {theirs[1]}; this configuration's "
+                         f"is net_arch {ours[0]}, dueling {ours[1]}")
+    return policy.networks[0]
 
 
 def is_node_config(cfg: TrainConfig) -> bool:
@@ -382,6 +417,10 @@ def train(cfg: TrainConfig, logdir: str | Path = "runs", resume: str | None = No
                 model.load_replay_buffer(buffer)
         else:
             model = OvercommitDQN(env=venv, seed=cfg.seed, verbose=0, **cfg.agent_kwargs())
+            if cfg.init_policy is not None:
+                start = initial_network(cfg).state_dict()
+                model.policy.q_net.q_net.load_state_dict(start)
+                model.policy.q_net_target.q_net.load_state_dict(start)
         model.set_logger(configure(str(run), ["tensorboard", "csv"]))
         (run / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=2) + "\n")
         held = HeldOutEval(evaluation, cfg)

@@ -92,12 +92,54 @@ def test_with_select_seed_the_run_keeps_the_network_that_validated_best(tmp_path
     assert kept == pytest.approx(selection["validation_reward"], abs=1e-6)
 
 
+def test_init_policy_starts_training_from_the_files_network_and_fine_tunes_it(run, tmp_path):
+    import torch
+
+    tmp, cfg, out = run
+    start = make_policy(out["policy"]).networks[0].state_dict()
+    quick = dict(timesteps=60, n_envs=1, eval_every=1000, checkpoint_every=1000)
+    # no gradient step yet (learning_starts past the run): the exported network is the file's, exactly
+    kept = train(load_train_config(configs(tmp_path, init_policy=out["policy"], learning_starts=10_000, **quick)),
+                 tmp_path / "kept", progress_bar=False, baseline_specs=[])
+    kept_net = make_policy(kept["policy"]).networks[0].state_dict()
+    assert all(torch.equal(start[k], kept_net[k]) for k in start)
+    assert make_policy(kept["policy"]).header["training"]["init_policy"] == out["policy"]
+    # the same run without it starts from its own random network
+    fresh = train(load_train_config(configs(tmp_path, learning_starts=10_000, **quick)), tmp_path / "fresh",
+                  progress_bar=False, baseline_specs=[])
+    fresh_net = make_policy(fresh["policy"]).networks[0].state_dict()
+    assert not all(torch.equal(start[k], fresh_net[k]) for k in start)
+    # with gradient steps it moves from there
+    tuned = train(load_train_config(configs(tmp_path, init_policy=out["policy"], learning_starts=10, **quick)),
+                  tmp_path / "tuned", progress_bar=False, baseline_specs=[])
+    tuned_net = make_policy(tuned["policy"]).networks[0].state_dict()
+    assert not all(torch.equal(start[k], tuned_net[k]) for k in start)
+
+
+def test_an_init_policy_that_does_not_fit_is_refused_naming_what_differs(run, tmp_path):
+    tmp, cfg, out = run
+    with pytest.raises(ScenarioError, match=r"init_policy default: its network is net_arch \[128, 128\], dueling True; "
+                                            r"this configuration's is net_arch \[32, 32\], dueling True"):
+        load_train_config(configs(tmp_path, init_policy="default"))
+    with pytest.raises(ScenarioError, match=r"init_policy nowhere.rlpolicy: policy file nowhere.rlpolicy: no such file"):
+        load_train_config(configs(tmp_path, init_policy="nowhere.rlpolicy"))
+    with pytest.raises(ScenarioError, match=r"init_policy static:2: not a trained policy"):
+        load_train_config(configs(tmp_path, init_policy="static:2"))
+    with pytest.raises(ScenarioError, match=r"fine-tuning starts one engine's network; this configuration trains an ensemble of 2"):
+        load_train_config(configs(tmp_path, init_policy=out["policy"], members=2))
+    with pytest.raises(ScenarioError, match=r"trained for a node of engines"):
+        load_train_config(configs(tmp_path, init_policy="node_reasoning_trio", net_arch=[128, 128]))
+    # the CLI's override reaches the same check
+    assert main(["train", "--config", str(configs(tmp_path)), "--init-policy", "static:2", "--no-progress"]) != 0
+
+
 def test_a_shipped_training_config_loads_by_name_and_an_unknown_name_lists_them():
     from experiments import TRAIN
 
     cfg = load_train_config("steady")
     assert cfg.name == "steady" and cfg == load_train_config(TRAIN / "steady.yaml")
-    shipped = ("burst, default, default_bothcaps, default_cap16, default_ensemble, default_late, default_no_per, default_overload, default_select, default_slo, default_slo_half, default_smallkv, default_vanilla, default_wide, long_outputs, "
+    shipped = ("burst, default, default_bothcaps, default_cap16, default_ensemble, default_late, default_no_per, default_overload, default_select, default_slo, default_slo_half, default_smallkv, default_vanilla, default_wide, finetune_a10, "
+               "finetune_a10_scratch, long_outputs, "
                "long_outputs_no_double, long_outputs_no_dueling, long_outputs_no_per, long_outputs_vanilla, node_chat_pair, node_mixed, "
                "node_reasoning, node_reasoning_preempt, node_reasoning_trio, phase_shift, ")
     with pytest.raises(ScenarioError, match=r"training config stedy: no such file \(bundled: " + shipped):
@@ -170,6 +212,12 @@ def test_the_slo_experiment_is_the_default_with_only_its_training_reward_changed
 def test_the_late_experiment_is_the_default_with_late_answers_paid_half():
     default = load_train_config("default")
     assert load_train_config("default_late") == dataclasses.replace(default, name="default_late", reward=Reward(kappa=0.5))
+
+
+def test_the_a10_fine_tuning_is_its_scratch_run_started_from_the_shipped_default():
+    tuned, scratch = load_train_config("finetune_a10"), load_train_config("finetune_a10_scratch")
+    assert tuned.init_policy == "default" and scratch.init_policy is None
+    assert tuned == dataclasses.replace(scratch, name="finetune_a10", init_policy="default")
 
 
 def test_every_shipped_training_config_pins_its_environment_count():
