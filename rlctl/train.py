@@ -23,8 +23,8 @@ With ``init_policy`` (a policy file, or the name of a shipped one), training sta
 file's network instead of a random one: the online and the target network both, with an empty
 replay buffer and the configuration's own exploration schedule. That is fine-tuning: the shipped
 default on one's own deployment or trace. The file must hold one network of the configuration's
-shape (``net_arch``, ``dueling``) over this build's features and actions; anything else is refused
-before a step runs, naming what differs.
+shape (``net_arch``, ``dueling``) over this build's features and actions, read at the training
+scenarios' observation scales; anything else is refused before a step runs, naming what differs.
 
 A configuration whose one scenario is a node scenario (several engines on one GPU) trains on
 ``rlctl/SharedGPU-v0`` and is judged against the node's baselines (agents/node_spec.py); its
@@ -177,6 +177,7 @@ def initial_network(cfg: TrainConfig):
     if theirs != ours:
         raise ValueError(f"{where}: its network is net_arch {theirs[0]}, dueling {theirs[1]}; this configuration's "
                          f"is net_arch {ours[0]}, dueling {ours[1]}")
+    policy.check_scenario(training_scenarios(cfg)[0])  # the mixture's scenarios share their scales (env/mixture.py)
     return policy.networks[0]
 
 

@@ -129,6 +129,11 @@ def test_an_init_policy_that_does_not_fit_is_refused_naming_what_differs(run, tm
         load_train_config(configs(tmp_path, init_policy=out["policy"], members=2))
     with pytest.raises(ScenarioError, match=r"trained for a node of engines"):
         load_train_config(configs(tmp_path, init_policy="node_reasoning_trio", net_arch=[128, 128]))
+    scenario = yaml.safe_load(Path(load_train_config(configs(tmp_path)).scenarios[0]).read_text())
+    other = tmp_path / "other_scales.yaml"
+    other.write_text(yaml.safe_dump({**scenario, "observation": {"queue_scale": 64}}))
+    with pytest.raises(ScenarioError, match=r"trained with observation.queue_scale = 1024, scenario other_scales has 64"):
+        load_train_config(configs(tmp_path, init_policy=out["policy"], scenarios=[str(other)]))
     # the CLI's override reaches the same check
     assert main(["train", "--config", str(configs(tmp_path)), "--init-policy", "static:2", "--no-progress"]) != 0
 
