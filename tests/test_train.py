@@ -144,7 +144,7 @@ def test_a_shipped_training_config_loads_by_name_and_an_unknown_name_lists_them(
     cfg = load_train_config("steady")
     assert cfg.name == "steady" and cfg == load_train_config(TRAIN / "steady.yaml")
     shipped = ("burst, default, default_bothcaps, default_cap16, default_ensemble, default_late, default_no_per, default_overload, default_select, default_slo, default_slo_half, default_smallkv, default_vanilla, default_wide, finetune_a10, "
-               "finetune_a10_scratch, long_outputs, "
+               "finetune_a10_scratch, finetune_overload, long_outputs, "
                "long_outputs_no_double, long_outputs_no_dueling, long_outputs_no_per, long_outputs_vanilla, node_chat_pair, node_mixed, "
                "node_reasoning, node_reasoning_preempt, node_reasoning_trio, phase_shift, ")
     with pytest.raises(ScenarioError, match=r"training config stedy: no such file \(bundled: " + shipped):
@@ -223,6 +223,12 @@ def test_the_a10_fine_tuning_is_its_scratch_run_started_from_the_shipped_default
     tuned, scratch = load_train_config("finetune_a10"), load_train_config("finetune_a10_scratch")
     assert tuned.init_policy == "default" and scratch.init_policy is None
     assert tuned == dataclasses.replace(scratch, name="finetune_a10", init_policy="default")
+
+
+def test_the_overload_fine_tuning_starts_from_the_default_on_default_overloads_mixture():
+    tuned, overload = load_train_config("finetune_overload"), load_train_config("default_overload")
+    assert tuned.init_policy == "default" and tuned.scenarios == overload.scenarios and tuned.loads == overload.loads
+    assert (tuned.timesteps, tuned.exploration_fraction) == (60_000, 0.1)
 
 
 def test_every_shipped_training_config_pins_its_environment_count():
