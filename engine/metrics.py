@@ -64,12 +64,13 @@ def _figures(engine, done: list, its: tuple[int, int], span: float) -> dict:
     good = [r for r in done if meets_slo(r, cfg.ttft_slo_s, cfg.tpot_slo_s)]
     ttft = [r.ttft_s for r in done]
     tpot = [r.tpot_s for r in done if r.tpot_s is not None]
+    produced, on_time = sum(r.output_len for r in done), sum(r.output_len for r in good)
     return {
         "requests_completed": len(done),
-        "tokens_per_s": sum(r.output_len for r in done) / span,
-        "goodput_tokens": sum(r.output_len for r in good),
-        "goodput_tokens_per_s": sum(r.output_len for r in good) / span,
-        "late_tokens": sum(r.output_len for r in done) - sum(r.output_len for r in good),
+        "tokens_per_s": produced / span,
+        "goodput_tokens": on_time,
+        "goodput_tokens_per_s": on_time / span,
+        "late_tokens": produced - on_time,
         "generated_tokens_per_s": int(engine.iterations.column("generated", *its).sum()) / span,
         "slo_attainment": len(good) / len(done) if done else None,
         "slo_missed": len(done) - len(good),

@@ -28,9 +28,10 @@ Training may add potential-based shaping (``shaping_gamma``, Ng, Harada and Russ
 ``+ shaping_gamma * phi(s') - phi(s)``, with ``phi`` alpha times the tokens generated so far by the
 unfinished requests still on track for their SLO (``engine.metrics.work_under_way``), plus kappa
 times those of the ones no longer on track, on the goodput's scale. Goodput pays a request when it
-finishes, which for a reasoning-length output is minutes after the admission that earned it; the shaping pays its tokens as they come and takes
-them back when it finishes (when goodput pays them) or falls off track (a crash, a preemption, a
-missed target), so that the credit is near the decision. With ``shaping_gamma`` the agent's own
+finishes, which for a reasoning-length output is minutes after the admission that earned it; the
+shaping pays its tokens as they come and takes them back when it finishes (when goodput pays them)
+or falls off track (a crash, a preemption, a missed target), so that the credit is near the
+decision. With ``shaping_gamma`` the agent's own
 discount the optimal policy is unchanged. Off by default: evaluation scores the plain reward.
 
 Episodes end when the workload is served (terminated), at an OOM if ``terminate_on_oom``
@@ -158,7 +159,9 @@ class OvercommitEnv(gym.Env):
         weighted = {k: sign * getattr(sc.reward, w) * terms[k] for k, (w, sign) in REWARD_TERMS.items()}
         reward = sum(weighted.values())
         if self.shaping_gamma is not None:
-            under_way = sc.reward.alpha * metrics.work_under_way(e) + sc.reward.kappa * metrics.work_under_way(e, late=True)
+            under_way = sc.reward.alpha * metrics.work_under_way(e)
+            if sc.reward.kappa:  # the off-track pass only where late work is paid (kappa is 0 by default)
+                under_way += sc.reward.kappa * metrics.work_under_way(e, late=True)
             potential = under_way / (scale * sc.decision_interval_s)
             weighted["shaping"] = self.shaping_gamma * potential - self._potential
             reward += weighted["shaping"]

@@ -13,8 +13,9 @@ Reward over the interval, the node's sums of each engine's figures (``engine.met
 goodput is the output tokens that finished within their tenant's SLO over what the node's
 workloads ask for in an interval (their offered output tokens per second, on one draw), so an
 episode's rewards add up to its node goodput; late is those that finished past it, on the same
-scale (kappa 0 by default); slo_violation is the worst tenant's; an OOM of any engine costs omega. A graceful restart (``resize``) costs what it costs: the engine's downtime and
-the recomputation of what it held.
+scale (kappa 0 by default); slo_violation is the worst tenant's; an OOM of any engine costs omega.
+A graceful restart (``resize``) costs what it costs: the engine's downtime and the recomputation
+of what it held.
 
 ``reset(options={"engine": {...}})`` pins engine settings on every engine, as a baseline does;
 ``limits`` among them sets the MPS limits: ``scenario`` (the scenario's, the default),

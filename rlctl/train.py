@@ -149,26 +149,29 @@ def load_train_config(path: str | Path, **overrides) -> TrainConfig:
             raise ScenarioError("reward: a node policy trains on its node scenario's reward")
         held_out(cfg)
         if cfg.init_policy is not None:
-            initial_network(cfg)
+            initial_network(cfg, scenarios[0])
     except ValueError as exc:
         raise ScenarioError(f"{p}: {exc}") from None
     return cfg
 
 
-def initial_network(cfg: TrainConfig):
+def initial_network(cfg: TrainConfig, scenario: Scenario):
     """The network of ``cfg.init_policy`` that training starts from (module docstring), checked
-    against ``cfg``; a ``ValueError`` names the file and what does not fit."""
+    against ``cfg`` and its training ``scenario`` (the mixture's share their observation scales,
+    env/mixture.py); a ``ValueError`` names the file and what does not fit."""
+    from agents.export import ExportedPolicy
     from agents.spec import make_policy
 
     where = f"init_policy {cfg.init_policy}"
-    if is_node_config(cfg) or cfg.members > 1:
+    node = is_node_config(cfg)
+    if node or cfg.members > 1:
         raise ValueError(f"{where}: fine-tuning starts one engine's network; this configuration trains "
-                         + ("a node's policy" if is_node_config(cfg) else f"an ensemble of {cfg.members}"))
+                         + ("a node's policy" if node else f"an ensemble of {cfg.members}"))
     try:
         policy = make_policy(cfg.init_policy)
     except ValueError as exc:  # a missing or bad file, a node policy: the loader's own message
         raise ValueError(f"{where}: {exc}") from None
-    if not hasattr(policy, "networks"):
+    if not isinstance(policy, ExportedPolicy):
         raise ValueError(f"{where}: not a trained policy (a policy file or a shipped name)")
     if len(policy.networks) != 1:
         raise ValueError(f"{where}: an ensemble of {len(policy.networks)} networks; fine-tuning starts from one")
@@ -177,7 +180,7 @@ def initial_network(cfg: TrainConfig):
     if theirs != ours:
         raise ValueError(f"{where}: its network is net_arch {theirs[0]}, dueling {theirs[1]}; this configuration's "
                          f"is net_arch {ours[0]}, dueling {ours[1]}")
-    policy.check_scenario(training_scenarios(cfg)[0])  # the mixture's scenarios share their scales (env/mixture.py)
+    policy.check_scenario(scenario)
     return policy.networks[0]
 
 
@@ -419,7 +422,7 @@ def train(cfg: TrainConfig, logdir: str | Path = "runs", resume: str | None = No
         else:
             model = OvercommitDQN(env=venv, seed=cfg.seed, verbose=0, **cfg.agent_kwargs())
             if cfg.init_policy is not None:
-                start = initial_network(cfg).state_dict()
+                start = initial_network(cfg, scenarios[0]).state_dict()
                 model.policy.q_net.q_net.load_state_dict(start)
                 model.policy.q_net_target.q_net.load_state_dict(start)
         model.set_logger(configure(str(run), ["tensorboard", "csv"]))
