@@ -2,7 +2,8 @@
 a wheel install finds them by name, as a checkout does: the scenarios (``scenarios/*.yaml``,
 ``load_scenario("burst")``), the training configurations (``train/*.yaml``,
 ``rlctl train --config steady``), trained policies (``policies/*.rlpolicy``,
-``rlctl eval --policy NAME``), each scenario's sweep (``sweeps/*.json``, ``rlctl sweep``) and the
+``rlctl eval --policy NAME``), each scenario's sweep (``sweeps/*.json``, ``rlctl sweep``), the sets
+of cases a change to the controller is judged on (``cases/*.yaml``, ``rlctl compare``) and the
 ``config.json`` of public checkpoints, without weights (``checkpoints/NAME/``, a deployment as
 ``NAME@GPU``). This package is data and one lookup; it imports nothing of ours.
 """
@@ -12,6 +13,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent
 SCENARIOS, TRAIN, POLICIES, CHECKPOINTS = ROOT / "scenarios", ROOT / "train", ROOT / "policies", ROOT / "checkpoints"
+CASES = ROOT / "cases"
 
 
 def bundled(folder: Path, suffix: str) -> list[str]:

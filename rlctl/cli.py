@@ -514,6 +514,22 @@ def cmd_results(a: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_compare(a: argparse.Namespace) -> int:
+    from rlctl.compare import compare, format_compare, load_cases, verdict
+
+    if a.bar is not None and not (a.bar > 0 and math.isfinite(a.bar)):
+        raise ValueError(f"--bar must be a ratio > 0, got {a.bar}")
+    cases = load_cases(a.cases)
+    out = compare(a.candidate, a.reference, cases, a.jobs, say=lambda line: print(line, flush=True))
+    print()
+    print(format_compare(out, a.bar))
+    if a.bar is not None:
+        out["bar"], out["met"] = a.bar, verdict(out, a.bar)
+    if a.json:
+        _write_json(a, out)
+    return 0
+
+
 def cmd_train(a: argparse.Namespace) -> int:
     from rlctl.train import is_node_config, load_train_config, train
 
@@ -674,6 +690,19 @@ def parser() -> argparse.ArgumentParser:
     rs.add_argument("--json", default=None, help="write every figure to this JSON file")
     _jobs_option(rs)
     rs.set_defaults(fn=cmd_results)
+
+    c = sub.add_parser("compare", help="candidate policies against reference policies on a committed set of cases: "
+                                       "the geometric mean of their goodput ratios and the OOMs on each side")
+    c.add_argument("--candidate", nargs="+", required=True, help="policy files or shipped names (one per training seed)")
+    c.add_argument("--reference", nargs="+", required=True,
+                   help="as many policies, paired with the candidates in order (e.g. default default_seed1 default_seed2)")
+    c.add_argument("--cases", required=True,
+                   help="a set of cases: a YAML file or a bundled name (experiments/cases/: validation, parking)")
+    c.add_argument("--bar", type=float, default=None,
+                   help="say whether the geometric mean is at least this with no more OOMs (met / not met)")
+    _json_option(c, "every figure")
+    _jobs_option(c)
+    c.set_defaults(fn=cmd_compare)
 
     t = sub.add_parser("train", help="train the DQN on a scenario; TensorBoard logs, checkpoints, exported policy")
     t.add_argument("--config", required=True, nargs="+", help="training YAML(s), or shipped names (steady: experiments/train/steady.yaml)")

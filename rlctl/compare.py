@@ -1,0 +1,161 @@
+"""``rlctl compare``: candidate policies against reference policies on a fixed set of cases, the way a
+change to the controller is judged before it ships (README, "Results": "What was tried and not
+shipped").
+
+A set of cases (``experiments/cases/NAME.yaml``, or a file of the same form) names the scenarios or
+the traces on deployments at a load, the seeds and the episodes; it is committed before the
+candidate runs, so that the judgement cannot be chosen after it. Candidate k is paired with
+reference k (the same training seed, or whatever pairs them), each runs behind the safety shield as
+it is served, and every (case, pair) gives the ratio of their mean goodput over the same episodes.
+The verdict is the geometric mean of those ratios and the OOM events summed on each side (the
+geometric mean over the cases of the pairs' mean goodput is printed beside it): a bar
+(``--bar``) is met when the mean is at least the bar and the candidate has no more OOMs. A pair
+where either side has no goodput has no ratio; it is listed and left out of the mean.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from agents.spec import make_policy
+from env.scenario import ScenarioError
+from env.scenario_yaml import from_mapping, read_yaml
+from experiments import CASES, bundled, find
+from rlctl.evaluate import eval_scenario, run_evals
+
+
+@dataclass(frozen=True)
+class Case:
+    """A bundled scenario (``scenario``), or a trace replayed at ``load`` times what ``deployment``
+    sustains (``rlctl eval --trace T --load X --deployment D``, on the bundled ``trace`` scenario's
+    settings unless ``scenario`` names others)."""
+    scenario: str | None = None
+    trace: str | None = None
+    deployment: str | None = None
+    load: float | None = None
+
+    def label(self) -> str:
+        if self.trace is None:
+            return str(self.scenario)
+        return f"{self.trace} on {self.deployment or 'the scenario deployment'} at load {self.load:g}"
+
+
+@dataclass(frozen=True)
+class Cases:
+    name: str
+    cases: tuple[Case, ...]
+    episodes: int = 3
+    seed: int = 500
+    steps: int | None = None  # decisions an episode (default: each scenario's own)
+
+
+def load_cases(name: str | Path) -> Cases:
+    """A set of cases from its YAML, or a shipped one by name (``validation``:
+    experiments/cases/validation.yaml); unknown keys and bad values fail naming the field, and every
+    case's scenario, trace and deployment are checked before anything runs."""
+    p = find(name, CASES, ".yaml")
+    data = read_yaml(p, f"cases {name}: no such file (bundled: {', '.join(bundled(CASES, '.yaml'))})")
+    if isinstance(data, dict):
+        data = {"name": p.stem, **data}
+    try:
+        cases = from_mapping(Cases, data, str(p))
+        if cases.episodes <= 0:
+            raise ValueError(f"episodes must be > 0, got {cases.episodes}")
+        for i, case in enumerate(cases.cases):
+            if case.scenario is None and case.trace is None:
+                raise ValueError(f"cases[{i}]: give a scenario, or a trace with its load")
+            if case.trace is not None and case.load is None:
+                raise ValueError(f"cases[{i}]: a trace is replayed at a load; give load")
+            if case.trace is None and (case.deployment is not None or case.load is not None):
+                raise ValueError(f"cases[{i}]: deployment and load apply to a trace")
+            scenario(cases, case)  # a bad name fails now, naming what it looked for
+    except ValueError as exc:
+        raise ScenarioError(str(exc) if str(exc).startswith(str(p)) else f"{p}: {exc}") from None
+    return cases
+
+
+def scenario(cases: Cases, case: Case):
+    """The scenario ``case`` runs, as ``rlctl eval`` would build it."""
+    return eval_scenario(case.scenario, case.trace, None, None, cases.steps, case.load, case.deployment,
+                         say=lambda _: None)
+
+
+def compare(candidates: list[str], references: list[str], cases: Cases, jobs: int = 1, say=print) -> dict:
+    """Each candidate against its reference on every case (module docstring); every figure."""
+    if not candidates or len(candidates) != len(references):
+        raise ValueError(f"give as many candidates as references, paired in order; got {len(candidates)} "
+                         f"candidate(s) and {len(references)} reference(s)")
+    policies = []  # every file is read before any episode runs
+    for side, specs in (("candidate", candidates), ("reference", references)):
+        for k, spec in enumerate(specs):
+            policy = make_policy(spec)
+            policy.name = f"{side} {k}"
+            policies.append(policy)
+    rows, left_out = [], []
+    for case in cases.cases:
+        sc = scenario(cases, case)
+        out = run_evals([(p, True) for p in policies], sc, cases.episodes, cases.seed, jobs)
+        for k in range(len(candidates)):
+            c, r = out[f"candidate {k}"], out[f"reference {k}"]
+            row = {"case": case.label(), "pair": k, "candidate": c["goodput_tokens_per_s"],
+                   "reference": r["goodput_tokens_per_s"],
+                   "candidate_ooms": int(sum(e["oom_events"] for e in c["episodes"])),
+                   "reference_ooms": int(sum(e["oom_events"] for e in r["episodes"])),
+                   "candidate_preemptions": c["preemptions"], "reference_preemptions": r["preemptions"]}
+            row["ratio"] = row["candidate"] / row["reference"] if row["candidate"] > 0 and row["reference"] > 0 else None
+            rows.append(row)
+            if row["ratio"] is None:
+                left_out.append(f"{row['case']} (pair {k})")
+            say(format_row(row))
+    by_case = {}
+    for case in dict.fromkeys(r["case"] for r in rows):
+        c, r = (float(np.mean([x[side] for x in rows if x["case"] == case])) for side in ("candidate", "reference"))
+        by_case[case] = {"candidate": c, "reference": r, "ratio": c / r if c > 0 and r > 0 else None}
+    return {"cases": cases.name, "episodes": cases.episodes, "seeds": [cases.seed, cases.seed + cases.episodes - 1],
+            "candidates": list(candidates), "references": list(references), "rows": rows, "by_case": by_case,
+            "geometric_mean": _geometric_mean([r["ratio"] for r in rows]),
+            "geometric_mean_by_case": _geometric_mean([c["ratio"] for c in by_case.values()]),
+            "candidate_ooms": sum(r["candidate_ooms"] for r in rows),
+            "reference_ooms": sum(r["reference_ooms"] for r in rows), "left_out": left_out}
+
+
+def _geometric_mean(ratios: list[float | None]) -> float | None:
+    ratios = [r for r in ratios if r is not None]
+    return float(math.exp(np.mean(np.log(ratios)))) if ratios else None
+
+
+def verdict(out: dict, bar: float) -> bool:
+    """Whether ``out`` meets ``bar``: the geometric mean at least the bar, and no more OOMs."""
+    g = out["geometric_mean"]
+    return g is not None and g >= bar and out["candidate_ooms"] <= out["reference_ooms"]
+
+
+def format_row(row: dict) -> str:
+    ratio = "-" if row["ratio"] is None else f"{row['ratio']:.3f}x"
+    return (f"| {row['case']} | {row['pair']} | {row['candidate']:.1f} ({row['candidate_ooms']} OOM) | "
+            f"{row['reference']:.1f} ({row['reference_ooms']} OOM) | {ratio} |")
+
+
+def format_compare(out: dict, bar: float | None = None) -> str:
+    """The table of every (case, pair) and the verdict under it."""
+    lines = [f"**{out['cases']}**: seeds {out['seeds'][0]}..{out['seeds'][1]}, candidates "
+             f"{', '.join(out['candidates'])} against {', '.join(out['references'])}", "",
+             "| case | pair | candidate goodput (OOMs) | reference goodput (OOMs) | ratio |", "|---|---|---|---|---|"]
+    lines += [format_row(r) for r in out["rows"]]
+    g = out["geometric_mean"]
+    n = len(out["rows"]) - len(out["left_out"])
+    lines += ["", f"geometric mean of candidate / reference goodput over {n} (case, pair) ratios: "
+              + ("-" if g is None else f"{g:.3f}x") + f"; OOMs summed: candidate {out['candidate_ooms']}, "
+              f"reference {out['reference_ooms']}"]
+    by_case = out["geometric_mean_by_case"]
+    lines.append("by case (the pairs' mean goodput): " + "; ".join(
+        f"{case} {c['candidate']:.1f} against {c['reference']:.1f}" for case, c in out["by_case"].items())
+        + "; their geometric mean " + ("-" if by_case is None else f"{by_case:.3f}x"))
+    if out["left_out"]:
+        lines.append(f"left out (no goodput on one side): {', '.join(out['left_out'])}")
+    if bar is not None:
+        lines.append(f"bar {bar:g}x with no more OOMs: {'met' if verdict(out, bar) else 'not met'}")
+    return "\n".join(lines)

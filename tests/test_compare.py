@@ -1,0 +1,110 @@
+"""``rlctl compare``: candidates against references on a committed set of cases, each pair on the
+same episodes behind the shield, the geometric mean of their goodput ratios and the OOMs summed; the
+bundled sets load, and a bad set or pairing is refused before an episode runs."""
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import yaml
+
+from agents.spec import make_policy
+from env.scenario import ScenarioError
+from experiments import CASES, bundled
+from rlctl.cli import main
+from rlctl.compare import Case, compare, load_cases, scenario, verdict
+from rlctl.evaluate import run_evals
+
+
+def _cases(tmp_path, cases, **extra):
+    path = tmp_path / "cases.yaml"
+    path.write_text(yaml.safe_dump({"episodes": 1, "seed": 500, "steps": 12, "cases": cases, **extra}))
+    return path
+
+
+def test_each_ratio_is_the_pairs_goodput_on_the_same_episodes_as_rlctl_eval_runs_them(tmp_path):
+    path = _cases(tmp_path, [{"scenario": "steady"}, {"trace": "azure2023_conv.csv", "deployment": "llama7b-fp16-a10",
+                                                          "load": 1.2}])
+    cases = load_cases(path)
+    out = compare(["static:4", "watermark"], ["static:1", "static:2"], cases, say=lambda _: None)
+    assert [(r["case"], r["pair"]) for r in out["rows"]] == [
+        ("steady", 0), ("steady", 1), ("azure2023_conv.csv on llama7b-fp16-a10 at load 1.2", 0),
+        ("azure2023_conv.csv on llama7b-fp16-a10 at load 1.2", 1)]
+    # the same figures as the policies run on their own, behind the shield, on the same seed
+    for case in cases.cases:
+        alone = run_evals([(make_policy(s), True) for s in ("static:4", "static:1")], scenario(cases, case), 1, 500)
+        row = next(r for r in out["rows"] if r["case"] == case.label() and r["pair"] == 0)
+        assert row["candidate"] == alone["static:4"]["goodput_tokens_per_s"]
+        assert row["reference"] == alone["static:1"]["goodput_tokens_per_s"]
+    ratios = [r["ratio"] for r in out["rows"]]
+    assert all(r is not None and r > 0 for r in ratios)
+    assert out["geometric_mean"] == pytest.approx(math.prod(ratios) ** (1 / len(ratios)))
+    assert out["candidate_ooms"] == sum(r["candidate_ooms"] for r in out["rows"])
+    assert set(out["by_case"]) == {c.label() for c in cases.cases}
+
+
+def test_a_policy_against_itself_is_one_and_the_bar_judges_the_mean_and_the_ooms(tmp_path):
+    out = compare(["default"], ["default"], load_cases(_cases(tmp_path, [{"scenario": "long_outputs"}], steps=20)),
+                  say=lambda _: None)
+    assert out["geometric_mean"] == 1.0 and out["geometric_mean_by_case"] == 1.0
+    assert verdict(out, 1.0) and not verdict(out, 1.001)
+    more = {**out, "candidate_ooms": out["reference_ooms"] + 1}  # as good, but one more crash: not met
+    assert not verdict(more, 1.0)
+
+
+def test_a_pair_without_goodput_is_left_out_and_named(tmp_path):
+    # one decision of long outputs finishes no request: no ratio to take
+    out = compare(["static:2"], ["static:1"], load_cases(_cases(tmp_path, [{"scenario": "long_outputs"}], steps=1)),
+                  say=lambda _: None)
+    assert out["rows"][0]["ratio"] is None and out["left_out"] == ["long_outputs (pair 0)"]
+    assert out["geometric_mean"] is None and not verdict(out, 0.5)
+
+
+def test_the_bundled_sets_load_with_every_case_checked():
+    assert {"validation", "parking"} <= set(bundled(CASES, ".yaml"))
+    validation, parking = load_cases("validation"), load_cases("parking")
+    assert len(validation.cases) == 8 and (validation.seed, validation.episodes) == (500, 3)
+    assert all(c.trace and c.load == 1.2 for c in parking.cases) and parking.seed == 4100
+
+
+@pytest.mark.parametrize("cases, extra, words", [
+    ([{}], {}, "give a scenario, or a trace"),
+    ([{"trace": "azure2023_conv.csv"}], {}, "give load"),
+    ([{"scenario": "steady", "load": 1.2}], {}, "apply to a trace"),
+    ([{"scenario": "no_such_scenario"}], {}, "no_such_scenario"),
+    ([{"trace": "azure2023_conv.csv", "deployment": "no-such-gpu", "load": 1.2}], {}, "no-such-gpu"),
+    ([{"scenario": "steady", "seeds": 3}], {}, "unknown key"),
+    ([{"scenario": "steady"}], {"episodes": 0}, "episodes must be > 0"),
+])
+def test_a_bad_set_of_cases_is_refused_naming_what_is_wrong(tmp_path, cases, extra, words):
+    with pytest.raises((ScenarioError, ValueError), match=words):
+        load_cases(_cases(tmp_path, cases, **extra))
+
+
+def test_the_command_refuses_bad_input_before_running_and_writes_the_verdict(tmp_path, capsys):
+    assert main(["compare", "--candidate", "static:2", "--reference", "static:1", "static:2", "--cases",
+                 str(_cases(tmp_path, [{"scenario": "steady"}]))]) == 2
+    assert "as many candidates as references" in capsys.readouterr().err
+    assert main(["compare", "--candidate", "static:2", "--reference", "static:1", "--cases", "nope"]) == 2
+    err = capsys.readouterr().err
+    assert "no such file" in err and "validation" in err
+    assert main(["compare", "--candidate", "no_such.rlpolicy", "--reference", "static:1", "--cases",
+                 str(_cases(tmp_path, [{"scenario": "steady"}]))]) == 2
+    assert "no_such.rlpolicy" in capsys.readouterr().err
+    assert main(["compare", "--candidate", "static:2", "--reference", "static:1", "--bar", "-1", "--cases",
+                 str(_cases(tmp_path, [{"scenario": "steady"}]))]) == 2
+    assert "--bar" in capsys.readouterr().err
+    out = tmp_path / "out.json"
+    assert main(["compare", "--candidate", "static:2", "--reference", "static:1", "--bar", "1.0", "--json", str(out),
+                 "--cases", str(_cases(tmp_path, [{"scenario": "steady"}]))]) == 0
+    printed = capsys.readouterr().out
+    data = json.loads(out.read_text())
+    assert data["bar"] == 1.0 and data["met"] == verdict(data, 1.0)
+    assert f"bar 1x with no more OOMs: {'met' if data['met'] else 'not met'}" in printed
+    assert f"{data['geometric_mean']:.3f}x" in printed
+
+
+def test_a_case_names_itself():
+    assert Case(scenario="steady").label() == "steady"
+    assert Case(trace="t.csv", deployment="d", load=1.2).label() == "t.csv on d at load 1.2"
