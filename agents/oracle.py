@@ -71,9 +71,15 @@ class Oracle(Policy):
 
     def score(self, factor: float, evicting: bool = True) -> float:
         """The reward a copy of the engine earns holding ``factor`` over the horizon (evicting to
-        host at ``evict_at`` of the KV in use, or not)."""
+        host at ``evict_at`` of the KV in use, or not); the mean over ``futures``' copies."""
+        return float(np.mean([self._score(e, factor, evicting) for e in self.futures()]))
+
+    def futures(self) -> list:
+        """The copies of the engine a plan is scored on: one, with the true future."""
+        return [clone(self.env.engine)]
+
+    def _score(self, e, factor: float, evicting: bool) -> float:
         env = self.env
-        e = clone(env.engine)
         e.set_overcommit(factor)
         start = metrics.mark(e)
         before = generated_so_far(e)
@@ -104,3 +110,80 @@ class Oracle(Policy):
             e.set_overcommit(factor)
             self.chosen.append((e.clock, factor, self._evicting))
         return self._rule(e.last_snapshot, self._evicting)
+
+
+class Lookahead(Oracle):
+    """``lookahead``: the oracle without the output lengths. Each plan is scored on ``samples``
+    copies of the engine in which every request not yet finished (running, waiting, on the host,
+    still to arrive) stops at a length drawn from what the episode has shown so far, not at its
+    own: the Kaplan-Meier estimate over the requests finished (their output lengths) and those
+    still running (at least what they have generated), drawn given what each has generated, with
+    the mass past the longest output seen put at the request's declared ``max_tokens``. Arrival
+    times and prompts stay known. Every plan of one decision is scored on the same draws. Where
+    it gets as much as the oracle, the oracle's headroom did not need the output lengths; where
+    it gets less, the difference is what knowing them was worth to this search. An evaluation
+    reference, like the oracle; never served."""
+
+    def __init__(self, samples: int = 2, **kwargs) -> None:
+        super().__init__(**kwargs)
+        if isinstance(samples, bool) or not isinstance(samples, int) or samples < 1:
+            raise ValueError(f"lookahead: samples must be a whole number >= 1, got {samples!r}")
+        self.samples, self.name = samples, "lookahead"
+        self._seed, self._decisions = 0, 0
+
+    def reset(self, seed: int | None = None, env=None) -> None:
+        super().reset(seed, env)
+        self._seed, self._decisions = seed or 0, 0
+
+    def act(self, obs: np.ndarray) -> int:
+        if self.env.engine.clock >= self._next:
+            self._decisions += 1  # a new decision: new draws, shared by its plans
+        return super().act(obs)
+
+    def futures(self) -> list:
+        engine = self.env.engine
+        lengths, survival = output_length_estimate(engine)
+        copies = []
+        for k in range(self.samples):
+            rng = np.random.default_rng([self._seed, self._decisions, k])
+            e = clone(engine)
+            s = e.scheduler
+            for seq in [p[2] for p in s.pending] + s.unfinished():
+                seq.stop_at = draw_length(lengths, survival, seq.num_generated, seq.request.max_tokens, rng)
+            copies.append(e)
+        return copies
+
+
+def output_length_estimate(engine) -> tuple[np.ndarray, np.ndarray]:
+    """``kaplan_meier`` over ``engine``'s requests: the finished ones' output lengths, and what the
+    ones still going have generated."""
+    return kaplan_meier([r.output_len for r in engine.completed if r.output_len > 0],
+                        [q.num_generated for q in engine.scheduler.unfinished() if q.num_generated > 0])
+
+
+def kaplan_meier(ended, going) -> tuple[np.ndarray, np.ndarray]:
+    """The Kaplan-Meier estimate of the output length: the lengths at which some request ended
+    (ascending) and the share going past each. ``ended``: lengths of requests that finished;
+    ``going``: what requests still running have generated (censored: they go on at least so far)."""
+    done, going = np.sort(np.asarray(ended, dtype=np.int64)), np.sort(np.asarray(going, dtype=np.int64))
+    if done.size == 0:
+        return np.zeros(0, dtype=np.int64), np.zeros(0)
+    lengths, count = np.unique(done, return_counts=True)
+    # at risk at length t: every request that ended at t or later, or has generated t or more
+    at_risk = (done.size - np.searchsorted(done, lengths)) + (going.size - np.searchsorted(going, lengths))
+    return lengths, np.cumprod(1.0 - count / at_risk)
+
+
+def draw_length(lengths: np.ndarray, survival: np.ndarray, generated: int, max_tokens: int, rng) -> int:
+    """One output length for a request that has generated ``generated`` tokens, from the estimate
+    (``output_length_estimate``) given that it goes past ``generated``; the estimate's mass past
+    its longest length, and everything where it has none, stops at ``max_tokens``."""
+    later = lengths > generated
+    first = int(np.argmax(later)) if later.any() else len(lengths)
+    before = survival[first - 1] if first > 0 else 1.0  # the share going past ``generated``
+    if before <= 0 or first == len(lengths):
+        return int(max_tokens)
+    mass = np.diff(np.concatenate(([before], survival[first:]))) * -1.0  # P(L = lengths[i]) for i >= first
+    u = rng.random() * before
+    i = int(np.searchsorted(np.cumsum(mass), u, side="right"))
+    return int(min(lengths[first + i], max_tokens)) if i < len(mass) else int(max_tokens)

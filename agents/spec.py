@@ -1,11 +1,11 @@
 """Policies by name: a baseline spec (``static:K``, ``watermark``, ``vllm``, ``sglang``, ``random``,
-``oracle``) or a policy file, and the lists of baselines ``rlctl eval`` and training compare against."""
+``oracle``, ``lookahead``) or a policy file, and the lists of baselines ``rlctl eval`` and training compare against."""
 from __future__ import annotations
 
 from pathlib import Path
 
 from agents.baselines import VLLM, Random, SGLang, Static, Watermark
-from agents.oracle import Oracle
+from agents.oracle import Lookahead, Oracle
 from agents.export import POLICY_SUFFIX, load_policy
 from agents.policy import Policy
 from experiments import POLICIES, bundled, find
@@ -42,6 +42,7 @@ def static_sweep(max_factor: float) -> list[str]:
 
 
 _SIMPLE = {"watermark": Watermark, "vllm": VLLM, "sglang": SGLang, "random": Random}
+REFERENCES = ("oracle", "lookahead")  # evaluation references that look inside their environment; never served
 
 
 def is_baseline(spec: str) -> bool:
@@ -51,8 +52,8 @@ def is_baseline(spec: str) -> bool:
 
 def is_trained(spec: str) -> bool:
     """Whether ``spec`` names a trained policy (a policy file), which acts behind the safety shield,
-    as it is served; a baseline or the oracle does not."""
-    return not is_baseline(spec) and spec != "oracle"
+    as it is served; a baseline or a lookahead reference does not."""
+    return not is_baseline(spec) and spec not in REFERENCES
 
 
 def label_policies(policies: dict) -> dict:
@@ -81,7 +82,7 @@ def make_policy(spec: str) -> Policy:
     if isinstance(spec, Path):
         spec = str(spec)
     if not isinstance(spec, str) or not spec:
-        raise ValueError(f"policy: expected a spec such as static:1.0, watermark, vllm, sglang, random, oracle or a policy file; "
+        raise ValueError(f"policy: expected a spec such as static:1.0, watermark, vllm, sglang, random, oracle, lookahead or a policy file; "
                          f"got {spec!r}")
     if spec.startswith("static:"):
         try:
@@ -91,8 +92,10 @@ def make_policy(spec: str) -> Policy:
         return Static(factor)
     if spec in _SIMPLE:
         return _SIMPLE[spec]()
-    if spec == "oracle":  # an evaluation reference that looks inside its environment; never served
+    if spec == "oracle":  # REFERENCES
         return Oracle()
+    if spec == "lookahead":  # the oracle without the output lengths
+        return Lookahead()
     path = find(spec, POLICIES, POLICY_SUFFIX)
     if path.is_file() or spec.endswith(POLICY_SUFFIX):
         policy = load_policy(path)  # a missing file: PolicyFileError naming the path
@@ -101,5 +104,5 @@ def make_policy(spec: str) -> Policy:
                              "evaluate it on a node scenario")
         return policy
     shipped = bundled(POLICIES, POLICY_SUFFIX)
-    raise ValueError(f"policy {spec!r} does not exist: use static:K, watermark, vllm, sglang, random, oracle or a "
+    raise ValueError(f"policy {spec!r} does not exist: use static:K, watermark, vllm, sglang, random, oracle, lookahead or a "
                      f"policy file (*{POLICY_SUFFIX})" + (f", or a shipped policy: {', '.join(shipped)}" if shipped else ""))

@@ -82,3 +82,63 @@ def test_the_oracle_always_evicts_on_a_crashing_engine_and_weighs_it_on_a_preemp
     full = replace(env.engine.snapshot(), alloc_ratio=0.99)
     assert oracle._rule(full, True) == EVICT and oracle._rule(replace(full, alloc_ratio=0.5), True) == HOLD
     assert oracle._rule(full, False) == HOLD
+
+
+def test_kaplan_meier_counts_the_requests_still_going_as_at_least_so_long():
+    from agents.oracle import kaplan_meier
+
+    # ended at 1, 2, 3; one still going at 2: at risk 4, 3 (the one going counts at 2), 1
+    lengths, survival = kaplan_meier([3, 1, 2], [2])
+    assert list(lengths) == [1, 2, 3]
+    assert list(survival) == [0.75, 0.5, 0.0]
+    # without censoring it is the empirical distribution
+    lengths, survival = kaplan_meier([5, 5, 10, 20], [])
+    assert list(lengths) == [5, 10, 20] and list(survival) == [0.5, 0.25, 0.0]
+    assert kaplan_meier([], [7])[0].size == 0
+
+
+def test_a_drawn_length_goes_past_what_was_generated_and_never_past_max_tokens():
+    import numpy as np
+
+    from agents.oracle import draw_length, kaplan_meier
+
+    rng = np.random.default_rng(0)
+    lengths, survival = kaplan_meier([5, 5, 10, 20], [])
+    draws = [draw_length(lengths, survival, 0, 1000, rng) for _ in range(4000)]
+    shares = {n: draws.count(n) / len(draws) for n in (5, 10, 20)}
+    assert set(draws) == {5, 10, 20} and abs(shares[5] - 0.5) < 0.03 and abs(shares[10] - 0.25) < 0.03
+    # given 7 generated: 10 or 20, each as likely
+    later = [draw_length(lengths, survival, 7, 1000, rng) for _ in range(2000)]
+    assert set(later) == {10, 20} and abs(later.count(10) / len(later) - 0.5) < 0.04
+    assert {draw_length(lengths, survival, 0, 8, rng) for _ in range(200)} == {5, 8}  # capped at max_tokens
+    # past the longest length seen, or with nothing seen: the declared limit
+    assert draw_length(lengths, survival, 20, 1000, rng) == 1000
+    empty = kaplan_meier([], [])
+    assert draw_length(*empty, 0, 512, rng) == 512
+    # the mass a request still going leaves past the longest end goes to the limit
+    lengths, survival = kaplan_meier([4], [9])
+    assert {draw_length(lengths, survival, 0, 64, rng) for _ in range(200)} == {4, 64}
+
+
+def test_the_lookahead_scores_on_drawn_lengths_and_leaves_the_engine_as_it_was():
+    sc = replace(load_scenario("long_outputs"), max_steps=40)
+    env = OvercommitEnv(sc)
+    lookahead = make_policy("lookahead")
+    assert lookahead.name == "lookahead" and lookahead.samples == 2
+    run_episode(env, lookahead, seed=3)  # through its decisions: requests finished, some running
+    engine = env.engine
+    truth = {q.id: q.stop_at for q in engine.scheduler.unfinished() + [p[2] for p in engine.scheduler.pending]}
+    before = summarize(engine)
+    copies = lookahead.futures()
+    assert len(copies) == 2 and summarize(engine) == before
+    assert {q.id: q.stop_at for q in engine.scheduler.unfinished() + [p[2] for p in engine.scheduler.pending]} == truth
+    drawn = {q.id: q.stop_at for q in copies[0].scheduler.unfinished() + [p[2] for p in copies[0].scheduler.pending]}
+    assert drawn.keys() == truth.keys() and drawn != truth
+    for q in copies[0].scheduler.unfinished():
+        assert q.num_generated < q.stop_at <= q.request.max_tokens
+    # the draws are the decision's: the same again, so that every plan is scored on the same futures
+    again = {q.id: q.stop_at for q in lookahead.futures()[0].scheduler.unfinished()}
+    assert again == {q.id: q.stop_at for q in copies[0].scheduler.unfinished()}
+    # and the same episode gives the same figures
+    twin, env2 = make_policy("lookahead"), OvercommitEnv(sc)
+    assert run_episode(env2, twin, seed=3)[0]["goodput_tokens_per_s"] == summarize(engine)["goodput_tokens_per_s"]
