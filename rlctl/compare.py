@@ -7,10 +7,11 @@ the traces on deployments at a load, the seeds and the episodes; it is committed
 candidate runs, so that the judgement cannot be chosen after it. Candidate k is paired with
 reference k (the same training seed, or whatever pairs them), each runs behind the safety shield as
 it is served, and every (case, pair) gives the ratio of their mean goodput over the same episodes.
-The verdict is the geometric mean of those ratios and the OOM events summed on each side (the
-geometric mean over the cases of the pairs' mean goodput is printed beside it): a bar
-(``--bar``) is met when the mean is at least the bar and the candidate has no more OOMs. A pair
-where either side has no goodput has no ratio; it is listed and left out of the mean.
+The verdict is the geometric mean over the cases of the candidates' mean goodput over the
+references' (the form of the published rules), with the OOM events summed on each side: a bar
+(``--bar``) is met when that mean is at least the bar and the candidate has no more OOMs. The
+geometric mean of the (case, pair) ratios is printed beside it. A case or pair where either side
+has no goodput has no ratio; it is listed and left out of the means.
 """
 from __future__ import annotations
 
@@ -116,8 +117,8 @@ def compare(candidates: list[str], references: list[str], cases: Cases, jobs: in
         by_case[case] = {"candidate": c, "reference": r, "ratio": c / r if c > 0 and r > 0 else None}
     return {"cases": cases.name, "episodes": cases.episodes, "seeds": [cases.seed, cases.seed + cases.episodes - 1],
             "candidates": list(candidates), "references": list(references), "rows": rows, "by_case": by_case,
-            "geometric_mean": _geometric_mean([r["ratio"] for r in rows]),
-            "geometric_mean_by_case": _geometric_mean([c["ratio"] for c in by_case.values()]),
+            "geometric_mean": _geometric_mean([c["ratio"] for c in by_case.values()]),
+            "geometric_mean_by_pair": _geometric_mean([r["ratio"] for r in rows]),
             "candidate_ooms": sum(r["candidate_ooms"] for r in rows),
             "reference_ooms": sum(r["reference_ooms"] for r in rows), "left_out": left_out}
 
@@ -128,7 +129,7 @@ def _geometric_mean(ratios: list[float | None]) -> float | None:
 
 
 def verdict(out: dict, bar: float) -> bool:
-    """Whether ``out`` meets ``bar``: the geometric mean at least the bar, and no more OOMs."""
+    """Whether ``out`` meets ``bar``: the geometric mean over the cases at least the bar, and no more OOMs."""
     g = out["geometric_mean"]
     return g is not None and g >= bar and out["candidate_ooms"] <= out["reference_ooms"]
 
@@ -145,15 +146,15 @@ def format_compare(out: dict, bar: float | None = None) -> str:
              f"{', '.join(out['candidates'])} against {', '.join(out['references'])}", "",
              "| case | pair | candidate goodput (OOMs) | reference goodput (OOMs) | ratio |", "|---|---|---|---|---|"]
     lines += [format_row(r) for r in out["rows"]]
-    g = out["geometric_mean"]
-    n = len(out["rows"]) - len(out["left_out"])
-    lines += ["", f"geometric mean of candidate / reference goodput over {n} (case, pair) ratios: "
+    lines.append("")
+    for case, c in out["by_case"].items():
+        ratio = "-" if c["ratio"] is None else f"{c['ratio']:.3f}x"
+        lines.append(f"{case}: {c['candidate']:.1f} against {c['reference']:.1f} ({ratio})")
+    g, by_pair = out["geometric_mean"], out["geometric_mean_by_pair"]
+    lines += ["", "geometric mean over the cases of the pairs' mean goodput, candidate over reference: "
               + ("-" if g is None else f"{g:.3f}x") + f"; OOMs summed: candidate {out['candidate_ooms']}, "
-              f"reference {out['reference_ooms']}"]
-    by_case = out["geometric_mean_by_case"]
-    lines.append("by case (the pairs' mean goodput): " + "; ".join(
-        f"{case} {c['candidate']:.1f} against {c['reference']:.1f}" for case, c in out["by_case"].items())
-        + "; their geometric mean " + ("-" if by_case is None else f"{by_case:.3f}x"))
+              f"reference {out['reference_ooms']}; over the (case, pair) ratios: "
+              + ("-" if by_pair is None else f"{by_pair:.3f}x")]
     if out["left_out"]:
         lines.append(f"left out (no goodput on one side): {', '.join(out['left_out'])}")
     if bar is not None:
