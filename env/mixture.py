@@ -1,7 +1,8 @@
 """Episodes from several scenarios in one Gymnasium env: what one policy for many trains on.
 
 Each ``reset`` draws a scenario (from the env's own seeded generator, so a seed gives a sequence
-of scenarios and workloads) and runs its episode; ``step`` is that scenario's. Every scenario
+of scenarios and workloads), each alike or by its ``weights``, and runs its episode; ``step`` is
+that scenario's. Every scenario
 must share the observation's scales, so that a feature means the same number in all of them.
 """
 from __future__ import annotations
@@ -15,9 +16,13 @@ from env.scenario import Scenario
 class MixtureEnv(gym.Env):
     metadata = {"render_modes": []}
 
-    def __init__(self, scenarios: list[Scenario], shield=None, shaping_gamma: float | None = None) -> None:
+    def __init__(self, scenarios: list[Scenario], shield=None, shaping_gamma: float | None = None,
+                 weights: list[float] | None = None) -> None:
         if not scenarios:
             raise ValueError("a mixture needs at least one scenario")
+        if weights is not None and (len(weights) != len(scenarios) or min(weights) <= 0):
+            raise ValueError(f"a mixture's weights: one > 0 for each of its {len(scenarios)} scenarios, got {weights}")
+        self.shares = None if weights is None else [w / sum(weights) for w in weights]
         scales = {sc.observation for sc in scenarios}
         if len(scales) > 1:
             raise ValueError(f"the scenarios of a mixture must share their observation scales, got {sorted(map(str, scales))}")
@@ -36,7 +41,9 @@ class MixtureEnv(gym.Env):
 
     def reset(self, *, seed: int | None = None, options: dict | None = None):
         super().reset(seed=seed)
-        self.current = self.envs[int(self.np_random.integers(len(self.envs)))]
+        k = (self.np_random.integers(len(self.envs)) if self.shares is None
+             else self.np_random.choice(len(self.envs), p=self.shares))
+        self.current = self.envs[int(k)]
         return self.current.reset(seed=int(self.np_random.integers(2**31)), options=options)
 
     def step(self, action):

@@ -64,6 +64,7 @@ class TrainConfig:
     scenarios: tuple[str, ...]                       # trained on all of them, each episode one drawn at random
     name: str = ""
     loads: tuple[float, ...] = (1.0,)                # ... at each of these loads (arrival rate multipliers)
+    weights: tuple[float, ...] | None = None         # each scenario's share of the episodes, relative (default: equal)
     eval_starts: tuple[float, float] | None = None  # held-out trace windows (trace scenarios)
     eval_episodes: int = 3
     eval_seed: int = 1000                            # held-out seeds: never used in training
@@ -108,6 +109,9 @@ class TrainConfig:
         for name in ("gamma", "exploration_fraction", "exploration_final_eps", "per_beta0"):
             if not 0 <= getattr(self, name) <= 1:
                 raise ValueError(f"{name} must be in [0, 1], got {getattr(self, name)}")
+        if self.weights is not None and (len(self.weights) != len(self.scenarios) or min(self.weights) <= 0):
+            raise ValueError(f"weights must be one share > 0 for each of the {len(self.scenarios)} scenarios, in "
+                             f"their order; got {list(self.weights)}")
         if any(int(w) != w or w <= 0 for w in self.net_arch):
             raise ValueError(f"net_arch must be positive layer widths, got {list(self.net_arch)}")
         if self.select_seed is not None:
@@ -206,6 +210,12 @@ def training_scenarios(cfg: TrainConfig) -> list[Scenario]:
     return out
 
 
+def episode_weights(cfg: TrainConfig) -> list[float] | None:
+    """Each of ``training_scenarios``' shares of the episodes: a scenario's weight at each of its
+    loads (None: all alike)."""
+    return None if cfg.weights is None else [w for w in cfg.weights for _ in cfg.loads]
+
+
 def held_out(cfg: TrainConfig) -> list[Scenario]:
     """The evaluation scenarios: the training ones at their own load, with the held-out trace windows."""
     if is_node_config(cfg):
@@ -290,7 +300,8 @@ def _make_env(scenarios: list[Scenario], cfg: TrainConfig):
     def make():
         if len(scenarios) == 1 and shaping_gamma is None:
             return make_env(scenarios[0], cfg.shield, training=True)
-        return MixtureEnv(scenarios, shield=TRAINING if cfg.shield else None, shaping_gamma=shaping_gamma)
+        return MixtureEnv(scenarios, shield=TRAINING if cfg.shield else None, shaping_gamma=shaping_gamma,
+                          weights=episode_weights(cfg))
     return make
 
 

@@ -139,15 +139,15 @@ def test_an_init_policy_that_does_not_fit_is_refused_naming_what_differs(run, tm
 
 
 def test_a_shipped_training_config_loads_by_name_and_an_unknown_name_lists_them():
-    from experiments import TRAIN
+    import re
+
+    from experiments import TRAIN, bundled
 
     cfg = load_train_config("steady")
     assert cfg.name == "steady" and cfg == load_train_config(TRAIN / "steady.yaml")
-    shipped = ("burst, default, default_bothcaps, default_cap16, default_ensemble, default_late, default_no_per, default_overload, default_select, default_slo, default_slo_half, default_smallkv, default_vanilla, default_wide, finetune_a10, "
-               "finetune_a10_scratch, finetune_overload, long_outputs, "
-               "long_outputs_no_double, long_outputs_no_dueling, long_outputs_no_per, long_outputs_vanilla, node_chat_pair, node_mixed, "
-               "node_reasoning, node_reasoning_preempt, node_reasoning_trio, phase_shift, ")
-    with pytest.raises(ScenarioError, match=r"training config stedy: no such file \(bundled: " + shipped):
+    shipped = re.escape(", ".join(bundled(TRAIN, ".yaml")))  # every shipped name, steady among them
+    assert "steady" in shipped and "finetune_a10" in shipped
+    with pytest.raises(ScenarioError, match=r"training config stedy: no such file \(bundled: " + shipped + r"\)"):
         load_train_config("stedy")
 
 
@@ -263,6 +263,45 @@ def test_a_mixture_draws_its_scenarios_each_episode_and_passes_the_checkers():
     other = dataclasses.replace(short[1], observation=dataclasses.replace(short[1].observation, queue_scale=9))
     with pytest.raises(ValueError, match="share their observation scales"):
         MixtureEnv([short[0], other])
+
+
+def test_a_weighted_mixture_draws_its_scenarios_by_their_weights_and_a_bad_weight_is_refused(tmp_path):
+    from env.mixture import MixtureEnv
+    from env.scenario_yaml import load_scenario
+    from rlctl.train import episode_weights, training_scenarios
+
+    short = [dataclasses.replace(load_scenario(n), max_steps=3) for n in ("long_outputs", "sessions_preempt")]
+    env = MixtureEnv(short, weights=[1, 3])
+    env.reset(seed=0)
+    drawn = []
+    for _ in range(400):
+        env.reset()
+        drawn.append(env.scenario.name)
+    assert 0.68 < drawn.count("sessions_preempt") / len(drawn) < 0.82  # 3 in 4
+    # without weights the draw is the one it always was (so the shipped runs retrain bit for bit):
+    # a uniform index, then the episode's seed, from the generator the first reset's seed made
+    from gymnasium.utils import seeding
+
+    plain, (rng, _) = MixtureEnv(short), seeding.np_random(5)
+    names = [plain.reset(seed=5) and plain.scenario.name] + [plain.reset() and plain.scenario.name for _ in range(11)]
+    expected = []
+    for _ in names:
+        expected.append(short[int(rng.integers(2))].name)
+        rng.integers(2**31)
+    assert names == expected and len(set(names)) == 2
+    with pytest.raises(ValueError, match="weights"):
+        MixtureEnv(short, weights=[1])
+    # a configuration's weights are its scenarios', at each of their loads
+    path = configs(tmp_path, base="long_outputs", max_steps=3, eval_starts=None)
+    data = yaml.safe_load(Path(path).read_text())
+    Path(path).write_text(yaml.safe_dump({**data, "scenarios": ["long_outputs", "sessions_preempt"],
+                                          "loads": [0.8, 1.0], "weights": [1, 3]}))
+    cfg = load_train_config(path)
+    assert episode_weights(cfg) == [1, 1, 3, 3] and len(training_scenarios(cfg)) == 4
+    for bad in ([1], [1, 0]):
+        Path(path).write_text(yaml.safe_dump({**data, "scenarios": ["long_outputs", "sessions_preempt"], "weights": bad}))
+        with pytest.raises(ScenarioError, match="weights"):
+            load_train_config(path)
 
 
 def test_an_ensemble_trains_its_members_at_once_each_as_its_seed_would_alone(tmp_path):
