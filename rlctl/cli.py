@@ -540,6 +540,8 @@ def cmd_train(a: argparse.Namespace) -> int:
     for path, cfg in configs:
         node = is_node_config(cfg)
         where = f"node scenario {cfg.scenarios[0]}" if node else f"scenarios {', '.join(cfg.scenarios)} x loads {list(cfg.loads)}"
+        if cfg.weights:
+            where += f", weights {list(cfg.weights)}"
         print(f"train: {path}: {where}, {cfg.timesteps} steps, seed {cfg.seed}, "
               f"double={cfg.double} dueling={cfg.dueling} prioritized={cfg.prioritized} n_steps={cfg.n_steps}")
         out = train(cfg, a.logdir, a.resume, progress_bar=not a.no_progress,
