@@ -63,8 +63,9 @@ def load_cases(name: str | Path) -> Cases:
         data = {"name": p.stem, **data}
     try:
         cases = from_mapping(Cases, data, str(p))
-        if cases.episodes <= 0:
-            raise ValueError(f"episodes must be > 0, got {cases.episodes}")
+        for key in ("episodes", "steps"):
+            if getattr(cases, key) is not None and getattr(cases, key) <= 0:
+                raise ValueError(f"{key} must be > 0, got {getattr(cases, key)}")
         for i, case in enumerate(cases.cases):
             if case.scenario is None and case.trace is None:
                 raise ValueError(f"cases[{i}]: give a scenario, or a trace with its load")

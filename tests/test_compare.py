@@ -82,6 +82,7 @@ def test_the_bundled_sets_load_with_every_case_checked():
     ([{"trace": "azure2023_conv.csv", "deployment": "no-such-gpu", "load": 1.2}], {}, "no-such-gpu"),
     ([{"scenario": "steady", "seeds": 3}], {}, "unknown key"),
     ([{"scenario": "steady"}], {"episodes": 0}, "episodes must be > 0"),
+    ([{"scenario": "steady"}], {"steps": -1}, "steps must be > 0"),
 ])
 def test_a_bad_set_of_cases_is_refused_naming_what_is_wrong(tmp_path, cases, extra, words):
     with pytest.raises((ScenarioError, ValueError), match=words):
