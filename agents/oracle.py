@@ -119,7 +119,7 @@ class Lookahead(Oracle):
     own: the Kaplan-Meier estimate over the requests finished (their output lengths) and those
     still running (at least what they have generated), drawn given what each has generated, with
     the mass past the longest output seen put at the request's declared ``max_tokens``. Arrival
-    times and prompts stay known. Every plan of one decision is scored on the same draws. Where
+    times, prompts and the co-tenant's schedule stay known. Every plan of one decision is scored on the same draws. Where
     it gets as much as the oracle, the oracle's headroom did not need the output lengths; where
     it gets less, the difference is what knowing them was worth to this search. An evaluation
     reference, like the oracle; never served."""
