@@ -164,13 +164,14 @@ def output_length_estimate(engine) -> tuple[np.ndarray, np.ndarray]:
 def kaplan_meier(ended, going) -> tuple[np.ndarray, np.ndarray]:
     """The Kaplan-Meier estimate of the output length: the lengths at which some request ended
     (ascending) and the share going past each. ``ended``: lengths of requests that finished;
-    ``going``: what requests still running have generated (censored: they go on at least so far)."""
+    ``going``: what requests still running have generated (censored: each goes on at least one more)."""
     done, going = np.sort(np.asarray(ended, dtype=np.int64)), np.sort(np.asarray(going, dtype=np.int64))
     if done.size == 0:
         return np.zeros(0, dtype=np.int64), np.zeros(0)
     lengths, count = np.unique(done, return_counts=True)
-    # at risk at length t: every request that ended at t or later, or has generated t or more
-    at_risk = (done.size - np.searchsorted(done, lengths)) + (going.size - np.searchsorted(going, lengths))
+    # at risk at length t: every request that ended at t or later, or is still going at t - 1 or more
+    # (a request stops as soon as it has generated its length: one still going after g runs to g + 1 at least)
+    at_risk = (done.size - np.searchsorted(done, lengths)) + (going.size - np.searchsorted(going, lengths - 1))
     return lengths, np.cumprod(1.0 - count / at_risk)
 
 
