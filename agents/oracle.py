@@ -19,6 +19,7 @@ that the best incumbent's own setting is always on the table), and no reservatio
 inf) on a preempting engine.
 
 A controller's share of headroom is ``(controller - best incumbent) / (oracle - best incumbent)``.
+``lookahead`` (``Lookahead``, below) is the same search without the requests' output lengths.
 """
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""Policies by name: a baseline spec (``static:K``, ``watermark``, ``vllm``, ``sglang``, ``random``,
-``oracle``, ``lookahead``) or a policy file, and the lists of baselines ``rlctl eval`` and training compare against."""
+"""Policies by name: a baseline spec (``static:K``, ``watermark``, ``vllm``, ``sglang``, ``random``),
+a reference (``oracle``, ``lookahead``) or a policy file, and the lists of baselines ``rlctl eval`` and training compare against."""
 from __future__ import annotations
 
 from pathlib import Path

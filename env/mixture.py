@@ -41,6 +41,7 @@ class MixtureEnv(gym.Env):
 
     def reset(self, *, seed: int | None = None, options: dict | None = None):
         super().reset(seed=seed)
+        # without weights, the draw every unweighted run has made (equal weights given draw otherwise)
         k = (self.np_random.integers(len(self.envs)) if self.shares is None
              else self.np_random.choice(len(self.envs), p=self.shares))
         self.current = self.envs[int(k)]

@@ -458,7 +458,7 @@ def cmd_explain(a: argparse.Namespace) -> int:
 
     if not is_trained(a.policy):
         raise ValueError(f"--policy {a.policy}: explain reads a trained policy's decisions from its observations; "
-                         "a baseline or the oracle does not decide from them")
+                         "a baseline or a reference (oracle, lookahead) does not decide from them")
     if a.top <= 0:
         raise ValueError(f"--top must be > 0, got {a.top}")
     if a.steps is not None and a.steps <= 0:
@@ -677,7 +677,7 @@ def parser() -> argparse.ArgumentParser:
     w.add_argument("--scenario", required=True, help="scenario YAML or bundled name")
     w.add_argument("--episodes", type=int, default=3)
     w.add_argument("--seed", type=int, default=100, help="episode k uses seed + k (default: the training seeds 100..)")
-    w.add_argument("--no-oracle", action="store_true", help="leave the (slow) lookahead oracle out")
+    w.add_argument("--no-oracle", action="store_true", help="leave the (slow) oracle out")
     w.add_argument("--json", default=None, help="write every figure and the verdict to this JSON file")
     _jobs_option(w)
     w.set_defaults(fn=cmd_sweep)
@@ -688,7 +688,7 @@ def parser() -> argparse.ArgumentParser:
     rs.add_argument("--scenario", nargs="+", required=True, help="scenarios (YAML or bundled names)")
     rs.add_argument("--episodes", type=int, default=3)
     rs.add_argument("--seed", type=int, default=1000, help="episode k uses seed + k (default: held-out seeds 1000..)")
-    rs.add_argument("--no-oracle", action="store_true", help="leave the (slow) lookahead oracle out")
+    rs.add_argument("--no-oracle", action="store_true", help="leave the (slow) oracle out")
     rs.add_argument("--json", default=None, help="write every figure to this JSON file")
     _jobs_option(rs)
     rs.set_defaults(fn=cmd_results)

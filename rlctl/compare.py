@@ -5,13 +5,15 @@ shipped").
 A set of cases (``experiments/cases/NAME.yaml``, or a file of the same form) names the scenarios or
 the traces on deployments at a load, the seeds and the episodes; it is committed before the
 candidate runs, so that the judgement cannot be chosen after it. Candidate k is paired with
-reference k (the same training seed, or whatever pairs them), each runs behind the safety shield as
-it is served, and every (case, pair) gives the ratio of their mean goodput over the same episodes.
+reference k (the same training seed, or whatever pairs them), each as ``rlctl eval`` runs it (a
+trained policy behind the safety shield, as it is served; a baseline bare), and every (case, pair)
+gives the ratio of their mean goodput over the same episodes.
 The verdict is the geometric mean over the cases of the candidates' mean goodput over the
 references' (the form of the published rules), with the OOM events summed on each side: a bar
 (``--bar``) is met when that mean is at least the bar and the candidate has no more OOMs. The
-geometric mean of the (case, pair) ratios is printed beside it. A case or pair where either side
-has no goodput has no ratio; it is listed and left out of the means.
+geometric mean of the (case, pair) ratios is printed beside it. A candidate with no goodput where
+its reference has some scores 0, which no bar meets; a case or pair whose reference has no goodput
+has no ratio, and is listed and left out of that mean.
 """
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from agents.spec import make_policy
+from agents.spec import is_trained, make_policy
 from env.scenario import ScenarioError
 from env.scenario_yaml import from_mapping, read_yaml
 from experiments import CASES, bundled, find
@@ -41,7 +43,8 @@ class Case:
     def label(self) -> str:
         if self.trace is None:
             return str(self.scenario)
-        return f"{self.trace} on {self.deployment or 'the scenario deployment'} at load {self.load:g}"
+        where = self.deployment or f"{self.scenario or 'trace'}'s deployment"
+        return f"{self.trace} on {where} at load {self.load:g}" + (f" ({self.scenario})" if self.scenario else "")
 
 
 @dataclass(frozen=True)
@@ -66,6 +69,8 @@ def load_cases(name: str | Path) -> Cases:
         for key in ("episodes", "steps"):
             if getattr(cases, key) is not None and getattr(cases, key) <= 0:
                 raise ValueError(f"{key} must be > 0, got {getattr(cases, key)}")
+        if cases.seed < 0:
+            raise ValueError(f"seed must be >= 0, got {cases.seed}")
         for i, case in enumerate(cases.cases):
             if case.scenario is None and case.trace is None:
                 raise ValueError(f"cases[{i}]: give a scenario, or a trace with its load")
@@ -74,6 +79,10 @@ def load_cases(name: str | Path) -> Cases:
             if case.trace is None and (case.deployment is not None or case.load is not None):
                 raise ValueError(f"cases[{i}]: deployment and load apply to a trace")
             scenario(cases, case)  # a bad name fails now, naming what it looked for
+        labels = [case.label() for case in cases.cases]
+        twice = sorted({x for x in labels if labels.count(x) > 1})
+        if twice:
+            raise ValueError(f"cases: {', '.join(twice)} listed more than once")
     except ValueError as exc:
         raise ScenarioError(str(exc) if str(exc).startswith(str(p)) else f"{p}: {exc}") from None
     return cases
@@ -95,11 +104,11 @@ def compare(candidates: list[str], references: list[str], cases: Cases, jobs: in
         for k, spec in enumerate(specs):
             policy = make_policy(spec)
             policy.name = f"{side} {k}"
-            policies.append(policy)
+            policies.append((policy, is_trained(str(spec))))
     rows, left_out = [], []
     for case in cases.cases:
         sc = scenario(cases, case)
-        out = run_evals([(p, True) for p in policies], sc, cases.episodes, cases.seed, jobs)
+        out = run_evals(policies, sc, cases.episodes, cases.seed, jobs)
         for k in range(len(candidates)):
             c, r = out[f"candidate {k}"], out[f"reference {k}"]
             row = {"case": case.label(), "pair": k, "candidate": c["goodput_tokens_per_s"],
@@ -107,7 +116,7 @@ def compare(candidates: list[str], references: list[str], cases: Cases, jobs: in
                    "candidate_ooms": int(sum(e["oom_events"] for e in c["episodes"])),
                    "reference_ooms": int(sum(e["oom_events"] for e in r["episodes"])),
                    "candidate_preemptions": c["preemptions"], "reference_preemptions": r["preemptions"]}
-            row["ratio"] = row["candidate"] / row["reference"] if row["candidate"] > 0 and row["reference"] > 0 else None
+            row["ratio"] = _ratio(row["candidate"], row["reference"])
             rows.append(row)
             if row["ratio"] is None:
                 left_out.append(f"{row['case']} (pair {k})")
@@ -115,7 +124,7 @@ def compare(candidates: list[str], references: list[str], cases: Cases, jobs: in
     by_case = {}
     for case in dict.fromkeys(r["case"] for r in rows):
         c, r = (float(np.mean([x[side] for x in rows if x["case"] == case])) for side in ("candidate", "reference"))
-        by_case[case] = {"candidate": c, "reference": r, "ratio": c / r if c > 0 and r > 0 else None}
+        by_case[case] = {"candidate": c, "reference": r, "ratio": _ratio(c, r)}
     return {"cases": cases.name, "episodes": cases.episodes, "seeds": [cases.seed, cases.seed + cases.episodes - 1],
             "candidates": list(candidates), "references": list(references), "rows": rows, "by_case": by_case,
             "geometric_mean": _geometric_mean([c["ratio"] for c in by_case.values()]),
@@ -124,9 +133,16 @@ def compare(candidates: list[str], references: list[str], cases: Cases, jobs: in
             "reference_ooms": sum(r["reference_ooms"] for r in rows), "left_out": left_out}
 
 
+def _ratio(candidate: float, reference: float) -> float | None:
+    """Candidate over reference goodput; None where the reference has none (nothing to compare with)."""
+    return candidate / reference if reference > 0 else None
+
+
 def _geometric_mean(ratios: list[float | None]) -> float | None:
     ratios = [r for r in ratios if r is not None]
-    return float(math.exp(np.mean(np.log(ratios)))) if ratios else None
+    if not ratios:
+        return None
+    return 0.0 if min(ratios) == 0 else float(math.exp(np.mean(np.log(ratios))))
 
 
 def verdict(out: dict, bar: float) -> bool:
@@ -157,7 +173,7 @@ def format_compare(out: dict, bar: float | None = None) -> str:
               f"reference {out['reference_ooms']}; over the (case, pair) ratios: "
               + ("-" if by_pair is None else f"{by_pair:.3f}x")]
     if out["left_out"]:
-        lines.append(f"left out (no goodput on one side): {', '.join(out['left_out'])}")
+        lines.append(f"left out (no reference goodput): {', '.join(out['left_out'])}")
     if bar is not None:
         lines.append(f"bar {bar:g}x with no more OOMs: {'met' if verdict(out, bar) else 'not met'}")
     return "\n".join(lines)

@@ -4,7 +4,7 @@ Every figure comes from the environment's ``info``: the per-step raw figures for
 series, and ``summary`` (``engine.metrics.summarize``) at the end of each episode. Episode k of
 every policy uses seed ``seed + k``, so all policies see the same workloads. An episode depends on
 nothing but its policy, scenario, shield and seed, so ``jobs`` > 1 runs them in that many worker
-processes (the lookahead oracle's first, the slowest) with the same figures as one after another.
+processes (the oracle's and the lookahead's first, the slowest) with the same figures as one after another.
 """
 from __future__ import annotations
 

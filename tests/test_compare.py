@@ -27,15 +27,15 @@ def test_each_ratio_is_the_pairs_goodput_on_the_same_episodes_as_rlctl_eval_runs
     path = _cases(tmp_path, [{"scenario": "steady"}, {"trace": "azure2023_conv.csv", "deployment": "llama7b-fp16-a10",
                                                           "load": 1.2}])
     cases = load_cases(path)
-    out = compare(["static:4", "watermark"], ["static:1", "static:2"], cases, say=lambda _: None)
+    out = compare(["default", "watermark"], ["static:1", "static:2"], cases, say=lambda _: None)
     assert [(r["case"], r["pair"]) for r in out["rows"]] == [
         ("steady", 0), ("steady", 1), ("azure2023_conv.csv on llama7b-fp16-a10 at load 1.2", 0),
         ("azure2023_conv.csv on llama7b-fp16-a10 at load 1.2", 1)]
-    # the same figures as the policies run on their own, behind the shield, on the same seed
+    # the same figures as rlctl eval gives on the same seed: the trained policy behind the shield, a baseline bare
     for case in cases.cases:
-        alone = run_evals([(make_policy(s), True) for s in ("static:4", "static:1")], scenario(cases, case), 1, 500)
+        alone = run_evals([(make_policy("default"), True), (make_policy("static:1"), False)], scenario(cases, case), 1, 500)
         row = next(r for r in out["rows"] if r["case"] == case.label() and r["pair"] == 0)
-        assert row["candidate"] == alone["static:4"]["goodput_tokens_per_s"]
+        assert row["candidate"] == alone["default"]["goodput_tokens_per_s"]
         assert row["reference"] == alone["static:1"]["goodput_tokens_per_s"]
     ratios = [r["ratio"] for r in out["rows"]]
     assert all(r is not None and r > 0 for r in ratios)
@@ -57,6 +57,14 @@ def test_a_policy_against_itself_is_one_and_the_bar_judges_the_mean_and_the_ooms
     assert verdict(out, 1.0) and not verdict(out, 1.001)
     more = {**out, "candidate_ooms": out["reference_ooms"] + 1}  # as good, but one more crash: not met
     assert not verdict(more, 1.0)
+
+
+def test_a_candidate_without_goodput_scores_zero_and_a_reference_without_it_has_no_ratio():
+    from rlctl.compare import _geometric_mean, _ratio
+
+    assert _ratio(0.0, 50.0) == 0.0 and _ratio(10.0, 0.0) is None and _ratio(0.0, 0.0) is None
+    assert _geometric_mean([0.0, 2.0]) == 0.0 and _geometric_mean([None, 4.0, 1.0]) == pytest.approx(2.0)
+    assert _geometric_mean([None]) is None
 
 
 def test_a_pair_without_goodput_is_left_out_and_named(tmp_path):
@@ -83,6 +91,8 @@ def test_the_bundled_sets_load_with_every_case_checked():
     ([{"scenario": "steady", "seeds": 3}], {}, "unknown key"),
     ([{"scenario": "steady"}], {"episodes": 0}, "episodes must be > 0"),
     ([{"scenario": "steady"}], {"steps": -1}, "steps must be > 0"),
+    ([{"scenario": "steady"}], {"seed": -1}, "seed must be >= 0"),
+    ([{"scenario": "steady"}, {"scenario": "steady"}], {}, "steady listed more than once"),
 ])
 def test_a_bad_set_of_cases_is_refused_naming_what_is_wrong(tmp_path, cases, extra, words):
     with pytest.raises((ScenarioError, ValueError), match=words):
@@ -115,3 +125,5 @@ def test_the_command_refuses_bad_input_before_running_and_writes_the_verdict(tmp
 def test_a_case_names_itself():
     assert Case(scenario="steady").label() == "steady"
     assert Case(trace="t.csv", deployment="d", load=1.2).label() == "t.csv on d at load 1.2"
+    assert Case(scenario="trace_a10", trace="t.csv", load=1.2).label() == "t.csv on trace_a10's deployment at load 1.2 (trace_a10)"
+    assert Case(trace="t.csv", load=1.2).label() == "t.csv on trace's deployment at load 1.2"
