@@ -130,27 +130,41 @@ class Lookahead(Oracle):
         if isinstance(samples, bool) or not isinstance(samples, int) or samples < 1:
             raise ValueError(f"lookahead: samples must be a whole number >= 1, got {samples!r}")
         self.samples, self.name = samples, "lookahead"
-        self._seed, self._decisions = 0, 0
+        self._seed, self._decisions, self._draws = 0, 0, (None, [])
 
     def reset(self, seed: int | None = None, env=None) -> None:
         super().reset(seed, env)
-        self._seed, self._decisions = seed or 0, 0
+        self._seed, self._decisions, self._draws = seed or 0, 0, (None, [])
 
     def act(self, obs: np.ndarray) -> int:
         if self.env.engine.clock >= self._next:
             self._decisions += 1  # a new decision: new draws, shared by its plans
         return super().act(obs)
 
-    def futures(self) -> list:
+    def draws(self) -> list[dict[str, int]]:
+        """``samples`` draws of every unfinished request's length (request id -> length)."""
         engine = self.env.engine
         lengths, survival = output_length_estimate(engine)
-        copies = []
+        s = engine.scheduler
+        unfinished = [p[2] for p in s.pending] + s.unfinished()
+        out = []
         for k in range(self.samples):
             rng = np.random.default_rng([self._seed, self._decisions, k])
-            e = clone(engine)
+            out.append({q.id: draw_length(lengths, survival, q.num_generated, q.request.max_tokens, rng)
+                        for q in unfinished})
+        return out
+
+    def futures(self) -> list:
+        """The copies, every plan of one decision on the same draws (made once, at its first plan)."""
+        key = (self._decisions, self.env.engine.clock)
+        if self._draws[0] != key:
+            self._draws = key, self.draws()
+        copies = []
+        for drawn in self._draws[1]:
+            e = clone(self.env.engine)
             s = e.scheduler
             for seq in [p[2] for p in s.pending] + s.unfinished():
-                seq.stop_at = draw_length(lengths, survival, seq.num_generated, seq.request.max_tokens, rng)
+                seq.stop_at = drawn[seq.id]
             copies.append(e)
         return copies
 

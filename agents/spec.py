@@ -42,7 +42,7 @@ def static_sweep(max_factor: float) -> list[str]:
 
 
 _SIMPLE = {"watermark": Watermark, "vllm": VLLM, "sglang": SGLang, "random": Random}
-REFERENCES = ("oracle", "lookahead")  # evaluation references that look inside their environment; never served
+REFERENCES = {"oracle": Oracle, "lookahead": Lookahead}  # evaluation references that look inside their environment; never served
 
 
 def is_baseline(spec: str) -> bool:
@@ -92,10 +92,8 @@ def make_policy(spec: str) -> Policy:
         return Static(factor)
     if spec in _SIMPLE:
         return _SIMPLE[spec]()
-    if spec == "oracle":  # REFERENCES
-        return Oracle()
-    if spec == "lookahead":  # the oracle without the output lengths
-        return Lookahead()
+    if spec in REFERENCES:
+        return REFERENCES[spec]()
     path = find(spec, POLICIES, POLICY_SUFFIX)
     if path.is_file() or spec.endswith(POLICY_SUFFIX):
         policy = load_policy(path)  # a missing file: PolicyFileError naming the path

@@ -105,7 +105,7 @@ def compare(candidates: list[str], references: list[str], cases: Cases, jobs: in
             policy = make_policy(spec)
             policy.name = f"{side} {k}"
             policies.append((policy, is_trained(str(spec))))
-    rows, left_out = [], []
+    rows = []
     for case in cases.cases:
         sc = scenario(cases, case)
         out = run_evals(policies, sc, cases.episodes, cases.seed, jobs)
@@ -118,8 +118,6 @@ def compare(candidates: list[str], references: list[str], cases: Cases, jobs: in
                    "candidate_preemptions": c["preemptions"], "reference_preemptions": r["preemptions"]}
             row["ratio"] = _ratio(row["candidate"], row["reference"])
             rows.append(row)
-            if row["ratio"] is None:
-                left_out.append(f"{row['case']} (pair {k})")
             say(format_row(row))
     by_case = {}
     for case in dict.fromkeys(r["case"] for r in rows):
@@ -130,7 +128,8 @@ def compare(candidates: list[str], references: list[str], cases: Cases, jobs: in
             "geometric_mean": _geometric_mean([c["ratio"] for c in by_case.values()]),
             "geometric_mean_by_pair": _geometric_mean([r["ratio"] for r in rows]),
             "candidate_ooms": sum(r["candidate_ooms"] for r in rows),
-            "reference_ooms": sum(r["reference_ooms"] for r in rows), "left_out": left_out}
+            "reference_ooms": sum(r["reference_ooms"] for r in rows),
+            "left_out": [f"{r['case']} (pair {r['pair']})" for r in rows if r["ratio"] is None]}
 
 
 def _ratio(candidate: float, reference: float) -> float | None:
