@@ -31,13 +31,18 @@ weights               dtype, sha256 of each tensor's bytes
 SB3's ``model.save`` zip holds pickles, and unpickling runs code; this file holds tensors and
 JSON only, so a policy from elsewhere (the sidecar's, a colleague's) is safe to open. The loader
 checks the file against this build (feature names and bounds, action names, the network the
-header describes, the checksums) and names the first thing that differs.
+header describes, the checksums) and names the first thing that differs. A file trained before
+some of this build's features existed (env/observation.py) still loads: its features must appear
+in this build's layout in the same order, and it reads only those (``ExportedPolicy.inputs``), so
+it computes exactly what it did (``ExportedPolicy.blind_to`` names the others; ``blind_network`` widens its network, with
+zero weights on them, for fine-tuning).
 
 A file of one network is written as version 2, which every build since version 2 reads; an
 ensemble (``export_ensemble``) as version 3, which an older build refuses by its version.
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import hashlib
 import json
@@ -217,6 +222,10 @@ class ExportedPolicy(Policy):
         self.name = path.stem
         self.engine_overrides = {}
         self.obs_dim = header["network"]["obs_dim"]
+        # a file trained before some of this build's features (load_policy): which of this build's
+        # features its network reads (indices, in order; None: all), and the names of the others
+        self.inputs: np.ndarray | None = None
+        self.blind_to: list[str] = []
 
     def q_values(self, obs: np.ndarray) -> np.ndarray:
         """Q-values of one observation (obs_dim,) -> (n_actions,), or of a batch (n, obs_dim) -> (n, n_actions)."""
@@ -226,6 +235,8 @@ class ExportedPolicy(Policy):
                              f"or (n, {self.obs_dim}), got {x.shape}")
         if not np.isfinite(x).all():
             raise ValueError(f"policy {self.name}: observation has non-finite entries")
+        if self.inputs is not None:
+            x = x[..., self.inputs]
         if self.forward is not None:
             q = self.forward(np.atleast_2d(x))
         else:
@@ -321,21 +332,17 @@ def _check_layout(path: Path, header: dict) -> None:
     features = obs["features"]
     if not isinstance(features, list):
         raise fail(f"observation.features must be a list, got {features!r}")
-    for i, (a, b) in enumerate(zip(features, ours_features)):
-        if a != b:
-            raise fail(f"observation layout differs from this build's: feature {i} is {a!r}, this build has {b!r}")
-    if len(features) != len(ours_features):
-        extra = features[len(ours_features):] or ours_features[len(features):]
-        raise fail(f"observation layout differs from this build's: {len(features)} features, this build has "
-                   f"{len(ours_features)} (first {'extra' if len(features) > len(ours_features) else 'missing'}: {extra[0]!r})")
+    positions = _positions(features, ours_features)
+    if isinstance(positions, str):
+        raise fail(f"observation layout differs from this build's: {positions}")
     for bound, ours in (("low", ours_low), ("high", ours_high)):
         theirs = obs[bound]
-        if not isinstance(theirs, list) or len(theirs) != len(ours_features):
-            raise fail(f"observation.{bound} must list {len(ours_features)} bounds, got {theirs!r}")
-        for name, a, b in zip(ours_features, theirs, ours):
-            if a != float(b):
+        if not isinstance(theirs, list) or len(theirs) != len(features):
+            raise fail(f"observation.{bound} must list {len(features)} bounds, got {theirs!r}")
+        for name, a, i in zip(features, theirs, positions):
+            if a != float(ours[i]):
                 raise fail(f"observation layout differs from this build's: {bound} bound of {name!r} is {a}, "
-                           f"this build has {float(b)}")
+                           f"this build has {float(ours[i])}")
     actions = header["actions"]
     if not isinstance(actions, list):
         raise fail(f"actions must be a list, got {actions!r}")
@@ -346,9 +353,42 @@ def _check_layout(path: Path, header: dict) -> None:
     if diff:
         raise fail(f"action list differs from this build's: {diff}")
     net = header["network"]
-    if net["obs_dim"] != len(ours_features) or net["n_actions"] != len(ours_actions):
+    if net["obs_dim"] != len(features) or net["n_actions"] != len(ours_actions):
         raise fail(f"network shape obs_dim={net['obs_dim']} n_actions={net['n_actions']} does not match the "
-                   f"{len(ours_features)} features and {len(ours_actions)} actions")
+                   f"{len(features)} features and {len(ours_actions)} actions")
+    return positions
+
+
+def _positions(theirs: list, ours: list) -> list[int] | str:
+    """Where each of a file's features sits in this build's layout, or what does not fit. This
+    build's features must hold the file's in the same order; it may have more (features added since
+    the policy trained, which its network is then blind to), never fewer or others."""
+    positions, j = [], 0
+    for i, name in enumerate(theirs):
+        while j < len(ours) and ours[j] != name:
+            j += 1
+        if j == len(ours):
+            where = f"feature {i} is {name!r}, " + (f"which this build does not have" if name not in ours else
+                                                    f"out of this build's order")
+            return where + f" (this build's features: {len(ours)}, the file's: {len(theirs)})"
+        positions.append(j)
+        j += 1
+    return positions
+
+
+def blind_network(network: torch.nn.Sequential, inputs: np.ndarray, width: int) -> torch.nn.Sequential:
+    """A copy of ``network`` that takes all ``width`` features of this build: its input layer(s)
+    widened, the weights it had on the features at ``inputs`` and zeros on the others, so that it
+    computes what it did whatever those say (fine-tuning from an older file starts from it)."""
+    network = copy.deepcopy(network)
+    trunk, head = network
+    firsts = [m for m in trunk if isinstance(m, torch.nn.Linear)][:1] or (
+        [head.value[0], head.advantage[0]] if hasattr(head, "value") else [head])
+    for layer in firsts:
+        w = torch.zeros(layer.out_features, width, dtype=layer.weight.dtype)
+        w[:, torch.as_tensor(inputs)] = layer.weight.data
+        layer.weight, layer.in_features = torch.nn.Parameter(w), width
+    return network
 
 
 def read_capped(f: BinaryIO, path: Path, max_bytes: int) -> bytes:
@@ -380,7 +420,7 @@ def load_policy(path: str | Path, max_bytes: int = MAX_POLICY_BYTES, opened: Bin
         data = read_capped(opened, path, max_bytes)
     fail = lambda problem: PolicyFileError(f"policy file {path}: {problem}")  # noqa: E731
     header = _policy_header(path, _raw_header(path, data))
-    _check_layout(path, header)
+    positions = _check_layout(path, header)
     net = header["network"]
     count = _members(path, header)
     try:
@@ -418,7 +458,12 @@ def load_policy(path: str | Path, max_bytes: int = MAX_POLICY_BYTES, opened: Bin
         network.load_state_dict({name[len(prefix(k)):]: t for name, t in tensors.items()
                                  if name.startswith(prefix(k))}, strict=True)
         network.eval()
-    return ExportedPolicy(path, header, networks, hashlib.sha256(data).hexdigest())
+    policy = ExportedPolicy(path, header, networks, hashlib.sha256(data).hexdigest())
+    ours = layout(header["node"]["engines"] if header.get("node") else None)[0]
+    if len(positions) < len(ours):  # trained before some features existed: it reads the others only
+        policy.inputs, policy.obs_dim = np.asarray(positions), len(ours)
+        policy.blind_to = [f for f in ours if f not in header["observation"]["features"]]
+    return policy
 
 
 def _members(path: Path, header: dict) -> int:

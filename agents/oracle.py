@@ -33,6 +33,7 @@ from engine import metrics
 from engine.clone import clone
 from engine.control import EVICT, HOLD, run_interval
 from engine.metrics import generated_so_far, work_under_way
+from engine.output_lengths import kaplan_meier
 
 LEVELS = (1.0, 1.25, 1.5, 2.0, 2.5, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0)
 
@@ -174,20 +175,6 @@ def output_length_estimate(engine) -> tuple[np.ndarray, np.ndarray]:
     ones still going have generated."""
     return kaplan_meier([r.output_len for r in engine.completed if r.output_len > 0],
                         [q.num_generated for q in engine.scheduler.unfinished() if q.num_generated > 0])
-
-
-def kaplan_meier(ended, going) -> tuple[np.ndarray, np.ndarray]:
-    """The Kaplan-Meier estimate of the output length: the lengths at which some request ended
-    (ascending) and the share going past each. ``ended``: lengths of requests that finished;
-    ``going``: what requests still running have generated (censored: each goes on at least one more)."""
-    done, going = np.sort(np.asarray(ended, dtype=np.int64)), np.sort(np.asarray(going, dtype=np.int64))
-    if done.size == 0:
-        return np.zeros(0, dtype=np.int64), np.zeros(0)
-    lengths, count = np.unique(done, return_counts=True)
-    # at risk at length t: every request that ended at t or later, or is still going at t - 1 or more
-    # (a request stops as soon as it has generated its length: one still going after g runs to g + 1 at least)
-    at_risk = (done.size - np.searchsorted(done, lengths)) + (going.size - np.searchsorted(going, lengths - 1))
-    return lengths, np.cumprod(1.0 - count / at_risk)
 
 
 def draw_length(lengths: np.ndarray, survival: np.ndarray, generated: int, max_tokens: int, rng) -> int:

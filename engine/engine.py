@@ -36,7 +36,7 @@ from engine.request import Request, RequestError, check_request
 from engine.scheduler import NewTokenRatio, Scheduler, Work
 from engine.sequence import Sequence
 from engine.sessions import Sessions
-from engine.snapshot import LENGTH_WINDOW_S, OUT_RATIO_WINDOW, Snapshot, take_snapshot
+from engine.snapshot import LENGTH_WINDOW_S, OUT_RATIO_WINDOW, OUTPUT_LENGTH_WINDOW, Snapshot, take_snapshot
 
 IDLE_TICK_S = 0.01  # how far the clock moves when work waits but nothing can run
 
@@ -95,6 +95,8 @@ class Engine:
         # output / declared max_tokens of the last OUT_RATIO_WINDOW finished requests, however old:
         # long outputs may finish less than once a minute, and a time window would then forget them
         self.out_ratios: deque[float] = deque(maxlen=OUT_RATIO_WINDOW)
+        # output lengths of the last OUTPUT_LENGTH_WINDOW finished requests (the snapshot's future_expected)
+        self.output_lengths: deque[int] = deque(maxlen=OUTPUT_LENGTH_WINDOW)
         self.last_snapshot: Snapshot | None = None
         self.iterations = IterationLog()
         self.ooms: list[OOMEvent] = []
@@ -347,6 +349,8 @@ class Engine:
         self.completed.append(seq.record)
         self.finished_lengths.append((self.clock, len(seq)))
         self.out_ratios.append(seq.num_generated / seq.request.max_tokens)
+        if seq.num_generated > 0:
+            self.output_lengths.append(seq.num_generated)
         while self.finished_lengths[0][0] < self.clock - LENGTH_WINDOW_S:
             self.finished_lengths.popleft()
         if self.keep_outputs:

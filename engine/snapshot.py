@@ -11,10 +11,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from engine.output_lengths import expected_remaining, kaplan_meier
+
 # Fixed log-spaced bin edges (tokens) for the waiting-prompt and running-context histograms.
 HIST_EDGES = (0, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, math.inf)
 LENGTH_WINDOW_S = 60.0
 OUT_RATIO_WINDOW = 64  # finished requests out_ratio averages over
+OUTPUT_LENGTH_WINDOW = 256  # finished requests future_expected's length estimate reads
 
 
 @dataclass(frozen=True)
@@ -51,6 +54,8 @@ class Snapshot:
     future_declared: int = 0      # tokens the running sequences may still generate by their max_tokens
     waiting_tokens: int = 0       # tokens of the waiting sequences
     out_ratio: float = 1.0        # output / declared max_tokens of the last 64 requests finished (1 before any)
+    future_expected: float = 0.0  # tokens the running sequences are expected still to generate, given what each
+                                  # has generated, by the output lengths of the last 256 finished (engine/output_lengths.py)
 
 
 def histogram(lengths: list[int]) -> tuple[float, ...]:
@@ -107,4 +112,18 @@ def take_snapshot(engine, previous: Snapshot | None) -> Snapshot:
         tokens_held=sum(running_lengths),
         future_declared=sum(max(q.request.max_tokens - q.num_generated, 0) for q in s.running),
         waiting_tokens=sum(waiting_lengths),
-        out_ratio=float(np.add.reduce(np.array(engine.out_ratios)) / len(engine.out_ratios)) if engine.out_ratios else 1.0)
+        out_ratio=float(np.add.reduce(np.array(engine.out_ratios)) / len(engine.out_ratios)) if engine.out_ratios else 1.0,
+        future_expected=future_expected(engine))
+
+
+def future_expected(engine) -> float:
+    """What the running sequences are expected still to generate: ``expected_remaining`` over the
+    Kaplan-Meier estimate of the last ``OUTPUT_LENGTH_WINDOW`` finished requests' output lengths,
+    the unfinished ones' token counts censored."""
+    running = engine.scheduler.running
+    if not running:
+        return 0.0
+    going = [q.num_generated for q in engine.scheduler.unfinished() if q.num_generated > 0]
+    lengths, survival = kaplan_meier(engine.output_lengths, going)
+    return float(np.add.reduce(expected_remaining(lengths, survival, [q.num_generated for q in running],
+                                                  [q.request.max_tokens for q in running])))

@@ -19,11 +19,15 @@ shares of ``max_num_seqs``, so one policy can steer an A10 and an H200.
 | 13 | held_ratio | tokens of the running sequences / KV capacity, clipped | [0, 1] |
 | 14 | declared_ratio | (held + what they may still generate by max_tokens) / KV capacity / overcommit_scale | [0, 1] |
 | 15 | projected_ratio | (held + out_ratio x what they may still generate) / KV capacity / 2, clipped | [0, 1] |
-| 16 | device_free | free device memory / capacity | [0, 1] |
-| 17 | restarting | 1 while the engine restarts after an OOM | {0, 1} |
-| 18 | preempt_mode | 1 if an OOM preempts, 0 if it crashes the engine | {0, 1} |
-| 19-28 | queue_hist | share of waiting prompts per log-spaced bin | [0, 1] |
-| 29-38 | running_hist | share of running contexts per bin | [0, 1] |
+| 16 | expected_ratio | (held + what they are expected still to generate, given what each has generated: future_expected) / KV capacity / 2, clipped | [0, 1] |
+| 17 | device_free | free device memory / capacity | [0, 1] |
+| 18 | restarting | 1 while the engine restarts after an OOM | {0, 1} |
+| 19 | preempt_mode | 1 if an OOM preempts, 0 if it crashes the engine | {0, 1} |
+| 20-29 | queue_hist | share of waiting prompts per log-spaced bin | [0, 1] |
+| 30-39 | running_hist | share of running contexts per bin | [0, 1] |
+
+``expected_ratio`` came later than the others: a policy file trained before it is loaded blind
+to it (agents/export.py) and acts as it did.
 
 The scales live in the scenario (``observation:``), so that a saved policy can state the layout
 it was trained on.
@@ -40,7 +44,7 @@ from env.scenario import Observation
 _BINS = [f"{a}-{b}" for a, b in zip(HIST_EDGES[:-1], HIST_EDGES[1:])]
 FEATURES = (["alloc_ratio", "alloc_slope", "frag_entropy", "queue_len", "queue_tokens", "prefill_frac", "running_frac",
              "len_mean", "len_std", "out_ratio", "swapped", "overcommit", "reserved_ratio", "held_ratio",
-             "declared_ratio", "projected_ratio", "device_free", "restarting", "preempt_mode"]
+             "declared_ratio", "projected_ratio", "expected_ratio", "device_free", "restarting", "preempt_mode"]
             + [f"queue_hist[{b}]" for b in _BINS] + [f"running_hist[{b}]" for b in _BINS])
 LOW = np.zeros(len(FEATURES), dtype=np.float32)
 LOW[FEATURES.index("alloc_slope")] = -1.0
@@ -72,6 +76,7 @@ def observe(s: Snapshot, scales: Observation) -> np.ndarray:
         _unit(s.tokens_held / capacity),
         _unit((s.tokens_held + s.future_declared) / capacity / scales.overcommit_scale),
         _unit((s.tokens_held + s.out_ratio * s.future_declared) / capacity / 2.0),
+        _unit((s.tokens_held + s.future_expected) / capacity / 2.0),
         _unit(s.device_free),
         1.0 if s.restarting else 0.0,
         1.0 if s.preempt_mode else 0.0,

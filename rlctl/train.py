@@ -185,6 +185,9 @@ def initial_network(cfg: TrainConfig, scenario: Scenario):
         raise ValueError(f"{where}: its network is net_arch {theirs[0]}, dueling {theirs[1]}; this configuration's "
                          f"is net_arch {ours[0]}, dueling {ours[1]}")
     policy.check_scenario(scenario)
+    if policy.inputs is not None:  # trained before some of this build's features: it starts blind to them
+        from agents.export import blind_network
+        return blind_network(policy.networks[0], policy.inputs, policy.obs_dim)
     return policy.networks[0]
 
 

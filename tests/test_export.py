@@ -256,17 +256,67 @@ def test_another_observation_layout_is_refused_naming_the_first_difference(train
     def rename(h):
         h["observation"]["features"][3] = "queue_length"
 
-    def drop(h):
-        h["observation"]["features"].pop()
+    def swap(h):
+        f = h["observation"]["features"]
+        f[3], f[4] = f[4], f[3]
 
     def bound(h):
         h["observation"]["high"][8] = 2.0
 
     refused(rewritten(trained[2], tmp_path / "a.rlpolicy", rename),
-            "observation layout differs.*feature 3 is 'queue_length', this build has 'queue_len'")
-    refused(rewritten(trained[2], tmp_path / "b.rlpolicy", drop),
-            rf"{len(FEATURES) - 1} features, this build has {len(FEATURES)} .*{FEATURES[-1]}")
+            "observation layout differs.*feature 3 is 'queue_length', which this build does not have")
+    refused(rewritten(trained[2], tmp_path / "b.rlpolicy", swap),
+            f"observation layout differs.*feature 4 is '{FEATURES[3]}', out of this build's order")
     refused(rewritten(trained[2], tmp_path / "c.rlpolicy", bound), "high bound of 'len_std' is 2.0")
+
+
+def test_a_policy_trained_before_a_feature_existed_loads_blind_to_it_and_acts_as_it_did(trained, tmp_path):
+    from agents.export import _sha256, blind_network
+
+    missing = FEATURES.index("expected_ratio")
+    keep = [i for i in range(len(FEATURES)) if i != missing]
+
+    def older_header(h):  # the layout before expected_ratio, as such a file states it
+        for key in ("features", "low", "high"):
+            h["observation"][key] = [h["observation"][key][i] for i in keep]
+        h["network"]["obs_dim"] = len(keep)
+
+    def older_weights(t):
+        t["0.0.weight"] = t["0.0.weight"][:, keep].contiguous()
+
+    def checksums(path):
+        data = path.read_bytes()
+        n = int.from_bytes(data[:8], "little")
+        header = json.loads(json.loads(data[8:8 + n])["__metadata__"][HEADER_KEY])
+        tensors = load_tensors(data)
+        header["weights"]["sha256"] = {k: _sha256(v) for k, v in tensors.items()}
+        save_file(tensors, path, metadata={HEADER_KEY: json.dumps(header)})
+        return path
+
+    old = checksums(rewritten(trained[2], tmp_path / "old.rlpolicy", older_header, older_weights))
+    policy, original = load_policy(old), load_policy(trained[2])
+    assert policy.blind_to == ["expected_ratio"] and original.blind_to == [] and original.inputs is None
+    assert policy.obs_dim == len(FEATURES) and list(policy.inputs) == keep
+    obs = np.random.default_rng(0).uniform(LOW, HIGH, size=(64, len(FEATURES))).astype(np.float32)
+    moved = obs.copy()
+    moved[:, missing] = 1.0 - moved[:, missing]
+    q_old = policy.q_values(obs)
+    # what its own network computes on the features it knows, to the bit, whatever the new one says
+    assert np.array_equal(q_old, policy.q_values(moved))
+    assert np.array_equal(q_old, NumpyQNetwork(policy.networks[0])(obs[:, keep]))
+    assert [policy.act(o) for o in obs] == [int(np.argmax(q)) for q in q_old]
+    ref = obs.copy()
+    ref[:, missing] = 0.0
+    assert np.allclose(q_old, original.q_values(ref), atol=1e-5)
+    assert not np.allclose(original.q_values(obs), original.q_values(moved), atol=1e-7)
+    # widened for fine-tuning: zero weights on the new feature, the same Q-values to float rounding
+    wide = blind_network(policy.networks[0], policy.inputs, policy.obs_dim)
+    assert wide[0][0].weight.shape == (NET_ARCH[0], len(FEATURES)) and not wide[0][0].weight[:, missing].any()
+    with torch.no_grad():
+        assert np.allclose(wide(torch.from_numpy(moved)).numpy(), q_old, atol=1e-5)
+    assert policy.networks[0][0][0].weight.shape == (NET_ARCH[0], len(keep))  # the loaded one untouched
+    # an old file with its checksums unmended is still refused
+    refused(rewritten(trained[2], tmp_path / "bad.rlpolicy", older_header, older_weights), "checksum mismatch")
 
 
 def test_another_action_set_is_refused_with_the_counts(trained, tmp_path):

@@ -84,24 +84,11 @@ def test_the_oracle_always_evicts_on_a_crashing_engine_and_weighs_it_on_a_preemp
     assert oracle._rule(full, False) == HOLD
 
 
-def test_kaplan_meier_counts_the_requests_still_going_as_at_least_so_long():
-    from agents.oracle import kaplan_meier
-
-    # ended at 1, 2, 3; one still going after 2 tokens, so 3 at least: at risk 4, 3, 2
-    lengths, survival = kaplan_meier([3, 1, 2], [2])
-    assert list(lengths) == [1, 2, 3]
-    assert list(survival) == [0.75, 0.5, 0.25]
-    assert list(kaplan_meier([3], [2])[1]) == [0.5] and list(kaplan_meier([3], [1])[1]) == [0.0]
-    # without censoring it is the empirical distribution
-    lengths, survival = kaplan_meier([5, 5, 10, 20], [])
-    assert list(lengths) == [5, 10, 20] and list(survival) == [0.5, 0.25, 0.0]
-    assert kaplan_meier([], [7])[0].size == 0
-
-
 def test_a_drawn_length_goes_past_what_was_generated_and_never_past_max_tokens():
     import numpy as np
 
-    from agents.oracle import draw_length, kaplan_meier
+    from agents.oracle import draw_length
+    from engine.output_lengths import kaplan_meier
 
     rng = np.random.default_rng(0)
     lengths, survival = kaplan_meier([5, 5, 10, 20], [])

@@ -116,6 +116,27 @@ def test_init_policy_starts_training_from_the_files_network_and_fine_tunes_it(ru
     assert not all(torch.equal(start[k], tuned_net[k]) for k in start)
 
 
+def test_fine_tuning_a_file_trained_before_a_feature_starts_blind_to_it(tmp_path):
+    """The shipped weights predate ``expected_ratio``: fine-tuning starts from their network with zero
+    weights on it (and theirs on the rest), and the new file has this build's whole layout."""
+    import torch
+
+    from env.observation import FEATURES
+
+    shipped = make_policy("default")
+    assert shipped.blind_to == ["expected_ratio"]
+    quick = dict(timesteps=60, n_envs=1, eval_every=1000, checkpoint_every=1000, learning_starts=10_000,
+                 net_arch=[128, 128], dueling=True, eval_starts=None, eval_seed=1000)
+    out = train(load_train_config(configs(tmp_path, base="long_outputs", init_policy="default", **quick)),
+                tmp_path / "ft", progress_bar=False, baseline_specs=[])
+    tuned = make_policy(out["policy"])
+    assert tuned.inputs is None and tuned.header["observation"]["features"] == list(FEATURES)
+    first, theirs = tuned.networks[0][0][0].weight, shipped.networks[0][0][0].weight
+    missing = FEATURES.index("expected_ratio")
+    assert not first[:, missing].any()
+    assert torch.equal(first[:, list(shipped.inputs)], theirs)
+
+
 def test_an_init_policy_that_does_not_fit_is_refused_naming_what_differs(run, tmp_path):
     tmp, cfg, out = run
     with pytest.raises(ScenarioError, match=r"init_policy default: its network is net_arch \[128, 128\], dueling True; "

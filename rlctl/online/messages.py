@@ -19,7 +19,7 @@ BINS = len(HIST_EDGES) - 1
 
 # How each Snapshot field is checked; every field is listed (tests/test_sidecar.py holds us to it).
 RATIOS = ("alloc_ratio", "frag_entropy", "prefill_frac", "device_free", "out_ratio")  # in [0, 1]
-MEASURES = ("time_s", "len_mean", "len_std", "decode_ms", "reserved_ratio")       # finite, >= 0
+MEASURES = ("time_s", "len_mean", "len_std", "decode_ms", "reserved_ratio", "future_expected")  # finite, >= 0
 SIGNED = ("alloc_slope",)                                                         # finite
 COUNTS = ("queue_len", "swapped", "running", "kv_blocks_used", "kv_blocks_total", "kv_footprint_bytes",
           "oom_events", "preemptions", "tokens_generated", "kv_tokens_total", "max_num_seqs", "tokens_held",
