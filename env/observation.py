@@ -19,7 +19,7 @@ shares of ``max_num_seqs``, so one policy can steer an A10 and an H200.
 | 13 | held_ratio | tokens of the running sequences / KV capacity, clipped | [0, 1] |
 | 14 | declared_ratio | (held + what they may still generate by max_tokens) / KV capacity / overcommit_scale | [0, 1] |
 | 15 | projected_ratio | (held + out_ratio x what they may still generate) / KV capacity / 2, clipped | [0, 1] |
-| 16 | expected_ratio | (held + what they are expected still to generate, given what each has generated: future_expected) / KV capacity / 2, clipped | [0, 1] |
+| 16 | expected_ratio | (held + what they are expected still to generate, given what each has generated: future_expected) / KV capacity / overcommit_scale | [0, 1] |
 | 17 | device_free | free device memory / capacity | [0, 1] |
 | 18 | restarting | 1 while the engine restarts after an OOM | {0, 1} |
 | 19 | preempt_mode | 1 if an OOM preempts, 0 if it crashes the engine | {0, 1} |
@@ -76,7 +76,7 @@ def observe(s: Snapshot, scales: Observation) -> np.ndarray:
         _unit(s.tokens_held / capacity),
         _unit((s.tokens_held + s.future_declared) / capacity / scales.overcommit_scale),
         _unit((s.tokens_held + s.out_ratio * s.future_declared) / capacity / 2.0),
-        _unit((s.tokens_held + s.future_expected) / capacity / 2.0),
+        _unit((s.tokens_held + s.future_expected) / capacity / scales.overcommit_scale),
         _unit(s.device_free),
         1.0 if s.restarting else 0.0,
         1.0 if s.preempt_mode else 0.0,

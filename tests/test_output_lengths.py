@@ -72,3 +72,20 @@ def test_the_snapshot_expects_what_the_running_requests_still_generate_by_the_la
     assert snap.future_expected < snap.future_declared
     # the estimate reads the last OUTPUT_LENGTH_WINDOW finished requests only
     assert eng.output_lengths.maxlen == OUTPUT_LENGTH_WINDOW and list(eng.output_lengths) == [3]
+
+
+def test_the_observation_reads_the_expected_demand_as_a_share_of_the_capacity_over_the_factor_scale(make_engine):
+    """Expected demand runs to several times the KV on a loaded deployment (3.4x the median on the
+    L40S's long outputs): it is scaled as the declared demand is, by ``overcommit_scale``, not
+    clipped at twice the capacity."""
+    from env.observation import FEATURES, observe
+    from env.scenario import Observation
+
+    eng = make_engine(num_blocks=256, block_size=4, segment_blocks=8, max_num_seqs=4, overcommit=4.0)
+    for i in range(4):
+        eng.submit(Request(f"r{i}", 0.0, 8, 30, 600))
+    eng.step()
+    snap, scales = eng.snapshot(), Observation()
+    x = observe(snap, scales)[FEATURES.index("expected_ratio")]
+    want = (snap.tokens_held + snap.future_expected) / snap.kv_tokens_total / scales.overcommit_scale
+    assert 2.0 < want * scales.overcommit_scale and 0 < want < 1 and np.isclose(x, want)
