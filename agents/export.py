@@ -321,7 +321,7 @@ def _policy_header(path: Path, raw: dict) -> dict:
     return header
 
 
-def _check_layout(path: Path, header: dict) -> None:
+def _check_layout(path: Path, header: dict) -> list[int]:
     fail = lambda problem: PolicyFileError(f"policy file {path}: {problem}")  # noqa: E731
     node = header.get("node")
     if node is not None and (not isinstance(node, dict) or not isinstance(node.get("engines"), list)

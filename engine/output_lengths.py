@@ -3,8 +3,8 @@ that finished (their output lengths, events) and those still running (what they 
 censored), and what it expects a running request still to generate.
 
 A serving engine knows both: its finished requests' output lengths and its running requests'
-token counts. The snapshot's ``future_expected`` and the ``lookahead`` reference's draws
-(agents/oracle.py) read the same estimate.
+token counts. The snapshot's ``future_expected`` (over the last 256 finished) and the ``lookahead``
+reference's draws (agents/oracle.py, over every request of the episode) use the same estimator.
 """
 from __future__ import annotations
 

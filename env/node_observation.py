@@ -3,7 +3,7 @@ what each engine holds of the device, and the device's.
 
 | block | features | mapping | range |
 |---|---|---|---|
-| per engine `<name>/` | env/observation.py's 39 | as for one engine (its KV capacity is what its limit holds) | as there |
+| per engine `<name>/` | env/observation.py's 40 | as for one engine (its KV capacity is what its limit holds) | as there |
 | per engine | `<name>/limit` | its MPS limit / device capacity | [0, 1] |
 | per engine | `<name>/held` | device bytes it holds (weights, KV pool, workspace) / device capacity | [0, 1] |
 | per engine | `<name>/share` | its static partition share of the device | [0, 1] |

@@ -109,6 +109,19 @@ def test_the_snapshot_message_carries_every_snapshot_field_and_the_check_covers_
     assert back == snap and max_model_len == 2048
 
 
+def test_a_sender_that_predates_future_expected_is_read_as_declaring_its_worst_case():
+    snap = dataclasses.replace(a_snapshot(), running=3, future_declared=4000, future_expected=1234.5)
+    assert snapshot_from_message(snapshot_message(snap, 2048))[0].future_expected == 1234.5
+    m = snapshot_message(snap, 2048)
+    m.ClearField("future_expected")  # what an older sender's message holds: proto3's 0
+    assert snapshot_from_message(m)[0].future_expected == 4000
+    idle = dataclasses.replace(snap, running=0, future_declared=0, future_expected=0.0)
+    assert snapshot_from_message(snapshot_message(idle, 2048))[0].future_expected == 0.0
+    m.future_expected = -1.0
+    with pytest.raises(SnapshotError, match="snapshot.future_expected "):
+        snapshot_from_message(m)
+
+
 @pytest.mark.parametrize("change, field", [
     ({"queue_hist": [0.5, 0.5]}, "queue_hist"),
     ({"running_hist": [float("nan")] + [0.0] * 9}, "running_hist"),

@@ -78,4 +78,8 @@ def snapshot_from_message(m: pb.Snapshot) -> tuple[Snapshot, int]:
         total = sum(h)
         if total != 0.0 and abs(total - 1.0) > 1e-6:
             raise SnapshotError(name, f"shares must sum to 1 (or all be 0), got {total:.6g}")
+    if v["future_expected"] == 0.0 and v["running"] > 0:
+        # a sender that predates field 40 (proto3 sends no value as 0); a real estimate is at least one
+        # token a running request: read what they declared instead, the estimate's own worst case
+        v["future_expected"] = float(v["future_declared"])
     return Snapshot(**v), int(m.max_model_len)
