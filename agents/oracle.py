@@ -130,7 +130,7 @@ class Lookahead(Oracle):
         super().__init__(**kwargs)
         if isinstance(samples, bool) or not isinstance(samples, int) or samples < 1:
             raise ValueError(f"lookahead: samples must be a whole number >= 1, got {samples!r}")
-        self.samples, self.name = samples, "lookahead"
+        self.samples, self.name = samples, "lookahead" if samples == 2 else f"lookahead:{samples}"
         self._seed, self._decisions, self._draws = 0, 0, (None, [])
 
     def reset(self, seed: int | None = None, env=None) -> None:

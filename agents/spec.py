@@ -53,7 +53,13 @@ def is_baseline(spec: str) -> bool:
 def is_trained(spec: str) -> bool:
     """Whether ``spec`` names a trained policy (a policy file), which acts behind the safety shield,
     as it is served; a baseline or a lookahead reference does not."""
-    return not is_baseline(spec) and spec not in REFERENCES
+    return not is_baseline(spec) and not is_reference(spec)
+
+
+def is_reference(spec: str) -> bool:
+    """Whether ``spec`` names an evaluation reference: ``oracle``, ``lookahead`` or ``lookahead:N``
+    (the lookahead scoring each plan on N draws of the output lengths, 2 by default)."""
+    return isinstance(spec, str) and (spec in REFERENCES or spec.startswith("lookahead:"))
 
 
 def label_policies(policies: dict) -> dict:
@@ -94,6 +100,11 @@ def make_policy(spec: str) -> Policy:
         return _SIMPLE[spec]()
     if spec in REFERENCES:
         return REFERENCES[spec]()
+    if spec.startswith("lookahead:"):
+        n = spec.split(":", 1)[1]
+        if not n.isdigit() or int(n) < 1:
+            raise ValueError(f"policy {spec!r}: lookahead:N needs a whole number N >= 1 of draws, e.g. lookahead:8")
+        return Lookahead(samples=int(n))
     path = find(spec, POLICIES, POLICY_SUFFIX)
     if path.is_file() or spec.endswith(POLICY_SUFFIX):
         policy = load_policy(path)  # a missing file: PolicyFileError naming the path

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import pytest
+
 from agents.spec import make_policy
 from engine.clone import clone
 from engine.control import EVICT, HOLD, advance
@@ -130,3 +132,19 @@ def test_the_lookahead_scores_on_drawn_lengths_and_leaves_the_engine_as_it_was()
     # and the same episode gives the same figures
     twin, env2 = make_policy("lookahead"), OvercommitEnv(sc)
     assert run_episode(env2, twin, seed=3)[0]["goodput_tokens_per_s"] == summarize(engine)["goodput_tokens_per_s"]
+
+
+def test_lookahead_n_draws_n_futures_and_is_a_reference_not_a_trained_policy():
+    from agents.spec import is_reference, is_trained
+
+    sc = replace(load_scenario("long_outputs"), max_steps=20)
+    env = OvercommitEnv(sc)
+    eight = make_policy("lookahead:8")
+    assert eight.name == "lookahead:8" and eight.samples == 8
+    run_episode(env, eight, seed=3)
+    assert len(eight.futures()) == 8
+    assert is_reference("lookahead:8") and is_reference("oracle") and not is_trained("lookahead:8")
+    assert not is_reference("default") and is_trained("default")
+    for bad in ("lookahead:0", "lookahead:x", "lookahead:-2", "lookahead:2.5"):
+        with pytest.raises(ValueError, match="lookahead:N needs a whole number N >= 1"):
+            make_policy(bad)
