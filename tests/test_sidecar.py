@@ -287,6 +287,15 @@ def test_the_replay_command_prints_the_controllers_figures(watermark_sidecar, tm
     assert figures["requests_completed"] == 4 and figures["controller_decisions"] > 0 and figures["fallbacks"] == 0
 
 
+def test_get_policy_names_the_features_a_served_file_was_trained_without(sidecars, tmp_path):
+    """The shipped weights predate ``expected_ratio``: served, they read nothing from it, and say so."""
+    s = sidecars(f"unix://{tmp_path}/s.sock", str(REPO / "experiments" / "policies" / "default.rlpolicy"))
+    with open_channel(s.address) as ch:
+        info = s.stub(ch).GetPolicy(pb.GetPolicyRequest())
+    assert info.kind == "file" and list(info.features) == FEATURES
+    assert list(info.blind_to) == ["expected_ratio"]
+
+
 def test_reload_policy_mid_replay_swaps_without_a_failed_decision(sidecars, tmp_path):
     policies = tmp_path / "policies"
     policies.mkdir()
@@ -318,6 +327,7 @@ def test_reload_policy_mid_replay_swaps_without_a_failed_decision(sidecars, tmp_
     assert figures["policy_hashes"] == [first.policy_hash, response.current.policy_hash]
     assert now.policy_hash == response.current.policy_hash == now.file_sha256 and now.max_model_len == 0
     assert now.spec == "burst.rlpolicy" and now.name == "burst"  # the name in the directory, not its path
+    assert list(now.blind_to) == [] == list(first.blind_to)  # trained in this layout; a baseline reads it all
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "still serving" in err.value.details() and "not an rlctl policy file" in err.value.details()
     assert kept.policy_hash == now.policy_hash

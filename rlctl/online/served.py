@@ -85,7 +85,8 @@ class ServedPolicy:
                              policy_hash=self.policy_hash, features=list(FEATURES), actions=list(ACTIONS),
                              scales={k: float(v) for k, v in dataclasses.asdict(self.scales).items()},
                              max_model_len=0, pinned_overcommit=self.pinned_overcommit or 0.0,
-                             source_commit=str(header.get("source_commit", "")))
+                             source_commit=str(header.get("source_commit", "")),
+                             blind_to=list(getattr(self.policy, "blind_to", [])))
 
 
 @dataclass(frozen=True)

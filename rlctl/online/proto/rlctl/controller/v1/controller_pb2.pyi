@@ -147,7 +147,7 @@ class GetPolicyRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class PolicyInfo(_message.Message):
-    __slots__ = ("spec", "name", "kind", "file_sha256", "policy_hash", "features", "actions", "scales", "max_model_len", "pinned_overcommit", "source_commit")
+    __slots__ = ("spec", "name", "kind", "file_sha256", "policy_hash", "features", "actions", "scales", "max_model_len", "pinned_overcommit", "source_commit", "blind_to")
     class ScalesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -166,6 +166,7 @@ class PolicyInfo(_message.Message):
     MAX_MODEL_LEN_FIELD_NUMBER: _ClassVar[int]
     PINNED_OVERCOMMIT_FIELD_NUMBER: _ClassVar[int]
     SOURCE_COMMIT_FIELD_NUMBER: _ClassVar[int]
+    BLIND_TO_FIELD_NUMBER: _ClassVar[int]
     spec: str
     name: str
     kind: str
@@ -177,7 +178,8 @@ class PolicyInfo(_message.Message):
     max_model_len: int
     pinned_overcommit: float
     source_commit: str
-    def __init__(self, spec: _Optional[str] = ..., name: _Optional[str] = ..., kind: _Optional[str] = ..., file_sha256: _Optional[str] = ..., policy_hash: _Optional[str] = ..., features: _Optional[_Iterable[str]] = ..., actions: _Optional[_Iterable[str]] = ..., scales: _Optional[_Mapping[str, float]] = ..., max_model_len: _Optional[int] = ..., pinned_overcommit: _Optional[float] = ..., source_commit: _Optional[str] = ...) -> None: ...
+    blind_to: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, spec: _Optional[str] = ..., name: _Optional[str] = ..., kind: _Optional[str] = ..., file_sha256: _Optional[str] = ..., policy_hash: _Optional[str] = ..., features: _Optional[_Iterable[str]] = ..., actions: _Optional[_Iterable[str]] = ..., scales: _Optional[_Mapping[str, float]] = ..., max_model_len: _Optional[int] = ..., pinned_overcommit: _Optional[float] = ..., source_commit: _Optional[str] = ..., blind_to: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ReloadPolicyRequest(_message.Message):
     __slots__ = ("policy",)
