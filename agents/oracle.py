@@ -34,6 +34,7 @@ from engine.clone import clone
 from engine.control import EVICT, HOLD, run_interval
 from engine.metrics import generated_so_far, work_under_way
 from engine.output_lengths import kaplan_meier
+from env.workload_builder import episode_requests
 
 LEVELS = (1.0, 1.25, 1.5, 2.0, 2.5, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0)
 
@@ -124,18 +125,25 @@ class Lookahead(Oracle):
     times, prompts and the co-tenant's schedule stay known. Every plan of one decision is scored on the same draws. Where
     it gets as much as the oracle, the oracle's headroom did not need the output lengths; where
     it gets less, the difference is what knowing them was worth to this search. An evaluation
-    reference, like the oracle; never served."""
+    reference, like the oracle; never served.
 
-    def __init__(self, samples: int = 2, **kwargs) -> None:
+    ``warm`` (``lookahead:N:warm``): the estimate also holds the output lengths of one other episode
+    of the same workload (drawn with another seed), as a server that has been serving the workload
+    for a while knows their distribution, where an episode's own few minutes cannot show the long
+    ones (they are still running when it ends). It knows the distribution, not the lengths."""
+
+    def __init__(self, samples: int = 2, warm: bool = False, **kwargs) -> None:
         super().__init__(**kwargs)
         if isinstance(samples, bool) or not isinstance(samples, int) or samples < 1:
             raise ValueError(f"lookahead: samples must be a whole number >= 1, got {samples!r}")
-        self.samples, self.name = samples, "lookahead" if samples == 2 else f"lookahead:{samples}"
-        self._seed, self._decisions, self._draws = 0, 0, (None, [])
+        self.samples, self.warm = samples, bool(warm)
+        self.name = ("lookahead" if samples == 2 and not warm else f"lookahead:{samples}") + (":warm" if warm else "")
+        self._seed, self._decisions, self._draws, self.history = 0, 0, (None, []), []
 
     def reset(self, seed: int | None = None, env=None) -> None:
         super().reset(seed, env)
         self._seed, self._decisions, self._draws = seed or 0, 0, (None, [])
+        self.history = earlier_outputs(env, self._seed) if self.warm else []
 
     def act(self, obs: np.ndarray) -> int:
         if self.env.engine.clock >= self._next:
@@ -145,7 +153,7 @@ class Lookahead(Oracle):
     def draws(self) -> list[dict[str, int]]:
         """``samples`` draws of every unfinished request's length (request id -> length)."""
         engine = self.env.engine
-        lengths, survival = output_length_estimate(engine)
+        lengths, survival = output_length_estimate(engine, self.history)
         s = engine.scheduler
         unfinished = [p[2] for p in s.pending] + s.unfinished()
         out = []
@@ -170,11 +178,22 @@ class Lookahead(Oracle):
         return copies
 
 
-def output_length_estimate(engine) -> tuple[np.ndarray, np.ndarray]:
-    """``kaplan_meier`` over ``engine``'s requests: the finished ones' output lengths, and what the
-    ones still going have generated."""
-    return kaplan_meier([r.output_len for r in engine.completed if r.output_len > 0],
+def output_length_estimate(engine, history=()) -> tuple[np.ndarray, np.ndarray]:
+    """``kaplan_meier`` over ``engine``'s requests: the finished ones' output lengths (and the
+    lengths in ``history``), and what the ones still going have generated."""
+    return kaplan_meier(list(history) + [r.output_len for r in engine.completed if r.output_len > 0],
                         [q.num_generated for q in engine.scheduler.unfinished() if q.num_generated > 0])
+
+
+def earlier_outputs(env, seed: int) -> list[int]:
+    """The output lengths of one other episode of ``env``'s workload (its requests drawn with a
+    stream no episode seed uses), each as the engine would end it: at ``max_tokens`` at most."""
+    requests, _ = episode_requests(env.scenario.workload, env.scenario.episode_s, env.engine.max_model_len,
+                                   np.random.default_rng([seed, _HISTORY_STREAM]))
+    return [min(r.output_len, r.max_tokens) for r in requests]
+
+
+_HISTORY_STREAM = 0x0EA51E7  # the warm lookahead's history: a seed sequence of two, never an episode's seed
 
 
 def draw_length(lengths: np.ndarray, survival: np.ndarray, generated: int, max_tokens: int, rng) -> int:

@@ -58,7 +58,8 @@ def is_trained(spec: str) -> bool:
 
 def is_reference(spec: str) -> bool:
     """Whether ``spec`` names an evaluation reference: ``oracle``, ``lookahead`` or ``lookahead:N``
-    (the lookahead scoring each plan on N draws of the output lengths, 2 by default)."""
+    (the lookahead scoring each plan on N draws of the output lengths, 2 by default), or
+    ``lookahead:N:warm`` (its estimate also knows an earlier episode's output lengths)."""
     return isinstance(spec, str) and (spec in REFERENCES or spec.startswith("lookahead:"))
 
 
@@ -101,10 +102,11 @@ def make_policy(spec: str) -> Policy:
     if spec in REFERENCES:
         return REFERENCES[spec]()
     if spec.startswith("lookahead:"):
-        n = spec.split(":", 1)[1]
-        if not n.isdigit() or int(n) < 1:
-            raise ValueError(f"policy {spec!r}: lookahead:N needs a whole number N >= 1 of draws, e.g. lookahead:8")
-        return Lookahead(samples=int(n))
+        n, _, warm = spec.split(":", 1)[1].partition(":")
+        if not n.isdigit() or int(n) < 1 or warm not in ("", "warm"):
+            raise ValueError(f"policy {spec!r}: lookahead:N needs a whole number N >= 1 of draws, e.g. lookahead:8, "
+                             "and lookahead:N:warm one whose estimate knows an earlier episode's output lengths")
+        return Lookahead(samples=int(n), warm=bool(warm))
     path = find(spec, POLICIES, POLICY_SUFFIX)
     if path.is_file() or spec.endswith(POLICY_SUFFIX):
         policy = load_policy(path)  # a missing file: PolicyFileError naming the path

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import numpy as np
 import pytest
 
 from agents.spec import make_policy
@@ -145,6 +146,37 @@ def test_lookahead_n_draws_n_futures_and_is_a_reference_not_a_trained_policy():
     assert len(eight.futures()) == 8
     assert is_reference("lookahead:8") and is_reference("oracle") and not is_trained("lookahead:8")
     assert not is_reference("default") and is_trained("default")
-    for bad in ("lookahead:0", "lookahead:x", "lookahead:-2", "lookahead:2.5"):
+    for bad in ("lookahead:0", "lookahead:x", "lookahead:-2", "lookahead:2.5", "lookahead:2:cold", "lookahead:2:warm:1"):
         with pytest.raises(ValueError, match="lookahead:N needs a whole number N >= 1"):
             make_policy(bad)
+
+
+def test_the_warm_lookahead_knows_an_earlier_episodes_lengths_not_this_ones():
+    from agents.oracle import output_length_estimate
+
+    env = OvercommitEnv(load_scenario("long_outputs"))  # five minutes of arrivals: the history is as long
+    warm, cold = make_policy("lookahead:2:warm"), make_policy("lookahead")
+    assert warm.name == "lookahead:2:warm" and warm.warm and not cold.warm
+    env.reset(seed=5)
+    warm.reset(5, env=env)
+    # an episode of the same workload: as many outputs as it has requests, none past max_tokens,
+    # and not this episode's (whose true lengths are what the lookahead must not see)
+    history = warm.history
+    truth = sorted(q.stop_at for q in [p[2] for p in env.engine.scheduler.pending] + env.engine.scheduler.unfinished())
+    assert len(history) > 100 and max(history) <= 16384 and sorted(history) != truth
+    assert abs(np.mean(history) - 2500) < 500  # the workload's lognormal mean, as the engine ends them
+    # before anything finishes, the cold estimate has nothing and the warm one the history
+    assert len(output_length_estimate(env.engine)[0]) == 0
+    lengths, _ = output_length_estimate(env.engine, history)
+    assert len(lengths) > 50
+    drawn = warm.draws()[0]
+    assert np.mean(list(drawn.values())) < 8000  # not every unfinished request at its 16k max_tokens
+    cold.reset(5, env=env)
+    declared = {q.id: q.request.max_tokens for q in [p[2] for p in env.engine.scheduler.pending]}
+    assert cold.draws()[0] == declared  # nothing seen: each at its declared limit
+    # the same seed, the same history; another seed, another
+    again = make_policy("lookahead:2:warm")
+    again.reset(5, env=env)
+    other = make_policy("lookahead:2:warm")
+    other.reset(6, env=env)
+    assert again.history == history and other.history != history
