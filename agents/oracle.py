@@ -34,7 +34,7 @@ from engine.clone import clone
 from engine.control import EVICT, HOLD, run_interval
 from engine.metrics import generated_so_far, work_under_way
 from engine.output_lengths import kaplan_meier
-from env.workload_builder import episode_requests
+from env.workload_builder import earlier_outputs
 
 LEVELS = (1.0, 1.25, 1.5, 2.0, 2.5, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0)
 
@@ -143,7 +143,8 @@ class Lookahead(Oracle):
     def reset(self, seed: int | None = None, env=None) -> None:
         super().reset(seed, env)
         self._seed, self._decisions, self._draws = seed or 0, 0, (None, [])
-        self.history = earlier_outputs(env, self._seed) if self.warm else []
+        sc = env.scenario
+        self.history = earlier_outputs(sc.workload, sc.episode_s, env.engine.max_model_len, self._seed) if self.warm else []
 
     def act(self, obs: np.ndarray) -> int:
         if self.env.engine.clock >= self._next:
@@ -185,15 +186,6 @@ def output_length_estimate(engine, history=()) -> tuple[np.ndarray, np.ndarray]:
                         [q.num_generated for q in engine.scheduler.unfinished() if q.num_generated > 0])
 
 
-def earlier_outputs(env, seed: int) -> list[int]:
-    """The output lengths of one other episode of ``env``'s workload (its requests drawn with a
-    stream no episode seed uses), each as the engine would end it: at ``max_tokens`` at most."""
-    requests, _ = episode_requests(env.scenario.workload, env.scenario.episode_s, env.engine.max_model_len,
-                                   np.random.default_rng([seed, _HISTORY_STREAM]))
-    return [min(r.output_len, r.max_tokens) for r in requests]
-
-
-_HISTORY_STREAM = 0x0EA51E7  # the warm lookahead's history: a seed sequence of two, never an episode's seed
 
 
 def draw_length(lengths: np.ndarray, survival: np.ndarray, generated: int, max_tokens: int, rng) -> int:

@@ -34,6 +34,12 @@ or falls off track (a crash, a preemption, a missed target), so that the credit 
 decision. With ``shaping_gamma`` the agent's own
 discount the optimal policy is unchanged. Off by default: evaluation scores the plain reward.
 
+An episode's engine starts as a server long at work on its workload does: the window of finished
+output lengths that ``expected_ratio`` reads (``Engine.output_lengths``) holds those of an earlier
+stretch of the same workload (``earlier_outputs``, drawn from the engine's own seed, so no other
+draw of the episode moves), not nothing; an episode's few minutes would not show it the long
+outputs, which are still running when it ends. A trace's window starts empty.
+
 Episodes end when the workload is served (terminated), at an OOM if ``terminate_on_oom``
 (terminated), or after ``max_steps`` (truncated). ``info`` carries the raw figures of the step,
 and at the end of an episode ``summary``: ``engine.metrics.summarize`` of the whole episode, so
@@ -58,7 +64,7 @@ from engine.config import max_model_len
 from env.observation import FEATURES, HIGH, LOW, observe
 from env.scenario import Scenario
 from env.scenario_yaml import load_scenario
-from env.workload_builder import episode_requests
+from env.workload_builder import earlier_outputs, episode_requests
 
 # reward term -> (weight of the scenario's ``reward``, sign)
 REWARD_TERMS = {"goodput": ("alpha", 1.0), "late": ("kappa", 1.0), "slo_violation": ("gamma", -1.0),
@@ -99,6 +105,7 @@ class OvercommitEnv(gym.Env):
         if factor is not None:  # a pinned factor (a static policy's) is in range by definition
             cfg = cfg.pinned(float(factor))
         self.engine = Engine(self.deployment.model, cfg, executor=ProfiledExecutor(self.cost))
+        self.engine.output_lengths.extend(earlier_outputs(sc.workload, sc.episode_s, self.engine.max_model_len, cfg.seed))
         requests, self.workload_line = episode_requests(sc.workload, sc.episode_s, self.engine.max_model_len, rng)
         for req in requests:
             self.engine.submit(req)

@@ -104,6 +104,20 @@ def check_workload(w: Workload) -> None:
         _first_prompt(s)
 
 
+HISTORY_STREAM = 0x0EA51E7  # the second entry of an earlier episode's seed sequence: never an episode's own seed
+
+
+def earlier_outputs(w: Workload, episode_s: float, max_model_len: int, seed: int) -> list[int]:
+    """The output lengths of one other episode of ``w``, its requests drawn from the seed sequence
+    (``seed``, ``HISTORY_STREAM``), each where the engine ends it (at ``max_tokens`` at most): what
+    a server long at work on this workload has seen finish. Empty for a trace, whose other windows
+    may hold this episode's own requests (a fixed window always does)."""
+    if isinstance(w, TraceWorkload):
+        return []
+    requests, _ = episode_requests(w, episode_s, max_model_len, np.random.default_rng([seed, HISTORY_STREAM]))
+    return [min(r.output_len, r.max_tokens) for r in requests]
+
+
 def episode_requests(w: Workload, episode_s: float, max_model_len: int, rng: np.random.Generator,
                      phase_spans: list[tuple[float, float, int]] | None = None) -> tuple[list[Request], str]:
     """The requests of one episode and a line saying how they were made; a phased workload follows

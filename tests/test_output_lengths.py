@@ -89,3 +89,29 @@ def test_the_observation_reads_the_expected_demand_as_a_share_of_the_capacity_ov
     x = observe(snap, scales)[FEATURES.index("expected_ratio")]
     want = (snap.tokens_held + snap.future_expected) / snap.kv_tokens_total / scales.overcommit_scale
     assert 2.0 < want * scales.overcommit_scale and 0 < want < 1 and np.isclose(x, want)
+
+
+def test_an_episode_starts_with_the_window_of_a_server_long_at_work_and_no_other_draw_moves():
+    from env.overcommit_env import OvercommitEnv
+    from env.scenario_yaml import load_scenario
+    from env.workload_builder import earlier_outputs
+
+    env = OvercommitEnv(load_scenario("long_outputs"))
+    env.reset(seed=7)
+    engine, sc = env.engine, env.scenario
+    window = list(engine.output_lengths)
+    earlier = earlier_outputs(sc.workload, sc.episode_s, engine.max_model_len, engine.config.seed)
+    assert len(window) == OUTPUT_LENGTH_WINDOW and window == earlier[-OUTPUT_LENGTH_WINDOW:]
+    assert max(window) <= 16384 and 1500 < np.mean(window) < 3500  # lognormal, mean 2,500
+    own = sorted(p[2].stop_at for p in engine.scheduler.pending)
+    assert own and sorted(earlier) != own  # another stretch of the workload, not this episode's requests
+    # the window is drawn from its own stream: the episode's requests are those drawn without it
+    from env.workload_builder import episode_requests
+    rng = np.random.default_rng(7)
+    rng.integers(2**31)  # the engine's seed, drawn first (OvercommitEnv.reset)
+    requests, _ = episode_requests(sc.workload, sc.episode_s, engine.max_model_len, rng)
+    assert sorted(min(r.output_len, r.max_tokens) for r in requests) == own
+    # a trace's other windows may be this episode's: its window starts empty
+    trace = OvercommitEnv(load_scenario("trace"))
+    trace.reset(seed=7)
+    assert len(trace.engine.output_lengths) == 0
