@@ -111,15 +111,20 @@ def _sha256(t: torch.Tensor) -> str:
 
 
 def export_policy(model, path: str | Path, *, scenario, training_config: dict,
-                  source_commit: str | None = None, selection: dict | None = None) -> dict:
+                  source_commit: str | None = None, selection: dict | None = None,
+                  blind: tuple[str, ...] = ()) -> dict:
     """Write ``model``'s (an ``OvercommitDQN``) online Q-network to ``path`` as a policy file; the header.
 
-    ``scenario`` is the one it trained on (its observation scales are part of the layout).
+    ``scenario`` is the one it trained on (its observation scales are part of the layout); ``blind``
+    the features it trained without (rlctl/train.py), which the file leaves out of its layout.
     The file is written beside ``path`` and renamed into place, so a reader never sees half of it.
     """
     qnet = model.policy.q_net
     engines = list(scenario.names) if hasattr(scenario, "tenants") else None  # a node's policy
     features, low, high, actions = layout(engines)
+    if blind:
+        keep = [i for i, f in enumerate(features) if f not in blind]
+        features, low, high = [features[i] for i in keep], low[keep], high[keep]
     if qnet.features_dim != len(features) or qnet.action_space.n != len(actions):
         raise ValueError(f"export_policy: the model sees {qnet.features_dim} features and {qnet.action_space.n} "
                          f"actions, this build has {len(features)} and {len(actions)}")

@@ -26,6 +26,11 @@ default on one's own deployment or trace. The file must hold one network of the 
 shape (``net_arch``, ``dueling``) over this build's features and actions, read at the training
 scenarios' observation scales; anything else is refused before a step runs, naming what differs.
 
+With ``blind`` (feature names, env/observation.py), the network never reads those features: the
+training observation leaves them out and the policy file is written blind to them, as a file
+trained before they existed is (agents/export.py), so it computes the same whatever they say. That
+trains the recipe of a file that predates a feature on this build, with this build's engine.
+
 A configuration whose one scenario is a node scenario (several engines on one GPU) trains on
 ``rlctl/SharedGPU-v0`` and is judged against the node's baselines (agents/node_spec.py); its
 policy file records the node's engines, and is refused on any other node or on one engine.
@@ -41,6 +46,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import gymnasium as gym
 import numpy as np
 from stable_baselines3.common.callbacks import BaseCallback, CallbackList, CheckpointCallback
 from stable_baselines3.common.logger import configure
@@ -52,6 +58,7 @@ from agents.dqn import OvercommitDQN
 from agents.node_spec import make_node_policy, node_baselines
 from agents.shield import TRAINING
 from env.mixture import MixtureEnv
+from env.observation import FEATURES, HIGH, LOW
 from env.node_scenario import is_node_scenario, load_node_scenario
 from env.scenario import Reward, Scenario, ScenarioError, TraceWorkload
 from env.scenario_yaml import from_mapping, load_scenario, read_yaml
@@ -82,6 +89,7 @@ class TrainConfig:
     shaping: bool = False                            # potential-based shaping with the work under way (env/overcommit_env.py)
     reward: Reward | None = None                     # the reward every training scenario trains on in place of its own
     init_policy: str | None = None                   # a policy file (or shipped name) whose network training starts from
+    blind: tuple[str, ...] = ()                      # features the network never reads (above)
     net_arch: tuple[int, ...] = (128, 128)
     learning_rate: float = 5e-4
     buffer_size: int = 50_000
@@ -109,6 +117,10 @@ class TrainConfig:
         for name in ("gamma", "exploration_fraction", "exploration_final_eps", "per_beta0"):
             if not 0 <= getattr(self, name) <= 1:
                 raise ValueError(f"{name} must be in [0, 1], got {getattr(self, name)}")
+        unknown = [f for f in self.blind if f not in FEATURES]
+        if unknown or len(set(self.blind)) != len(self.blind) or len(self.blind) >= len(FEATURES):
+            raise ValueError(f"blind must name distinct features of this build, not all of them; got {list(self.blind)} "
+                             f"(unknown: {unknown}; the features: {', '.join(FEATURES)})")
         if self.weights is not None and (len(self.weights) != len(self.scenarios) or min(self.weights) <= 0):
             raise ValueError(f"weights must be one share > 0 for each of the {len(self.scenarios)} scenarios, in "
                              f"their order; got {list(self.weights)}")
@@ -152,6 +164,10 @@ def load_train_config(path: str | Path, **overrides) -> TrainConfig:
         elif cfg.reward is not None:
             raise ScenarioError("reward: a node policy trains on its node scenario's reward")
         held_out(cfg)
+        if cfg.blind and is_node_config(cfg):
+            raise ScenarioError("blind: a node policy reads env/node_observation.py's features, all of them")
+        if cfg.blind and cfg.init_policy is not None:
+            raise ScenarioError("blind: fine-tuning (init_policy) starts from a network of this build's whole layout")
         if cfg.init_policy is not None:
             initial_network(cfg, scenarios[0])
     except ValueError as exc:
@@ -234,14 +250,31 @@ def held_out(cfg: TrainConfig) -> list[Scenario]:
     return out
 
 
-class AgentPolicy(Policy):
-    """A model being trained, as a ``Policy`` (greedy)."""
+def seen(blind: tuple[str, ...]) -> np.ndarray:
+    """The positions of the features a network trained ``blind`` to those reads, in order."""
+    return np.array([i for i, f in enumerate(FEATURES) if f not in blind])
 
-    def __init__(self, model: OvercommitDQN, name: str = "dqn") -> None:
-        self.model, self.name, self.engine_overrides = model, name, {}
+
+class BlindObservation(gym.ObservationWrapper):
+    """An environment's observation without the features ``blind`` names (``TrainConfig.blind``)."""
+
+    def __init__(self, env: gym.Env, blind: tuple[str, ...]) -> None:
+        super().__init__(env)
+        self.keep = seen(blind)
+        self.observation_space = gym.spaces.Box(LOW[self.keep], HIGH[self.keep], dtype=np.float32)
+
+    def observation(self, obs: np.ndarray) -> np.ndarray:
+        return obs[self.keep]
+
+
+class AgentPolicy(Policy):
+    """A model being trained, as a ``Policy`` (greedy), reading the features at ``keep`` (all by default)."""
+
+    def __init__(self, model: OvercommitDQN, name: str = "dqn", keep: np.ndarray | None = None) -> None:
+        self.model, self.name, self.engine_overrides, self.keep = model, name, {}, keep
 
     def act(self, obs: np.ndarray) -> int:
-        return int(self.model.predict(obs, deterministic=True)[0])
+        return int(self.model.predict(obs if self.keep is None else obs[self.keep], deterministic=True)[0])
 
 
 class HeldOutEval(BaseCallback):
@@ -260,7 +293,7 @@ class HeldOutEval(BaseCallback):
 
     def _runs(self, seed: int) -> dict[str, dict]:
         """The greedy agent on ``eval_episodes`` episodes of each scenario from ``seed``."""
-        agent = AgentPolicy(self.model)
+        agent = AgentPolicy(self.model, keep=seen(self.cfg.blind) if self.cfg.blind else None)
         return {env.scenario.name: evaluate(env, agent, self.cfg.eval_episodes, seed) for env in self.envs}
 
     def validate(self) -> None:
@@ -302,9 +335,11 @@ def _make_env(scenarios: list[Scenario], cfg: TrainConfig):
 
     def make():
         if len(scenarios) == 1 and shaping_gamma is None:
-            return make_env(scenarios[0], cfg.shield, training=True)
-        return MixtureEnv(scenarios, shield=TRAINING if cfg.shield else None, shaping_gamma=shaping_gamma,
-                          weights=episode_weights(cfg))
+            env = make_env(scenarios[0], cfg.shield, training=True)
+        else:
+            env = MixtureEnv(scenarios, shield=TRAINING if cfg.shield else None, shaping_gamma=shaping_gamma,
+                             weights=episode_weights(cfg))
+        return BlindObservation(env, cfg.blind) if cfg.blind else env
     return make
 
 
@@ -459,7 +494,7 @@ def train(cfg: TrainConfig, logdir: str | Path = "runs", resume: str | None = No
                   f"{selection['validation_reward']:.2f}; " + ", ".join(
                       f"{c['timesteps']:,}: {c['validation_reward']:.2f}" for c in selection["candidates"]) + ")")
         header = export_policy(model, run / "policy.rlpolicy", scenario=scenarios[0],
-                               training_config=dataclasses.asdict(cfg), selection=selection)
+                               training_config=dataclasses.asdict(cfg), selection=selection, blind=cfg.blind)
         tables, results = _judge(run, cfg, evaluation, baseline_specs, model.num_timesteps, n_envs)
     finally:
         venv.close()

@@ -197,6 +197,11 @@ def test_the_shipped_ensemble_config_is_the_default_with_only_its_members_added(
                                                                         name="default_ensemble", members=2)
 
 
+def test_the_three_member_ensemble_is_the_default_with_only_its_members_and_blind_feature_added():
+    assert load_train_config("default_ensemble3") == dataclasses.replace(
+        load_train_config("default"), name="default_ensemble3", members=3, blind=("expected_ratio",))
+
+
 def test_the_wide_experiment_is_the_default_with_only_long_outputs_on_a_second_deployment_added():
     default = load_train_config("default")
     extra = ("long_outputs_8b_h200", "long_outputs_8b_h200_preempt")
@@ -373,3 +378,37 @@ def test_several_configs_and_seeds_end_with_a_row_each_even_where_two_configs_sh
         assert len(set(data[label]["runs"])) == 2
         assert any(line.startswith(f"| {label} |") or label in line for line in table.splitlines())
     assert "static:1" in data and "vllm" in data  # the first run's baselines
+
+
+def test_a_run_blind_to_a_feature_never_reads_it_and_its_file_says_so(tmp_path):
+    """``blind``: the network trains without the named features and its file leaves them out of its
+    layout, so it loads as a file trained before them does: the same action whatever they say."""
+    import numpy as np
+
+    from env.observation import FEATURES
+
+    cfg = load_train_config(configs(tmp_path, base="long_outputs", eval_starts=None, timesteps=120, n_envs=1,
+                                    checkpoint_every=1000, blind=["expected_ratio"]))
+    assert cfg.blind == ("expected_ratio",)
+    out = train(cfg, tmp_path / "runs", progress_bar=False, baseline_specs=[])
+    policy = make_policy(out["policy"])
+    assert policy.blind_to == ["expected_ratio"]
+    assert policy.header["observation"]["features"] == [f for f in FEATURES if f != "expected_ratio"]
+    assert policy.header["network"]["obs_dim"] == len(FEATURES) - 1
+    obs = np.random.default_rng(0).random((256, len(FEATURES)), dtype=np.float32)
+    moved = obs.copy()
+    moved[:, FEATURES.index("expected_ratio")] = 1.0 - moved[:, FEATURES.index("expected_ratio")]
+    assert np.array_equal(policy.q_values(obs), policy.q_values(moved))
+    assert not np.array_equal(policy.q_values(obs), policy.q_values(obs[:, ::-1].copy()))  # it reads the rest
+
+
+@pytest.mark.parametrize("blind, match", [(["no_such_feature"], "no_such_feature"),
+                                          (["queue_len", "queue_len"], "distinct")])
+def test_a_bad_blind_list_is_refused_naming_it(tmp_path, blind, match):
+    with pytest.raises(ScenarioError, match=match):
+        load_train_config(configs(tmp_path, blind=blind))
+
+
+def test_blind_fine_tuning_is_refused(tmp_path):
+    with pytest.raises(ScenarioError, match="blind: fine-tuning"):
+        load_train_config(configs(tmp_path, init_policy="default", blind=["expected_ratio"]))
