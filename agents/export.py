@@ -212,6 +212,17 @@ def _write(path: Path, weights: dict[str, torch.Tensor], header: dict) -> dict:
 
 
 # ---- load --------------------------------------------------------------------------------------
+class MeanQ:
+    """An ensemble's numpy forward pass: the mean of its members' Q-values. A class, not a closure,
+    so that the policy pickles into the worker processes of ``--jobs``."""
+
+    def __init__(self, members: list[NumpyQNetwork]) -> None:
+        self.members = members
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        return np.mean([f(x) for f in self.members], axis=0, dtype=np.float32)
+
+
 class ExportedPolicy(Policy):
     """A policy file's greedy policy: the action with the highest Q-value; for an ensemble (several
     networks), the highest mean of the members' Q-values."""
@@ -222,8 +233,7 @@ class ExportedPolicy(Policy):
         self.forward = None  # the numpy forward pass, where the networks are small enough (above)
         if self.parameters <= NUMPY_MAX_PARAMETERS:
             numpy_networks = [NumpyQNetwork(network) for network in self.networks]
-            self.forward = numpy_networks[0] if len(numpy_networks) == 1 else (
-                lambda x: np.mean([f(x) for f in numpy_networks], axis=0, dtype=np.float32))
+            self.forward = numpy_networks[0] if len(numpy_networks) == 1 else MeanQ(numpy_networks)
         self.name = path.stem
         self.engine_overrides = {}
         self.obs_dim = header["network"]["obs_dim"]
