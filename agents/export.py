@@ -61,7 +61,7 @@ from safetensors.torch import save_file
 from agents.policy import Policy
 from agents.networks import NumpyQNetwork, q_network
 from env.node_observation import node_bounds, node_features
-from env.observation import FEATURES, HIGH, LOW
+from env.observation import FEATURES, HIGH, LOW, seen
 from engine.control import ACTIONS
 from engine.node_control import action_names
 
@@ -122,8 +122,8 @@ def export_policy(model, path: str | Path, *, scenario, training_config: dict,
     qnet = model.policy.q_net
     engines = list(scenario.names) if hasattr(scenario, "tenants") else None  # a node's policy
     features, low, high, actions = layout(engines)
-    if blind:
-        keep = [i for i, f in enumerate(features) if f not in blind]
+    if blind:  # a node's layout is never blind (rlctl/train.py refuses it): this build's FEATURES
+        keep = seen(blind)
         features, low, high = [features[i] for i in keep], low[keep], high[keep]
     if qnet.features_dim != len(features) or qnet.action_space.n != len(actions):
         raise ValueError(f"export_policy: the model sees {qnet.features_dim} features and {qnet.action_space.n} "

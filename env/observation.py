@@ -51,6 +51,12 @@ LOW[FEATURES.index("alloc_slope")] = -1.0
 HIGH = np.ones(len(FEATURES), dtype=np.float32)
 
 
+def seen(blind: tuple[str, ...]) -> np.ndarray:
+    """The positions of the features a network trained blind to ``blind`` reads, in order
+    (rlctl/train.py ``blind``; its policy file's layout, agents/export.py)."""
+    return np.array([i for i, f in enumerate(FEATURES) if f not in blind])
+
+
 def _unit(x: float) -> float:
     return min(max(x, 0.0), 1.0)
 

@@ -58,7 +58,7 @@ from agents.dqn import OvercommitDQN
 from agents.node_spec import make_node_policy, node_baselines
 from agents.shield import TRAINING
 from env.mixture import MixtureEnv
-from env.observation import FEATURES, HIGH, LOW
+from env.observation import FEATURES, HIGH, LOW, seen
 from env.node_scenario import is_node_scenario, load_node_scenario
 from env.scenario import Reward, Scenario, ScenarioError, TraceWorkload
 from env.scenario_yaml import from_mapping, load_scenario, read_yaml
@@ -248,11 +248,6 @@ def held_out(cfg: TrainConfig) -> list[Scenario]:
             sc = dataclasses.replace(sc, workload=dataclasses.replace(sc.workload, starts=tuple(cfg.eval_starts)))
         out.append(sc)
     return out
-
-
-def seen(blind: tuple[str, ...]) -> np.ndarray:
-    """The positions of the features a network trained ``blind`` to those reads, in order."""
-    return np.array([i for i, f in enumerate(FEATURES) if f not in blind])
 
 
 class BlindObservation(gym.ObservationWrapper):
