@@ -8,7 +8,9 @@ same engine (the tuned fixed factor, shielded or not, and ``watermark``) on a cr
 of those, ``vllm`` and ``sglang`` on a preempting one, where ``vllm`` and ``sglang`` are engines of
 that kind. The share of headroom a policy
 captures is ``(policy - best incumbent) / (oracle - best incumbent)``; where the oracle does no
-better than the best incumbent the table says "no headroom". Under the table, each trained
+better than the best incumbent the table says "no headroom". Every policy runs on the same seeds,
+so the policy's ratio to the best incumbent comes with a paired bootstrap interval over the
+episodes (``paired_ratio_interval``): how far the ratio moves with the episodes drawn. Under the table, each trained
 policy's own goodput, SLO attainment and actions an episode, so that a weight that loses can be
 read from the same run.
 """
@@ -42,6 +44,27 @@ def share(policy: float, incumbent: float, oracle: float) -> float | None:
     return None if oracle <= incumbent else (policy - incumbent) / (oracle - incumbent)
 
 
+def paired_ratio_interval(policy, reference, level: float = 0.95, draws: int = 4000,
+                          seed: int = 0) -> tuple[float, float]:
+    """The ``level`` interval of ``mean(policy) / mean(reference)`` over episodes run on the same
+    seeds (``policy[k]`` and ``reference[k]`` on seed k), by a paired bootstrap: ``draws``
+    resamples of the episodes with replacement, each pair kept together, and the percentiles of
+    the ratio over them. Fixed ``seed``: the same figures give the same interval."""
+    p, r = np.asarray(policy, dtype=float), np.asarray(reference, dtype=float)
+    if p.shape != r.shape or p.ndim != 1 or len(p) == 0:
+        raise ValueError(f"paired episodes: need two equal, non-empty lists, got {p.shape} and {r.shape}")
+    if not 0 < level < 1:
+        raise ValueError(f"interval level must be in (0, 1), got {level}")
+    picks = np.random.default_rng(seed).integers(0, len(p), size=(draws, len(p)))
+    num, den = p[picks].mean(axis=1), r[picks].mean(axis=1)
+    ratios = np.divide(num, den, out=np.full(draws, np.nan), where=den > 0)
+    ratios = ratios[np.isfinite(ratios)]
+    if not len(ratios):
+        raise ValueError("paired episodes: the reference has no goodput in any resample")
+    tail = 100 * (1 - level) / 2
+    return float(np.percentile(ratios, tail)), float(np.percentile(ratios, 100 - tail))
+
+
 def results(scenario: Scenario, policy_files: list[str], episodes: int, seed: int, oracle: bool = True,
             jobs: int = 1) -> dict:
     tuned = static_spec(scenario.best_static)
@@ -69,6 +92,12 @@ def results(scenario: Scenario, policy_files: list[str], episodes: int, seed: in
         out["share_of_headroom"] = {n: share(float(np.mean(r["goodput_tokens_per_s"])), inc, orc)
                                     for n, r in rows.items()}
     g = float(np.mean(rows["dqn"]["goodput_tokens_per_s"]))
+    # the policy's goodput on each seed (the mean over its weights) against the best incumbent's
+    per_seed = np.mean([[e["goodput_tokens_per_s"] for e in d["episodes"]] for d in dqn], axis=0)
+    ref = [e["goodput_tokens_per_s"] for e in baseline[best]["episodes"]]
+    some = any(ref)
+    out["dqn_over_best"] = {"ratio": g / float(np.mean(ref)) if some else None, "episodes": len(ref),
+                            "interval_95": list(paired_ratio_interval(per_seed, ref)) if some else None}
     out["dqn_over"] = {n: g / baseline[n]["goodput_tokens_per_s"] if baseline[n]["goodput_tokens_per_s"] else None
                        for n in baseline}
     return out
@@ -98,6 +127,11 @@ def format_results(out: dict) -> str:
                      f"{_cell(r['ttft_p99_s'])} | {_cell(r['slo_attainment'], pct=True)} | {cell} |")
     over = ", ".join(f"{n} {x:.2f}x" for n, x in out["dqn_over"].items() if x is not None)
     lines += ["", f"dqn's goodput over: {over}"]
+    vs = out.get("dqn_over_best")
+    if vs and vs["interval_95"]:
+        lo, hi = vs["interval_95"]
+        lines.append(f"dqn over the best incumbent ({out['best_incumbent']}): {vs['ratio']:.3f}x, 95 % interval "
+                     f"{lo:.3f}x to {hi:.3f}x (paired bootstrap over its {vs['episodes']} episodes)")
     for k, (f, acts) in enumerate(out.get("dqn_actions", {}).items()):
         by_weight = ", ".join(f"{v:.0f} {a}" for a, v in acts.items())
         goodput, slo = out["rows"]["dqn"]["goodput_tokens_per_s"][k], out["rows"]["dqn"]["slo_attainment"][k]

@@ -1,12 +1,16 @@
 """``rlctl results``' incumbents: the tuned fixed factor also runs behind the safety shield the
 trained policy acts behind (as ``rlctl serve`` serves a fixed factor), and the best incumbent is
-taken over both; a preempting engine adds the peers."""
+taken over both; a preempting engine adds the peers; the policy's ratio to the best incumbent comes
+with a paired interval over the episodes."""
 from __future__ import annotations
 
 from dataclasses import replace
 
+import numpy as np
+import pytest
+
 from env.scenario_yaml import load_scenario
-from rlctl.results import SHIELDED, format_results, incumbents, results
+from rlctl.results import SHIELDED, format_results, incumbents, paired_ratio_interval, results
 
 
 def test_a_crashing_engines_incumbents_include_the_shielded_tuned_factor():
@@ -51,3 +55,34 @@ def test_one_oom_in_thirty_episodes_shows_in_the_table():
            "rows": {"dqn": dqn, "watermark": figures}, "dqn_over": {"watermark": 1.0}}
     row = next(line for line in format_results(out).splitlines() if line.startswith("| dqn |"))
     assert row.split("|")[3].strip() == "0.03 +- 0.05"
+
+
+def test_the_paired_interval_brackets_the_ratio_and_narrows_when_the_episodes_agree():
+    """Episodes on the same seeds move together: the interval is of the pairs, not of two free samples."""
+    rng = np.random.default_rng(1)
+    base = rng.uniform(500, 700, size=30)  # seeds differ by far more than the policies do
+    steady = base * 1.04  # 4 % better on every seed
+    noisy = base * rng.uniform(0.94, 1.14, size=30)  # 4 % better on average, by seed -6 % .. +14 %
+    lo, hi = paired_ratio_interval(steady, base)
+    assert lo == pytest.approx(1.04) and hi == pytest.approx(1.04)
+    lo2, hi2 = paired_ratio_interval(noisy, base)
+    ratio = noisy.mean() / base.mean()
+    assert lo2 < ratio < hi2 and hi2 - lo2 > 0.02
+    assert paired_ratio_interval(noisy, base) == (lo2, hi2)  # the same figures give the same interval
+    # unpaired, the spread between seeds (about 8 % of the mean) would swamp a 4 % gain: paired, it does not
+    assert lo2 > 1.0
+    with pytest.raises(ValueError, match="equal, non-empty"):
+        paired_ratio_interval(noisy[:5], base)
+    with pytest.raises(ValueError, match="level"):
+        paired_ratio_interval(noisy, base, level=1.0)
+
+
+def test_the_table_gives_the_ratio_to_the_best_incumbent_with_its_interval():
+    sc = replace(load_scenario("long_outputs_l40s_preempt"), max_steps=20)
+    out = results(sc, ["default", "default_seed1"], episodes=3, seed=1000, oracle=False)
+    vs = out["dqn_over_best"]
+    best = out["rows"][out["best_incumbent"]]["goodput_tokens_per_s"][0]
+    assert vs["episodes"] == 3 and vs["ratio"] == pytest.approx(np.mean(out["rows"]["dqn"]["goodput_tokens_per_s"]) / best)
+    lo, hi = vs["interval_95"]
+    assert lo <= vs["ratio"] <= hi
+    assert f"{vs['ratio']:.3f}x, 95 % interval {lo:.3f}x to {hi:.3f}x" in format_results(out)
