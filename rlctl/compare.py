@@ -13,7 +13,9 @@ references' (the form of the published rules), with the OOM events summed on eac
 (``--bar``) is met when that mean is at least the bar and the candidate has no more OOMs. The
 geometric mean of the (case, pair) ratios is printed beside it. A candidate with no goodput where
 its reference has some scores 0, which no bar meets; a case or pair whose reference has no goodput
-has no ratio, and is listed and left out of that mean.
+has no ratio, and is listed and left out of that mean. Each case's ratio comes with its paired 95 %
+interval over the episodes (``rlctl.results.paired_ratio_interval``; on each seed, the mean over the
+pairs of each side), so that a margin can be read against how far the episodes move it.
 """
 from __future__ import annotations
 
@@ -28,6 +30,7 @@ from env.scenario import ScenarioError
 from env.scenario_yaml import from_mapping, read_yaml
 from experiments import CASES, bundled, find
 from rlctl.evaluate import eval_scenario, run_evals
+from rlctl.results import paired_ratio_interval
 
 
 @dataclass(frozen=True)
@@ -115,14 +118,20 @@ def compare(candidates: list[str], references: list[str], cases: Cases, jobs: in
                    "reference": r["goodput_tokens_per_s"],
                    "candidate_ooms": int(sum(e["oom_events"] for e in c["episodes"])),
                    "reference_ooms": int(sum(e["oom_events"] for e in r["episodes"])),
-                   "candidate_preemptions": c["preemptions"], "reference_preemptions": r["preemptions"]}
+                   "candidate_preemptions": c["preemptions"], "reference_preemptions": r["preemptions"],
+                   "candidate_episodes": [e["goodput_tokens_per_s"] for e in c["episodes"]],
+                   "reference_episodes": [e["goodput_tokens_per_s"] for e in r["episodes"]]}
             row["ratio"] = _ratio(row["candidate"], row["reference"])
             rows.append(row)
             say(format_row(row))
     by_case = {}
     for case in dict.fromkeys(r["case"] for r in rows):
         c, r = (float(np.mean([x[side] for x in rows if x["case"] == case])) for side in ("candidate", "reference"))
-        by_case[case] = {"candidate": c, "reference": r, "ratio": _ratio(c, r)}
+        # on each seed, each side's mean over the pairs: the episodes the interval resamples
+        cs, rs = (np.mean([x[f"{side}_episodes"] for x in rows if x["case"] == case], axis=0)
+                  for side in ("candidate", "reference"))
+        interval = list(paired_ratio_interval(cs, rs)) if r > 0 else None
+        by_case[case] = {"candidate": c, "reference": r, "ratio": _ratio(c, r), "interval_95": interval}
     return {"cases": cases.name, "episodes": cases.episodes, "seeds": [cases.seed, cases.seed + cases.episodes - 1],
             "candidates": list(candidates), "references": list(references), "rows": rows, "by_case": by_case,
             "geometric_mean": _geometric_mean([c["ratio"] for c in by_case.values()]),
@@ -165,6 +174,8 @@ def format_compare(out: dict, bar: float | None = None) -> str:
     lines.append("")
     for case, c in out["by_case"].items():
         ratio = "-" if c["ratio"] is None else f"{c['ratio']:.3f}x"
+        if c.get("interval_95"):
+            ratio += f"; 95 % interval {c['interval_95'][0]:.3f}x to {c['interval_95'][1]:.3f}x"
         lines.append(f"{case}: {c['candidate']:.1f} against {c['reference']:.1f} ({ratio})")
     g, by_pair = out["geometric_mean"], out["geometric_mean_by_pair"]
     lines += ["", "geometric mean over the cases of the pairs' mean goodput, candidate over reference: "

@@ -1,6 +1,7 @@
 """``rlctl compare``: candidates against references on a committed set of cases, each pair on the
 same episodes behind the shield, the geometric mean of their goodput ratios and the OOMs summed; the
-bundled sets load, and a bad set or pairing is refused before an episode runs."""
+bundled sets load, and a bad set or pairing is refused before an episode runs; each case's ratio
+comes with a paired interval over the episodes."""
 from __future__ import annotations
 
 import json
@@ -13,7 +14,7 @@ from agents.spec import make_policy
 from env.scenario import ScenarioError
 from experiments import CASES, bundled
 from rlctl.cli import main
-from rlctl.compare import Case, compare, load_cases, scenario, verdict
+from rlctl.compare import Case, compare, format_compare, load_cases, scenario, verdict
 from rlctl.evaluate import run_evals
 
 
@@ -48,6 +49,22 @@ def test_each_ratio_is_the_pairs_goodput_on_the_same_episodes_as_rlctl_eval_runs
         assert out["by_case"][case.label()]["ratio"] == pytest.approx(by_case[-1])
     assert out["geometric_mean"] == pytest.approx(math.prod(by_case) ** (1 / len(by_case)))
     assert out["candidate_ooms"] == sum(r["candidate_ooms"] for r in out["rows"])
+    # each case's ratio with its paired interval; one episode a side: the interval is the ratio itself
+    for case in out["by_case"].values():
+        lo, hi = case["interval_95"]
+        assert lo == pytest.approx(case["ratio"]) and hi == pytest.approx(case["ratio"])
+
+
+def test_each_cases_interval_pairs_the_episodes_and_brackets_its_ratio(tmp_path):
+    out = compare(["default", "default_seed1"], ["watermark", "static:2"],
+                  load_cases(_cases(tmp_path, [{"scenario": "long_outputs"}], episodes=4, steps=30)), say=lambda _: None)
+    rows = out["rows"]
+    assert all(len(r["candidate_episodes"]) == len(r["reference_episodes"]) == 4 for r in rows)
+    assert all(r["candidate"] == pytest.approx(sum(r["candidate_episodes"]) / 4) for r in rows)
+    case = out["by_case"]["long_outputs"]
+    lo, hi = case["interval_95"]
+    assert lo <= case["ratio"] <= hi and lo < hi  # four episodes that differ: an interval, not a point
+    assert f"95 % interval {lo:.3f}x to {hi:.3f}x" in format_compare(out)
 
 
 def test_a_policy_against_itself_is_one_and_the_bar_judges_the_mean_and_the_ooms(tmp_path):
