@@ -126,10 +126,10 @@ def compare(candidates: list[str], references: list[str], cases: Cases, jobs: in
             say(format_row(row))
     by_case = {}
     for case in dict.fromkeys(r["case"] for r in rows):
-        c, r = (float(np.mean([x[side] for x in rows if x["case"] == case])) for side in ("candidate", "reference"))
         # on each seed, each side's mean over the pairs: the episodes the interval resamples
         cs, rs = (np.mean([x[f"{side}_episodes"] for x in rows if x["case"] == case], axis=0)
                   for side in ("candidate", "reference"))
+        c, r = float(np.mean(cs)), float(np.mean(rs))
         interval = list(paired_ratio_interval(cs, rs)) if r > 0 else None
         by_case[case] = {"candidate": c, "reference": r, "ratio": _ratio(c, r), "interval_95": interval}
     return {"cases": cases.name, "episodes": cases.episodes, "seeds": [cases.seed, cases.seed + cases.episodes - 1],

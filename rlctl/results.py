@@ -92,14 +92,14 @@ def results(scenario: Scenario, policy_files: list[str], episodes: int, seed: in
         out["share_of_headroom"] = {n: share(float(np.mean(r["goodput_tokens_per_s"])), inc, orc)
                                     for n, r in rows.items()}
     g = float(np.mean(rows["dqn"]["goodput_tokens_per_s"]))
+    out["dqn_over"] = {n: g / baseline[n]["goodput_tokens_per_s"] if baseline[n]["goodput_tokens_per_s"] else None
+                       for n in baseline}
     # the policy's goodput on each seed (the mean over its weights) against the best incumbent's
     per_seed = np.mean([[e["goodput_tokens_per_s"] for e in d["episodes"]] for d in dqn], axis=0)
     ref = [e["goodput_tokens_per_s"] for e in baseline[best]["episodes"]]
-    some = any(ref)
-    out["dqn_over_best"] = {"ratio": g / float(np.mean(ref)) if some else None, "episodes": len(ref),
-                            "interval_95": list(paired_ratio_interval(per_seed, ref)) if some else None}
-    out["dqn_over"] = {n: g / baseline[n]["goodput_tokens_per_s"] if baseline[n]["goodput_tokens_per_s"] else None
-                       for n in baseline}
+    ratio = out["dqn_over"][best]
+    out["dqn_over_best"] = {"ratio": ratio, "episodes": len(ref),
+                            "interval_95": None if ratio is None else list(paired_ratio_interval(per_seed, ref))}
     return out
 
 

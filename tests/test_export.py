@@ -385,7 +385,7 @@ def test_an_ensemble_acts_on_the_mean_of_its_members_q_values(ensemble):
     assert not np.allclose(qa, qb)
     assert np.allclose(policy.q_values(obs), (qa + qb) / 2, atol=1e-6)
     assert [policy.act(o) for o in obs] == list(((qa + qb) / 2).argmax(axis=1))
-    import pickle  # rlctl eval/results/compare --jobs send the policy to worker processes
+    # rlctl eval/results/compare --jobs send the policy to worker processes
     assert np.array_equal(pickle.loads(pickle.dumps(policy)).q_values(obs), policy.q_values(obs))
     torch_path = ExportedPolicy(path, policy.header, policy.networks, policy.file_sha256)
     torch_path.forward = None  # a network too big for the numpy forward acts through torch: the same mean
