@@ -412,3 +412,8 @@ def test_a_bad_blind_list_is_refused_naming_it(tmp_path, blind, match):
 def test_blind_fine_tuning_is_refused(tmp_path):
     with pytest.raises(ScenarioError, match="blind: fine-tuning"):
         load_train_config(configs(tmp_path, init_policy="default", blind=["expected_ratio"]))
+
+
+def test_the_noqueuetokens_experiment_is_the_default_blind_to_the_waiting_tokens_as_well():
+    assert load_train_config("default_noqueuetokens") == dataclasses.replace(
+        load_train_config("default"), name="default_noqueuetokens", blind=("expected_ratio", "queue_tokens"))
