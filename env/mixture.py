@@ -17,7 +17,7 @@ class MixtureEnv(gym.Env):
     metadata = {"render_modes": []}
 
     def __init__(self, scenarios: list[Scenario], shield=None, shaping_gamma: float | None = None,
-                 weights: list[float] | None = None) -> None:
+                 weights: list[float] | None = None, backlog=None) -> None:
         if not scenarios:
             raise ValueError("a mixture needs at least one scenario")
         if weights is not None and (len(weights) != len(scenarios) or min(weights) <= 0):
@@ -26,7 +26,7 @@ class MixtureEnv(gym.Env):
         scales = {sc.observation for sc in scenarios}
         if len(scales) > 1:
             raise ValueError(f"the scenarios of a mixture must share their observation scales, got {sorted(map(str, scales))}")
-        self.envs = [OvercommitEnv(sc, shield=shield, shaping_gamma=shaping_gamma) for sc in scenarios]
+        self.envs = [OvercommitEnv(sc, shield=shield, shaping_gamma=shaping_gamma, backlog=backlog) for sc in scenarios]
         self.observation_space = self.envs[0].observation_space
         self.action_space = self.envs[0].action_space
         self.current = self.envs[0]

@@ -62,9 +62,9 @@ from engine.metrics import summarize
 from engine.roofline import deployment
 from engine.config import max_model_len
 from env.observation import FEATURES, HIGH, LOW, observe
-from env.scenario import Scenario
+from env.scenario import Backlog, Scenario
 from env.scenario_yaml import load_scenario
-from env.workload_builder import earlier_outputs, episode_requests
+from env.workload_builder import earlier_outputs, episode_requests, front_loaded
 
 # reward term -> (weight of the scenario's ``reward``, sign)
 REWARD_TERMS = {"goodput": ("alpha", 1.0), "late": ("kappa", 1.0), "slo_violation": ("gamma", -1.0),
@@ -80,7 +80,8 @@ class OvercommitEnv(gym.Env):
     metadata = {"render_modes": []}
 
     def __init__(self, scenario: Scenario | str | Path = "burst", engine_overrides: dict | None = None,
-                 cost_model=None, shield=None, shaping_gamma: float | None = None) -> None:
+                 cost_model=None, shield=None, shaping_gamma: float | None = None,
+                 backlog: Backlog | None = None) -> None:
         if shaping_gamma is not None and not 0 <= shaping_gamma <= 1:
             raise ValueError(f"shaping_gamma must be in [0, 1] or None, got {shaping_gamma!r}")
         self.scenario = scenario if isinstance(scenario, Scenario) else load_scenario(scenario)
@@ -89,6 +90,7 @@ class OvercommitEnv(gym.Env):
         self.engine_overrides = dict(engine_overrides or {})
         self.shield = shield
         self.shaping_gamma = shaping_gamma
+        self.backlog = backlog
         self.observation_space = spaces.Box(LOW, HIGH, dtype=np.float32)
         self.action_space = spaces.Discrete(len(ACTIONS))
         self.feature_names = FEATURES
@@ -107,6 +109,10 @@ class OvercommitEnv(gym.Env):
         self.engine = Engine(self.deployment.model, cfg, executor=ProfiledExecutor(self.cost))
         self.engine.output_lengths.extend(earlier_outputs(sc.workload, sc.episode_s, self.engine.max_model_len, cfg.seed))
         requests, self.workload_line = episode_requests(sc.workload, sc.episode_s, self.engine.max_model_len, rng)
+        if self.backlog is not None and rng.random() < self.backlog.share:
+            kv_tokens = self.engine.kv.num_blocks * self.engine.pool.block_size
+            requests = front_loaded(requests, float(rng.uniform(*self.backlog.kv)) * kv_tokens)
+            self.workload_line += f"; starts behind: {sum(r.arrival_s == 0.0 for r in requests)} requests at time 0"
         for req in requests:
             self.engine.submit(req)
         self.events = self._cotenant_events(rng)

@@ -115,6 +115,25 @@ class Reward:
 
 
 @dataclass(frozen=True)
+class Backlog:
+    """A training episode that starts behind: on a ``share`` of episodes, the first requests (in
+    arrival order, single turns only) arrive at once at time 0, until their prompts hold a multiple
+    of the KV capacity drawn uniformly from ``kv`` (env/workload_builder.py ``front_loaded``). The
+    rest arrive as drawn. It puts the policy where a parked factor leaves it, a long queue over an
+    idle KV, on workloads where draining it pays and where it does not (rlctl/train.py)."""
+
+    share: float = 0.5
+    kv: tuple[float, float] = (0.5, 2.0)
+
+    def __post_init__(self) -> None:
+        if not 0 < self.share <= 1:
+            raise ValueError(f"backlog share must be in (0, 1], got {self.share}")
+        low, high = self.kv
+        if not 0 < low <= high:
+            raise ValueError(f"backlog kv must be [low, high] with 0 < low <= high, got {list(self.kv)}")
+
+
+@dataclass(frozen=True)
 class Observation:
     """Scales that bound the unbounded features (see env/observation.py)."""
 

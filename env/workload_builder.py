@@ -7,6 +7,7 @@ generator they are given, so one seed gives one workload.
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from functools import lru_cache
 from pathlib import Path
 
@@ -146,3 +147,20 @@ def episode_requests(w: Workload, episode_s: float, max_model_len: int, rng: np.
         requests = generate_sessions(session_arrivals=_arrivals(w.arrivals), mean_turns=float(s["mean_turns"]),
                                      mean_think_s=float(s["mean_think_s"]), first_prompt_lengths=first, **common)
     return requests, f"generated: {w.arrivals.kind} arrivals, max_tokens {w.max_tokens}, {len(requests)} requests"
+
+
+def front_loaded(requests: list[Request], tokens: float) -> list[Request]:
+    """``requests`` with the first of them in arrival order arriving at time 0 instead, until their
+    prompts hold ``tokens`` (the one that reaches it included): a backlog the engine starts behind.
+    Of a multi-turn session only the opening turn moves; its later turns keep their times, so they
+    still come after it."""
+    out, held, opened = [], 0, set()
+    for r in sorted(requests, key=lambda r: r.arrival_s):
+        opening = r.session_id is None or r.session_id not in opened
+        if r.session_id is not None:
+            opened.add(r.session_id)
+        if held < tokens and opening:
+            held += r.prompt_len
+            r = replace(r, arrival_s=0.0)
+        out.append(r)
+    return sorted(out, key=lambda r: r.arrival_s)

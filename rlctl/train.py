@@ -60,7 +60,7 @@ from agents.shield import TRAINING
 from env.mixture import MixtureEnv
 from env.observation import FEATURES, HIGH, LOW, seen
 from env.node_scenario import is_node_scenario, load_node_scenario
-from env.scenario import Reward, Scenario, ScenarioError, TraceWorkload
+from env.scenario import Backlog, Reward, Scenario, ScenarioError, TraceWorkload
 from env.scenario_yaml import from_mapping, load_scenario, read_yaml
 from experiments import TRAIN, bundled, find
 from rlctl.evaluate import evaluate, make_env
@@ -87,6 +87,7 @@ class TrainConfig:
     n_steps: int = 3
     shield: bool = True
     shaping: bool = False                            # potential-based shaping with the work under way (env/overcommit_env.py)
+    backlog: Backlog | None = None                   # a share of training episodes start behind (env/scenario.py)
     reward: Reward | None = None                     # the reward every training scenario trains on in place of its own
     init_policy: str | None = None                   # a policy file (or shipped name) whose network training starts from
     blind: tuple[str, ...] = ()                      # features the network never reads (above)
@@ -163,6 +164,8 @@ def load_train_config(path: str | Path, **overrides) -> TrainConfig:
             raise ScenarioError("shaping: a node policy trains on the plain reward (rlctl/SharedGPU-v0 has no shaping)")
         elif cfg.reward is not None:
             raise ScenarioError("reward: a node policy trains on its node scenario's reward")
+        elif cfg.backlog is not None:
+            raise ScenarioError("backlog: a node policy's episodes start as its node scenario starts them")
         held_out(cfg)
         if cfg.blind and is_node_config(cfg):
             raise ScenarioError("blind: a node policy reads env/node_observation.py's features, all of them")
@@ -329,11 +332,11 @@ def _make_env(scenarios: list[Scenario], cfg: TrainConfig):
     shaping_gamma = cfg.gamma if cfg.shaping else None  # the agent's own discount: the optimal policy is unchanged
 
     def make():
-        if len(scenarios) == 1 and shaping_gamma is None:
+        if len(scenarios) == 1 and shaping_gamma is None and cfg.backlog is None:
             env = make_env(scenarios[0], cfg.shield, training=True)
         else:
             env = MixtureEnv(scenarios, shield=TRAINING if cfg.shield else None, shaping_gamma=shaping_gamma,
-                             weights=episode_weights(cfg))
+                             weights=episode_weights(cfg), backlog=cfg.backlog)
         return BlindObservation(env, cfg.blind) if cfg.blind else env
     return make
 

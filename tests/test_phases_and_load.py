@@ -59,3 +59,41 @@ def test_eval_puts_a_held_out_trace_at_a_load_and_says_how(capsys):
         assert message in capsys.readouterr().err
     assert main(["eval", "--scenario", "steady", "--load", "1.2", "--policy", "static:1.0"]) == 2
     assert "apply to --trace" in capsys.readouterr().err
+
+
+def test_a_backlog_moves_the_first_requests_to_time_zero_until_their_prompts_hold_the_tokens():
+    from env.workload_builder import front_loaded
+    from env.workloads import Request
+
+    reqs = [Request(f"r{i}", 10.0 * i + 1, 100, 10, 50) for i in range(6)]
+    moved = front_loaded(list(reversed(reqs)), 250)  # any order in, arrival order out
+    assert [r.request_id for r in moved] == [f"r{i}" for i in range(6)]
+    assert [r.arrival_s for r in moved] == [0.0, 0.0, 0.0, 31.0, 41.0, 51.0]  # 100 + 100 < 250 <= 300
+    assert [(r.prompt_len, r.output_len, r.max_tokens) for r in moved] == [(100, 10, 50)] * 6
+    assert front_loaded(reqs, 0) == reqs
+    # of a session only the opening turn moves, so its later turns still come after it
+    turns = [Request("s-t0", 5.0, 100, 10, 50, session_id="s"), Request("s-t1", 6.0, 20, 10, 50, session_id="s"),
+             Request("u", 7.0, 100, 10, 50)]
+    assert [(r.request_id, r.arrival_s) for r in front_loaded(turns, 1000)] == [("s-t0", 0.0), ("u", 0.0),
+                                                                                ("s-t1", 6.0)]
+
+
+def test_an_environment_that_starts_behind_has_its_backlog_waiting_and_without_one_is_unchanged():
+    from env.overcommit_env import OvercommitEnv
+    from env.scenario import Backlog
+
+    plain, behind = OvercommitEnv("long_outputs"), OvercommitEnv("long_outputs", backlog=Backlog(share=1.0, kv=(1.0, 1.0)))
+    off = OvercommitEnv("long_outputs", backlog=None)
+    _, info = plain.reset(seed=3)
+    _, again = off.reset(seed=3)
+    assert again["workload"] == info["workload"] and "behind" not in info["workload"]
+    _, info = behind.reset(seed=3)
+    assert "starts behind" in info["workload"]
+    obs, *_ = behind.step(0)
+    plain_obs, *_ = plain.step(0)
+    queue_tokens = 4  # env/observation.py
+    assert obs[queue_tokens] > plain_obs[queue_tokens] + 0.3  # a KV's worth of prompts waits at the start
+    with pytest.raises(ValueError, match="backlog share"):
+        Backlog(share=0.0)
+    with pytest.raises(ValueError, match="backlog kv"):
+        Backlog(kv=(2.0, 1.0))

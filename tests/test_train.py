@@ -71,7 +71,10 @@ def test_resume_continues_from_a_checkpoint(run):
                                           ({"reward": {"gamma": -1}}, "reward.gamma: must be >= 0"),
                                           ({"reward": {"gama": 1}}, "reward.gama: unknown key"),
                                           ({"scenarios": ["node_chat_pair"], "eval_starts": None, "reward": {"gamma": 1}},
-                                           "reward: a node policy")])
+                                           "reward: a node policy"),
+                                          ({"backlog": {"share": 2}}, "backlog share must be in"),
+                                          ({"scenarios": ["node_chat_pair"], "eval_starts": None, "backlog": {}},
+                                           "backlog: a node policy")])
 def test_bad_training_configuration_is_refused_naming_the_field(tmp_path, extra, field):
     with pytest.raises(ScenarioError, match=field):
         load_train_config(configs(tmp_path, **extra))
@@ -417,3 +420,11 @@ def test_blind_fine_tuning_is_refused(tmp_path):
 def test_the_noqueuetokens_experiment_is_the_default_blind_to_the_waiting_tokens_as_well():
     assert load_train_config("default_noqueuetokens") == dataclasses.replace(
         load_train_config("default"), name="default_noqueuetokens", blind=("expected_ratio", "queue_tokens"))
+
+
+def test_the_backlog_experiment_is_the_default_with_half_its_episodes_starting_behind():
+    from env.scenario import Backlog
+
+    assert load_train_config("default_backlog") == dataclasses.replace(
+        load_train_config("default"), name="default_backlog", blind=("expected_ratio",),
+        backlog=Backlog(share=0.5, kv=(0.5, 2.0)))
