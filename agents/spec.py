@@ -8,6 +8,8 @@ from agents.baselines import VLLM, Random, SGLang, Static, Watermark
 from agents.oracle import Lookahead, Oracle
 from agents.export import POLICY_SUFFIX, load_policy
 from agents.policy import Policy
+from agents.unpark import Unpark
+from env.scenario import Observation
 from experiments import POLICIES, bundled, find
 
 
@@ -107,6 +109,17 @@ def make_policy(spec: str) -> Policy:
             raise ValueError(f"policy {spec!r}: lookahead:N needs a whole number N >= 1 of draws, e.g. lookahead:8, "
                              "and lookahead:N:warm one whose estimate knows an earlier episode's output lengths")
         return Lookahead(samples=int(n), warm=bool(warm))
+    if spec.startswith("unpark:"):
+        factor, _, inner = spec.removeprefix("unpark:").partition(":")
+        try:
+            factor = float(factor)
+        except ValueError:
+            factor = None
+        if factor is None or not inner or is_baseline(inner) or is_reference(inner) or inner.startswith("unpark:"):
+            raise ValueError(f"policy {spec!r}: unpark:F:POLICY needs a fallback factor F and a trained policy (a "
+                             "policy file or a shipped name), e.g. unpark:4:default")
+        policy = make_policy(inner)
+        return Unpark(policy, factor, Observation(**policy.header["observation"]["scales"]))
     path = find(spec, POLICIES, POLICY_SUFFIX)
     if path.is_file() or spec.endswith(POLICY_SUFFIX):
         policy = load_policy(path)  # a missing file: PolicyFileError naming the path

@@ -699,7 +699,7 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--reference", nargs="+", required=True,
                    help="as many policies, paired with the candidates in order (e.g. default default_seed1 default_seed2)")
     c.add_argument("--cases", required=True,
-                   help="a set of cases: a YAML file or a bundled name (experiments/cases/: validation, parking, preempt_near, bar_rows)")
+                   help="a set of cases: a YAML file or a bundled name (experiments/cases/: validation, validation_fresh, parking, parking_fresh, preempt_near, bar_rows)")
     c.add_argument("--bar", type=float, default=None,
                    help="say whether the geometric mean is at least this with no more OOMs (met / not met)")
     _json_option(c, "every figure")

@@ -1,0 +1,83 @@
+"""The fallback against the parking (agents/unpark.py): it takes over from a policy parked at its
+floor while requests wait over an idle KV, gives control back when the queue drains, and disarms
+for good after a restart."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from agents.policy import Policy
+from agents.spec import is_trained, make_policy
+from agents.unpark import Unpark
+from engine.control import BACK_OFF, HOLD, SCALE_UP
+from env.observation import FEATURES, LOW
+
+
+class Always(Policy):
+    name = "always"
+
+    def __init__(self, action: int) -> None:
+        self.action, self.resets = action, 0
+
+    def reset(self, seed=None, env=None) -> None:
+        self.resets += 1
+
+    def act(self, obs: np.ndarray) -> int:
+        return self.action
+
+
+def obs(factor: float = 1.0, waiting: bool = True, alloc: float = 0.2, restarting: bool = False) -> np.ndarray:
+    o = LOW.copy()
+    o[FEATURES.index("overcommit")] = factor / 16.0
+    o[FEATURES.index("queue_len")] = 0.5 if waiting else 0.0
+    o[FEATURES.index("alloc_ratio")] = alloc
+    o[FEATURES.index("restarting")] = float(restarting)
+    return o
+
+
+def test_it_takes_over_after_three_parked_decisions_and_scales_to_its_factor_then_holds():
+    u = Unpark(Always(BACK_OFF), factor=4.0)
+    assert [u.act(obs()) for _ in range(2)] == [BACK_OFF, BACK_OFF]
+    assert u.act(obs()) == SCALE_UP
+    assert u.act(obs(factor=3.05)) == SCALE_UP  # 3.05 x 1.25 = 3.81 <= 4
+    assert u.act(obs(factor=3.81, alloc=0.9)) == HOLD  # engaged: the KV's use no longer matters
+    assert u.engagements == 3
+    assert u.act(obs(factor=3.81, waiting=False)) == BACK_OFF  # the queue drained: the policy again
+
+
+@pytest.mark.parametrize("state", [dict(factor=1.25), dict(waiting=False), dict(alloc=0.6), dict(restarting=True)])
+def test_it_leaves_a_policy_that_is_not_parked_alone(state):
+    u = Unpark(Always(BACK_OFF), factor=4.0)
+    assert [u.act(obs(**state)) for _ in range(6)] == [BACK_OFF] * 6 and u.engagements == 0
+
+
+def test_a_restart_disarms_it_for_the_episode_and_a_new_episode_arms_it_again():
+    inner = Always(HOLD)
+    u = Unpark(inner, factor=4.0)
+    [u.act(obs()) for _ in range(3)]
+    assert u.engaged and u.act(obs(restarting=True)) == HOLD and not u.engaged
+    assert [u.act(obs()) for _ in range(6)] == [HOLD] * 6  # parked again, but disarmed
+    u.reset(seed=1)
+    assert inner.resets == 2 and [u.act(obs()) for _ in range(3)][-1] == SCALE_UP
+
+
+def test_on_a_deployment_where_the_shipped_policy_parks_it_serves_the_queue():
+    from rlctl.evaluate import eval_scenario, evaluate, make_env
+
+    sc = eval_scenario(None, "azure2023_conv.csv", None, None, None, 1.2, "Qwen3-30B-A3B@h100", say=lambda *a: None)
+    env = make_env(sc, True)
+    plain, wrapped = make_policy("default"), make_policy("unpark:4:default")
+    a, b = evaluate(env, plain, 1, 4000), evaluate(env, wrapped, 1, 4000)
+    assert wrapped.engagements > 0 and a["oom_events"] == b["oom_events"] == 0
+    assert b["series"]["overcommit"][-1] > 3 > a["series"]["overcommit"][-1]
+    assert b["tokens_per_s"] > 1.2 * a["tokens_per_s"]
+
+
+def test_the_spec_names_a_factor_and_a_trained_policy_and_acts_behind_the_shield():
+    u = make_policy("unpark:4:default")
+    assert isinstance(u, Unpark) and u.factor == 4.0 and u.name == "unpark:4:default" and is_trained("unpark:4:default")
+    for bad in ("unpark:x:default", "unpark:4:", "unpark:4:vllm", "unpark:4:unpark:4:default"):
+        with pytest.raises(ValueError, match="unpark:F:POLICY needs"):
+            make_policy(bad)
+    with pytest.raises(ValueError, match="above the floor"):
+        make_policy("unpark:1:default")
