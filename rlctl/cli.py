@@ -632,7 +632,7 @@ def parser() -> argparse.ArgumentParser:
     d.set_defaults(fn=cmd_demo)
 
     e = sub.add_parser("eval", help="run policies on a scenario's episodes and compare them")
-    e.add_argument("--policy", action="append", default=[], help="static:K, watermark, vllm, sglang, random, oracle, lookahead (lookahead:N: N draws of the lengths, 2 by default; lookahead:N:warm: its estimate also knows an earlier episode's output lengths), or a policy file or shipped name (repeatable)")
+    e.add_argument("--policy", action="append", default=[], help="static:K, watermark, vllm, sglang, random, oracle, lookahead (lookahead:N: N draws of the lengths, 2 by default; lookahead:N:warm: its estimate also knows an earlier episode's output lengths), a policy file or shipped name, or unpark:F:POLICY (that policy with a fallback to factor F while it parks at its floor; agents/unpark.py) (repeatable)")
     e.add_argument("--baselines", action="store_true", help="add every baseline to the table")
     e.add_argument("--static-sweep", action="store_true",
                    help="add static:K for a grid of K from 1 to the scenario's overcommit_max and name the best "
