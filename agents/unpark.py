@@ -9,8 +9,8 @@ backing off grows the queue, and a queue large against the KV reads to them as r
   the KV in use, the engine not restarting;
 - after ``after`` parked decisions in a row it engages: it scales the factor up to ``factor`` and
   holds it there, whatever the policy asks, until no request waits or the engine restarts;
-- the first restart it sees (an OOM: the engine crashed) disarms it for good: a fallback that
-  pushes memory use up does not push again where memory has run out once.
+- the first restart it sees (an OOM: the engine crashed) disarms it for the rest of the episode:
+  a fallback that pushes memory use up does not push again where memory has run out once.
 
 The shield still filters every action it takes. It reads only the observation (env/observation.py),
 so it needs the scales the policy was trained at. An evaluation spec for now

@@ -75,7 +75,8 @@ class OvercommitEnv(gym.Env):
     """See the module docstring. ``engine_overrides`` pin engine settings for every episode (a
     baseline's: ``{"overcommit": inf, "oom_mode": "preempt"}`` for vllm); ``reset(options=
     {"engine": {...}})`` does it for one. ``shield`` (agents/shield.py) filters every action, sets the
-    engine's admission headroom, and its ``view`` of each snapshot is what the policy observes."""
+    engine's admission headroom, and its ``view`` of each snapshot is what the policy observes.
+    ``backlog`` (env/scenario.py ``Backlog``; training only) starts a share of episodes behind."""
 
     metadata = {"render_modes": []}
 
