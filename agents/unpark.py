@@ -21,6 +21,7 @@ from __future__ import annotations
 import numpy as np
 
 from agents.policy import Policy
+from engine.config import EngineConfig
 from engine.control import HOLD, SCALE_UP
 from env.observation import FEATURES
 from env.scenario import Observation
@@ -30,8 +31,9 @@ _OVERCOMMIT, _QUEUE, _ALLOC, _RESTARTING = (FEATURES.index(f) for f in ("overcom
 
 
 class Unpark(Policy):
-    def __init__(self, inner: Policy, factor: float, scales: Observation = Observation(), floor: float = 1.0,
-                 after: int = 3, below: float = 0.5, step: float = 1.25) -> None:
+    def __init__(self, inner: Policy, factor: float, scales: Observation = Observation(),
+                 floor: float = EngineConfig.overcommit_min, after: int = 3, below: float = 0.5,
+                 step: float = EngineConfig.overcommit_step) -> None:
         if not factor > floor:
             raise ValueError(f"unpark: the fallback factor must be above the floor {floor:g}, got {factor:g}")
         self.inner, self.factor, self.scales, self.floor = inner, factor, scales, floor

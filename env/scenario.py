@@ -117,8 +117,8 @@ class Reward:
 @dataclass(frozen=True)
 class Backlog:
     """A training episode that starts behind: on a ``share`` of episodes, the first requests (in
-    arrival order, single turns only) arrive at once at time 0, until their prompts hold a multiple
-    of the KV capacity drawn uniformly from ``kv`` (env/workload_builder.py ``front_loaded``). The
+    arrival order; of a session only its opening turn) arrive at once at time 0, until their prompts
+    hold a multiple of the KV capacity drawn uniformly from ``kv`` (env/workload_builder.py ``front_loaded``). The
     rest arrive as drawn. It puts the policy where a parked factor leaves it, a long queue over an
     idle KV, on workloads where draining it pays and where it does not (rlctl/train.py)."""
 

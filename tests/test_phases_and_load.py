@@ -79,6 +79,7 @@ def test_a_backlog_moves_the_first_requests_to_time_zero_until_their_prompts_hol
 
 
 def test_an_environment_that_starts_behind_has_its_backlog_waiting_and_without_one_is_unchanged():
+    from env.observation import FEATURES
     from env.overcommit_env import OvercommitEnv
     from env.scenario import Backlog
 
@@ -91,7 +92,7 @@ def test_an_environment_that_starts_behind_has_its_backlog_waiting_and_without_o
     assert "starts behind" in info["workload"]
     obs, *_ = behind.step(0)
     plain_obs, *_ = plain.step(0)
-    queue_tokens = 4  # env/observation.py
+    queue_tokens = FEATURES.index("queue_tokens")
     assert obs[queue_tokens] > plain_obs[queue_tokens] + 0.3  # a KV's worth of prompts waits at the start
     with pytest.raises(ValueError, match="backlog share"):
         Backlog(share=0.0)
