@@ -111,15 +111,18 @@ def make_policy(spec: str) -> Policy:
         return Lookahead(samples=int(n), warm=bool(warm))
     if spec.startswith("unpark:"):
         factor, _, inner = spec.removeprefix("unpark:").partition(":")
+        on_time = inner.startswith("ontime:")
+        inner = inner.removeprefix("ontime:")
         try:
             factor = float(factor)
         except ValueError:
             factor = None
         if factor is None or not inner or is_baseline(inner) or is_reference(inner) or inner.startswith("unpark:"):
             raise ValueError(f"policy {spec!r}: unpark:F:POLICY needs a fallback factor F and a trained policy (a "
-                             "policy file or a shipped name), e.g. unpark:4:default")
+                             "policy file or a shipped name), e.g. unpark:4:default (unpark:F:ontime:POLICY: only "
+                             "while the queue can still be served on time)")
         policy = make_policy(inner)
-        return Unpark(policy, factor, Observation(**policy.header["observation"]["scales"]))
+        return Unpark(policy, factor, Observation(**policy.header["observation"]["scales"]), on_time=on_time)
     path = find(spec, POLICIES, POLICY_SUFFIX)
     if path.is_file() or spec.endswith(POLICY_SUFFIX):
         policy = load_policy(path)  # a missing file: PolicyFileError naming the path

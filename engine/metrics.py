@@ -178,9 +178,7 @@ def since(engine, start: Mark) -> dict:
     its = (start.iterations, len(engine.iterations))
     figures = _figures(engine, done, its, span)
     util = kv_utilisation(engine, its)
-    late = 0
-    if cfg.ttft_slo_s is not None:
-        late = sum(1 for t in engine.waiting_since() if engine.clock - t > cfg.ttft_slo_s)
+    late = engine.waiting_late()
     judged = len(done) + engine.queue_lengths()[0]
     slo_set = cfg.ttft_slo_s is not None or cfg.tpot_slo_s is not None
     figures.update(

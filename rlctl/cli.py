@@ -632,7 +632,7 @@ def parser() -> argparse.ArgumentParser:
     d.set_defaults(fn=cmd_demo)
 
     e = sub.add_parser("eval", help="run policies on a scenario's episodes and compare them")
-    e.add_argument("--policy", action="append", default=[], help="static:K, watermark, vllm, sglang, random, oracle, lookahead (lookahead:N: N draws of the lengths, 2 by default; lookahead:N:warm: its estimate also knows an earlier episode's output lengths), a policy file or shipped name, or unpark:F:POLICY (that policy with a fallback to factor F while it parks at its floor; agents/unpark.py) (repeatable)")
+    e.add_argument("--policy", action="append", default=[], help="static:K, watermark, vllm, sglang, random, oracle, lookahead (lookahead:N: N draws of the lengths, 2 by default; lookahead:N:warm: its estimate also knows an earlier episode's output lengths), a policy file or shipped name, or unpark:F:POLICY (that policy with a fallback to factor F while it parks at its floor; unpark:F:ontime:POLICY: only while no request waits past its TTFT target; agents/unpark.py) (repeatable)")
     e.add_argument("--baselines", action="store_true", help="add every baseline to the table")
     e.add_argument("--static-sweep", action="store_true",
                    help="add static:K for a grid of K from 1 to the scenario's overcommit_max and name the best "
@@ -699,7 +699,7 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--reference", nargs="+", required=True,
                    help="as many policies, paired with the candidates in order (e.g. default default_seed1 default_seed2)")
     c.add_argument("--cases", required=True,
-                   help="a set of cases: a YAML file or a bundled name (experiments/cases/: validation, validation_fresh, parking, parking_fresh, preempt_near, bar_rows)")
+                   help="a set of cases: a YAML file or a bundled name (experiments/cases/: validation, validation_fresh, validation_fresh2, parking, parking_fresh, parking_fresh2, preempt_near, bar_rows, bar_rows_fresh)")
     c.add_argument("--bar", type=float, default=None,
                    help="say whether the geometric mean is at least this with no more OOMs (met / not met)")
     _json_option(c, "every figure")

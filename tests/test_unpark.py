@@ -1,7 +1,9 @@
 """The fallback against the parking (agents/unpark.py): it takes over from a policy parked at its
 floor while requests wait over an idle KV, gives control back when the queue drains, and disarms
-for good after a restart."""
+for good after a restart; with the on-time rule, only while no request waits past its TTFT target."""
 from __future__ import annotations
+
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -10,6 +12,7 @@ from agents.policy import Policy
 from agents.spec import is_trained, make_policy
 from agents.unpark import Unpark
 from engine.control import BACK_OFF, HOLD, SCALE_UP
+from engine.request import Request
 from env.observation import FEATURES, LOW
 
 
@@ -61,6 +64,33 @@ def test_a_restart_disarms_it_for_the_episode_and_a_new_episode_arms_it_again():
     assert inner.resets == 2 and [u.act(obs()) for _ in range(3)][-1] == SCALE_UP
 
 
+@pytest.mark.parametrize("slo, late", [(1.0, 1), (None, 0)])
+def test_the_engine_counts_the_requests_waiting_past_their_ttft_target(make_engine, slo, late):
+    eng = make_engine(num_blocks=64, block_size=4, segment_blocks=8, max_num_seqs=1, ttft_slo_s=slo)
+    eng.submit(Request("a", 0.0, 8, 40, 40))
+    eng.submit(Request("b", 0.0, 8, 40, 40))  # waits behind a: one sequence at a time
+    eng.step()
+    assert eng.waiting_late() == 0
+    eng.clock = 2.0  # b has waited 2 s (past a 1 s target); a has its first token
+    assert eng.waiting_late() == late
+
+
+def test_the_on_time_rule_engages_only_on_a_queue_still_in_time_and_hands_back_once_it_is_late(make_engine):
+    eng = make_engine(num_blocks=64, block_size=4, segment_blocks=8, max_num_seqs=1, ttft_slo_s=1.0)
+    eng.submit(Request("a", 0.0, 8, 40, 40))
+    eng.submit(Request("b", 0.0, 8, 40, 40))
+    eng.step()
+    u = Unpark(Always(BACK_OFF), factor=4.0, on_time=True)
+    u.reset(env=SimpleNamespace(engine=eng))
+    assert u.name == "unpark:4:ontime:always"
+    assert [u.act(obs()) for _ in range(3)] == [BACK_OFF, BACK_OFF, SCALE_UP]  # b is still in time
+    eng.clock = 2.0
+    assert u.act(obs(factor=1.25)) == BACK_OFF and not u.engaged  # b is late: the policy again
+    assert [u.act(obs()) for _ in range(4)] == [BACK_OFF] * 4 and u.engagements == 1  # and it stays out
+    with pytest.raises(RuntimeError, match="reads the engine's queue"):
+        Unpark(Always(BACK_OFF), factor=4.0, on_time=True).act(obs())
+
+
 def test_on_a_deployment_where_the_shipped_policy_parks_it_serves_the_queue():
     from rlctl.evaluate import eval_scenario, evaluate, make_env
 
@@ -76,7 +106,10 @@ def test_on_a_deployment_where_the_shipped_policy_parks_it_serves_the_queue():
 def test_the_spec_names_a_factor_and_a_trained_policy_and_acts_behind_the_shield():
     u = make_policy("unpark:4:default")
     assert isinstance(u, Unpark) and u.factor == 4.0 and u.name == "unpark:4:default" and is_trained("unpark:4:default")
-    for bad in ("unpark:x:default", "unpark:4:", "unpark:4:vllm", "unpark:4:unpark:4:default"):
+    on_time = make_policy("unpark:4:ontime:default")
+    assert on_time.on_time and not u.on_time and on_time.name == "unpark:4:ontime:default"
+    for bad in ("unpark:x:default", "unpark:4:", "unpark:4:vllm", "unpark:4:unpark:4:default", "unpark:4:ontime:",
+                "unpark:4:ontime:vllm"):
         with pytest.raises(ValueError, match="unpark:F:POLICY needs"):
             make_policy(bad)
     with pytest.raises(ValueError, match="above the floor"):
