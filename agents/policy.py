@@ -14,7 +14,8 @@ class Policy:
 
     def reset(self, seed: int | None = None, env=None) -> None:
         """A new episode starts (``env``: the environment it runs in, for a policy that looks
-        inside it, such as the oracle and the lookahead; every other policy sees only observations)."""
+        inside it, such as the oracle, the lookahead and the on-time fallback (agents/unpark.py);
+        every other policy sees only observations)."""
 
     def act(self, obs: np.ndarray) -> int:
         raise NotImplementedError

@@ -111,8 +111,8 @@ def make_policy(spec: str) -> Policy:
         return Lookahead(samples=int(n), warm=bool(warm))
     if spec.startswith("unpark:"):
         factor, _, inner = spec.removeprefix("unpark:").partition(":")
-        on_time = inner.startswith("ontime:")
-        inner = inner.removeprefix("ontime:")
+        on_time = inner.startswith("ontime:") or inner == "ontime"  # a file named ontime:X: give its path as ./ontime:X
+        inner = inner.removeprefix("ontime:") if inner != "ontime" else ""
         try:
             factor = float(factor)
         except ValueError:

@@ -459,6 +459,9 @@ def cmd_explain(a: argparse.Namespace) -> int:
     if not is_trained(a.policy):
         raise ValueError(f"--policy {a.policy}: explain reads a trained policy's decisions from its observations; "
                          "a baseline or a reference (oracle, lookahead) does not decide from them")
+    if a.policy.startswith("unpark:"):
+        raise ValueError(f"--policy {a.policy}: explain replays each observation alone, and a fallback decides from the "
+                         "decisions before it (and the engine's queue); explain the policy it wraps")
     if a.top <= 0:
         raise ValueError(f"--top must be > 0, got {a.top}")
     if a.steps is not None and a.steps <= 0:

@@ -87,6 +87,8 @@ def test_explain_refuses_a_baseline_an_unknown_action_and_a_bad_count(capsys):
     base = ["explain", "--scenario", "long_outputs", "--reference", "long_outputs"]
     assert main(base + ["--policy", "watermark"]) == 2
     assert "--policy watermark: explain reads a trained policy" in capsys.readouterr().err
+    assert main(base + ["--policy", "unpark:4:ontime:default"]) == 2
+    assert "a fallback decides from the decisions before it" in capsys.readouterr().err
     assert main(base + ["--policy", "default", "--action", "jump"]) == 2
     assert "--action must be one of hold, scale_up, back_off, defrag, evict, got 'jump'" in capsys.readouterr().err
     assert main(base + ["--policy", "default", "--top", "0"]) == 2

@@ -3,6 +3,7 @@ floor while requests wait over an idle KV, gives control back when the queue dra
 for good after a restart; with the on-time rule, only while no request waits past its TTFT target."""
 from __future__ import annotations
 
+import pickle
 from types import SimpleNamespace
 
 import numpy as np
@@ -73,6 +74,9 @@ def test_the_engine_counts_the_requests_waiting_past_their_ttft_target(make_engi
     assert eng.waiting_late() == 0
     eng.clock = 2.0  # b has waited 2 s (past a 1 s target); a has its first token
     assert eng.waiting_late() == late
+    b = eng.scheduler.waiting[0]
+    b.record.first_token_s = 0.5  # as a preempted sequence back in the queue: its first token came in time
+    assert eng.waiting_late() == 0
 
 
 def test_the_on_time_rule_engages_only_on_a_queue_still_in_time_and_hands_back_once_it_is_late(make_engine):
@@ -87,6 +91,8 @@ def test_the_on_time_rule_engages_only_on_a_queue_still_in_time_and_hands_back_o
     eng.clock = 2.0
     assert u.act(obs(factor=1.25)) == BACK_OFF and not u.engaged  # b is late: the policy again
     assert [u.act(obs()) for _ in range(4)] == [BACK_OFF] * 4 and u.engagements == 1  # and it stays out
+    eng.scheduler.waiting[0].record.first_token_s = 2.0  # b served: nothing waits late any more
+    assert [u.act(obs()) for _ in range(3)] == [BACK_OFF, BACK_OFF, SCALE_UP] and u.engagements == 2
     with pytest.raises(RuntimeError, match="reads the engine's queue"):
         Unpark(Always(BACK_OFF), factor=4.0, on_time=True).act(obs())
 
@@ -103,13 +109,26 @@ def test_on_a_deployment_where_the_shipped_policy_parks_it_serves_the_queue():
     assert b["tokens_per_s"] > 1.2 * a["tokens_per_s"]
 
 
+def test_the_on_time_rule_gives_the_same_figures_in_evaluation_processes_as_in_this_one():
+    from rlctl.evaluate import eval_scenario, run_evals
+
+    sc = eval_scenario(None, "azure2023_conv.csv", None, None, 20, 1.2, "Qwen3-30B-A3B@h100", say=lambda *a: None)
+    u = make_policy("unpark:4:ontime:default")
+    here = run_evals([(u, True)], sc, 2, 4000)
+    assert u.env is not None and pickle.loads(pickle.dumps(u)).env is None  # sent without this environment
+    there = run_evals([(u, True)], sc, 2, 4000, jobs=2)
+    assert [e["goodput_tokens_per_s"] for e in here[u.name]["episodes"]] == \
+        [e["goodput_tokens_per_s"] for e in there[u.name]["episodes"]]
+    assert here[u.name]["series"]["overcommit"] == there[u.name]["series"]["overcommit"]
+
+
 def test_the_spec_names_a_factor_and_a_trained_policy_and_acts_behind_the_shield():
     u = make_policy("unpark:4:default")
     assert isinstance(u, Unpark) and u.factor == 4.0 and u.name == "unpark:4:default" and is_trained("unpark:4:default")
     on_time = make_policy("unpark:4:ontime:default")
     assert on_time.on_time and not u.on_time and on_time.name == "unpark:4:ontime:default"
     for bad in ("unpark:x:default", "unpark:4:", "unpark:4:vllm", "unpark:4:unpark:4:default", "unpark:4:ontime:",
-                "unpark:4:ontime:vllm"):
+                "unpark:4:ontime", "unpark:4:ontime:vllm"):
         with pytest.raises(ValueError, match="unpark:F:POLICY needs"):
             make_policy(bad)
     with pytest.raises(ValueError, match="above the floor"):
