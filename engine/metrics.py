@@ -105,6 +105,10 @@ def summarize(engine, start_s: float = 0.0, end_s: float | None = None) -> dict:
         "requests_submitted": len(engine.records),
         "requests_completed": figures["requests_completed"],
         "requests_unfinished": len(engine.records) - len(engine.completed),
+        # the queue as it stands now (as requests_unfinished): arrived, no first token yet; and of
+        # those, waiting past the TTFT target already
+        "requests_waiting": len(engine.scheduler.waiting),
+        "requests_waiting_late": engine.waiting_late(),
         "tokens_per_s": figures["tokens_per_s"],
         "goodput_tokens_per_s": figures["goodput_tokens_per_s"],
         "generated_tokens_per_s": figures["generated_tokens_per_s"],

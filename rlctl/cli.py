@@ -17,7 +17,7 @@ from rlctl import __version__
 from env.workloads import ReplaySpec, TraceError
 from engine.config import EngineConfig
 from rlctl.replay import DEFAULT_ENGINE, build_engine, load_requests, replay
-from rlctl.report import EVAL_ROWS, LIVE_ROWS, compare, format_actuators, format_table, slo_note
+from rlctl.report import EVAL_ROWS, LIVE_ROWS, backlog_note, compare, format_actuators, format_table, slo_note
 
 
 METRICS_ADDR = "127.0.0.1"  # where --metrics-port serves unless --metrics-addr (with --metrics-public) says otherwise
@@ -438,9 +438,9 @@ def cmd_eval(a: argparse.Namespace) -> int:
     print(f"workload (episode 1): {first['workload']}\nclock: {first['clock']}")
     print(format_table(results, extra_rows=EVAL_ROWS))
     cfg = sc.engine_config()
-    note = slo_note(results, cfg.ttft_slo_s, cfg.tpot_slo_s)
-    if note:
-        print(note)
+    for note in (slo_note(results, cfg.ttft_slo_s, cfg.tpot_slo_s), backlog_note(results)):
+        if note:
+            print(note)
     if a.static_sweep:
         best = max((results[policies[s].name] for s in sweep), key=lambda r: r["goodput_tokens_per_s"])
         print(f"best fixed factor: {best['policy']} (goodput {best['goodput_tokens_per_s']:.1f} tok/s, "

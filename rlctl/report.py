@@ -67,6 +67,27 @@ def slo_note(results: dict[str, dict], ttft_slo_s: float | None, tpot_slo_s: flo
             "(a trace: try a lower --load)")
 
 
+BACKLOG_SHARE = 0.1  # every policy ending with this share of its requests waiting past the TTFT target: a growing queue
+
+
+def backlog_note(results: dict[str, dict]) -> str | None:
+    """A line saying that every policy of ``results`` ends its episodes with at least
+    ``BACKLOG_SHARE`` of the requests submitted still waiting past the TTFT target, or None. The
+    workload then asks more than the deployment serves under any of them: the queue grows through
+    the episode, and goodput measures which requests an engine that admits the oldest first still
+    serves on time, not a steady state."""
+    shares = {name: r.get("requests_waiting_late", 0.0) / r["requests_submitted"]
+              for name, r in results.items() if r.get("requests_submitted")}
+    if not shares or min(shares.values()) < BACKLOG_SHARE:
+        return None
+    ends = ", ".join(f"{name} {results[name]['requests_waiting']:.0f} ({results[name]['requests_waiting_late']:.0f})"
+                     for name in shares)
+    return (f"note: every policy ends its episodes with requests waiting past the TTFT target (mean waiting, "
+            f"of them late: {ends}; of {max(r['requests_submitted'] for r in results.values()):.0f} submitted): "
+            "the workload asks more than the deployment serves under any of them, so goodput here measures "
+            "which requests are still served on time while the queue grows, not a steady state")
+
+
 EVAL_ROWS = [
     ("shield overrides", "shield_overrides", "{:.0f}"),
     ("episode reward", "episode_reward", "{:.1f}"),

@@ -79,6 +79,27 @@ def test_a_json_path_that_cannot_be_written_is_refused_before_anything_runs(tmp_
         assert f"rlctl eval: error: --json {bad}" in err and why in err and "eval:" not in out
 
 
+def test_eval_says_so_when_every_policy_ends_behind_a_growing_queue(tmp_path, capsys):
+    calm = short_burst(tmp_path, steps=12)
+    data = yaml.safe_load(calm.read_text())
+    flood = tmp_path / "flood.yaml"  # 40 requests a second on the 70B H100: far more than it serves
+    flood.write_text(yaml.safe_dump({**data, "workload": {**data["workload"], "arrivals": {"kind": "poisson",
+                                                                                          "rate": 40.0}}}))
+    for path, noted in ((calm, False), (flood, True)):
+        js = tmp_path / "r.json"
+        assert main(["eval", "--scenario", str(path), "--policy", "static:1.0", "--policy", "vllm", "--episodes", "1",
+                     "--json", str(js)]) == 0
+        table = capsys.readouterr().out
+        results = json.loads(js.read_text())["results"]
+        late = {n: r["requests_waiting_late"] / r["requests_submitted"] for n, r in results.items()}
+        assert ("the workload asks more than the deployment serves" in table) == noted
+        assert (min(late.values()) >= 0.1) == noted
+        assert all(r["requests_waiting"] >= r["requests_waiting_late"] >= 0 for r in results.values())
+        if noted:
+            r = results["vllm"]
+            assert f"vllm {r['requests_waiting']:.0f} ({r['requests_waiting_late']:.0f})" in table
+
+
 def test_eval_says_so_when_no_policy_can_meet_the_slo(tmp_path, capsys):
     reachable = short_burst(tmp_path, steps=15)
     data = yaml.safe_load(reachable.read_text())
