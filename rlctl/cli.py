@@ -423,7 +423,8 @@ def cmd_eval(a: argparse.Namespace) -> int:
     if a.scenario is not None and is_node_scenario(a.scenario):
         return _eval_node(a)
 
-    sc = eval_scenario(a.scenario, a.trace, a.time_scale, a.max_tokens, a.steps, a.load, a.deployment)
+    sc = eval_scenario(a.scenario, a.trace, a.time_scale, a.max_tokens, a.steps, a.load, a.deployment,
+                       rate_scale=a.rate_scale)
     sweep = static_sweep(sc.engine_config().overcommit_max) if a.static_sweep else []
     specs = list(dict.fromkeys(canonical(s) for s in a.policy + (baselines(sc.best_static) if a.baselines else []) + sweep))
     if not specs:
@@ -651,6 +652,9 @@ def parser() -> argparse.ArgumentParser:
     e.add_argument("--deployment", default=None,
                    help="with --trace: the deployment to replay it on: a name in engine/roofline.py or CHECKPOINT_DIR@GPU (a local checkpoint's config.json on h100, h200, a10 or l40s; default: the scenario's)")
     e.add_argument("--max-tokens", default=None, help="with --trace: declared max_tokens rule")
+    e.add_argument("--rate-scale", type=float, default=None,
+                   help="with a scenario's own workload: its arrivals this many times as frequent (as a training "
+                        "configuration's loads), e.g. 0.6 to read a scenario below its bundled load")
     e.add_argument("--episodes", type=int, default=1)
     e.add_argument("--steps", type=int, default=None, help="decisions per episode (default: the scenario's)")
     e.add_argument("--seed", type=int, default=0, help="episode k uses seed + k, the same for every policy")

@@ -55,10 +55,13 @@ TRACE_BASE = "trace"  # the bundled scenario a bare --trace replays on: its depl
 
 
 def eval_scenario(scenario: str | None, trace: str | None, time_scale: float | None, max_tokens: str | None,
-                  steps: int | None, load: float | None = None, deployment: str | None = None, say=print):
+                  steps: int | None, load: float | None = None, deployment: str | None = None, say=print,
+                  rate_scale: float | None = None):
     """The scenario ``rlctl eval`` runs: a scenario file (or bundled name), or a trace replayed on
     a scenario's deployment and settings (``--scenario``, default the bundled ``trace`` scenario),
-    at a time scale given, or computed for ``--load`` (rlctl/load.py) on ``--deployment``."""
+    at a time scale given, or computed for ``--load`` (rlctl/load.py) on ``--deployment``; a
+    scenario's own workload with its arrivals ``rate_scale`` times as frequent (``Scenario.at_load``,
+    as training's ``loads``)."""
     import dataclasses
 
     from engine.roofline import deployment as find_deployment
@@ -90,6 +93,12 @@ def eval_scenario(scenario: str | None, trace: str | None, time_scale: float | N
         sc = dataclasses.replace(sc, workload=workload, name=f"{trace}" + (f" at load {load:g}" if load else ""))
     elif time_scale is not None or max_tokens is not None or load is not None:
         raise ValueError("--time-scale, --max-tokens and --load apply to --trace")
+    if rate_scale is not None:
+        if trace is not None:
+            raise ValueError("--rate-scale applies to a scenario's own workload; a trace takes --load or --time-scale")
+        if not (rate_scale > 0 and rate_scale != float("inf")):
+            raise ValueError(f"--rate-scale must be a finite number > 0, got {rate_scale:g}")
+        sc = sc.at_load(rate_scale)
     if steps is not None:
         if steps <= 0:
             raise ValueError(f"--steps must be > 0, got {steps}")

@@ -72,6 +72,25 @@ def test_json_dash_writes_the_document_alone_to_stdout_and_the_table_to_stderr(t
     assert "goodput (tok/s)" in err and "eval: scenario short_burst" in err
 
 
+def test_rate_scale_reads_a_scenario_at_another_arrival_rate_and_refuses_what_it_cannot_scale(tmp_path, capsys):
+    path = short_burst(tmp_path)
+    submitted = {}
+    for scale in (None, 2.0):
+        js = tmp_path / f"{scale}.json"
+        assert main(["eval", "--scenario", str(path), "--policy", "vllm", "--json", str(js)]
+                    + (["--rate-scale", str(scale)] if scale else [])) == 0
+        document = json.loads(js.read_text())
+        submitted[scale] = document["results"]["vllm"]["requests_submitted"]
+        assert document["scenario"] == ("short_burst@2" if scale else "short_burst")
+    capsys.readouterr()
+    assert 1.5 < submitted[2.0] / submitted[None] < 2.5
+    for args, why in ((["--rate-scale", "0"], "--rate-scale must be a finite number > 0, got 0"),
+                      (["--rate-scale", "inf"], "--rate-scale must be a finite number > 0, got inf"),
+                      (["--rate-scale", "2", "--trace", "azure2023_conv.csv"], "--rate-scale applies to a scenario")):
+        assert main(["eval", "--scenario", str(path), "--policy", "vllm"] + args) == 2
+        assert why in capsys.readouterr().err
+
+
 def test_a_json_path_that_cannot_be_written_is_refused_before_anything_runs(tmp_path, capsys):
     for bad, why in ((tmp_path / "no" / "such" / "eval.json", "does not exist"), (tmp_path, "not a writable file")):
         assert main(["eval", "--scenario", str(short_burst(tmp_path)), "--policy", "vllm", "--json", str(bad)]) == 2
