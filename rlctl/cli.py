@@ -392,7 +392,7 @@ def _eval_node(a: argparse.Namespace) -> int:
     from rlctl.evaluate import run_eval
 
     for value, option in ((a.trace, "--trace"), (a.time_scale, "--time-scale"), (a.load, "--load"),
-                          (a.deployment, "--deployment"), (a.max_tokens, "--max-tokens")):
+                          (a.deployment, "--deployment"), (a.max_tokens, "--max-tokens"), (a.rate_scale, "--rate-scale")):
         if value is not None:
             raise ValueError(f"{option} applies to one engine's scenarios, not to node scenario {a.scenario}")
     if a.static_sweep:
@@ -654,7 +654,9 @@ def parser() -> argparse.ArgumentParser:
     e.add_argument("--max-tokens", default=None, help="with --trace: declared max_tokens rule")
     e.add_argument("--rate-scale", type=float, default=None,
                    help="with a scenario's own workload: its arrivals this many times as frequent (as a training "
-                        "configuration's loads), e.g. 0.6 to read a scenario below its bundled load")
+                        "configuration's loads; a scenario that replays a trace replays it that much faster, a longer "
+                        "slice in the same episode), e.g. 0.6 to read a scenario below its bundled load; --baselines' "
+                        "static:K stays the scenario's best_static, tuned at its own rate")
     e.add_argument("--episodes", type=int, default=1)
     e.add_argument("--steps", type=int, default=None, help="decisions per episode (default: the scenario's)")
     e.add_argument("--seed", type=int, default=0, help="episode k uses seed + k, the same for every policy")

@@ -70,6 +70,11 @@ def eval_scenario(scenario: str | None, trace: str | None, time_scale: float | N
     from env.workload_builder import check_workload, load_trace
     from rlctl.load import trace_load
 
+    if rate_scale is not None:
+        if trace is not None:
+            raise ValueError("--rate-scale applies to a scenario's own workload; a trace takes --load or --time-scale")
+        if not (rate_scale > 0 and rate_scale != float("inf")):
+            raise ValueError(f"--rate-scale must be a finite number > 0, got {rate_scale:g}")
     sc = load_scenario(scenario or (TRACE_BASE if trace is not None else "steady"))
     if deployment is not None:
         if trace is None:
@@ -94,10 +99,6 @@ def eval_scenario(scenario: str | None, trace: str | None, time_scale: float | N
     elif time_scale is not None or max_tokens is not None or load is not None:
         raise ValueError("--time-scale, --max-tokens and --load apply to --trace")
     if rate_scale is not None:
-        if trace is not None:
-            raise ValueError("--rate-scale applies to a scenario's own workload; a trace takes --load or --time-scale")
-        if not (rate_scale > 0 and rate_scale != float("inf")):
-            raise ValueError(f"--rate-scale must be a finite number > 0, got {rate_scale:g}")
         sc = sc.at_load(rate_scale)
     if steps is not None:
         if steps <= 0:

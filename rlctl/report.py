@@ -76,12 +76,13 @@ def backlog_note(results: dict[str, dict]) -> str | None:
     workload then asks more than the deployment serves under any of them: the queue grows through
     the episode, and goodput measures which requests an engine that admits the oldest first still
     serves on time, not a steady state."""
-    shares = {name: r.get("requests_waiting_late", 0.0) / r["requests_submitted"]
-              for name, r in results.items() if r.get("requests_submitted")}
-    if not shares or min(shares.values()) < BACKLOG_SHARE:
+    keys = ("requests_submitted", "requests_waiting", "requests_waiting_late")
+    if not results or any(r.get(k) is None for r in results.values() for k in keys):
+        return None  # figures from before these were kept, or a run that keeps none
+    if min(r["requests_waiting_late"] / r["requests_submitted"] if r["requests_submitted"] else 0.0
+           for r in results.values()) < BACKLOG_SHARE:
         return None
-    ends = ", ".join(f"{name} {results[name]['requests_waiting']:.0f} ({results[name]['requests_waiting_late']:.0f})"
-                     for name in shares)
+    ends = ", ".join(f"{name} {r['requests_waiting']:.0f} ({r['requests_waiting_late']:.0f})" for name, r in results.items())
     return (f"note: every policy ends its episodes with requests waiting past the TTFT target (mean waiting, "
             f"of them late: {ends}; of {max(r['requests_submitted'] for r in results.values()):.0f} submitted): "
             "the workload asks more than the deployment serves under any of them, so goodput here measures "

@@ -72,6 +72,20 @@ def test_json_dash_writes_the_document_alone_to_stdout_and_the_table_to_stderr(t
     assert "goodput (tok/s)" in err and "eval: scenario short_burst" in err
 
 
+def test_the_backlog_note_needs_every_policy_behind_and_every_figure():
+    from rlctl.report import backlog_note
+
+    def run(submitted, waiting, late):
+        return {"requests_submitted": submitted, "requests_waiting": waiting, "requests_waiting_late": late}
+
+    behind = {"a": run(100, 60, 50), "b": run(100, 30, 10)}
+    assert "a 60 (50), b 30 (10); of 100 submitted" in backlog_note(behind)
+    assert backlog_note({**behind, "c": run(100, 20, 9)}) is None  # one policy keeps up: not the workload's doing
+    assert backlog_note({**behind, "c": run(0, 0, 0)}) is None  # nothing submitted: nothing behind
+    assert backlog_note({**behind, "c": {"requests_submitted": 100}}) is None  # figures from an older build
+    assert backlog_note({}) is None
+
+
 def test_rate_scale_reads_a_scenario_at_another_arrival_rate_and_refuses_what_it_cannot_scale(tmp_path, capsys):
     path = short_burst(tmp_path)
     submitted = {}

@@ -152,6 +152,7 @@ def test_the_node_oracle_chooses_a_factor_per_engine():
     (["--policy", "partitoin"], "node policy 'partitoin' does not exist: use partition, overcommit:K"),
     (["--policy", "partition", "--trace", "azure2023_conv"], "--trace applies to one engine's scenarios, not to node"),
     (["--policy", "partition", "--static-sweep"], "on a node use --policy overcommit:K"),
+    (["--policy", "partition", "--rate-scale", "0.5"], "--rate-scale applies to one engine's scenarios, not to node"),
     (["--policy", "partition", "--steps", "0"], "--steps must be > 0"),
     ([], "give --policy SPEC"),
 ])

@@ -13,6 +13,7 @@ from agents.policy import Policy
 from agents.spec import is_trained, make_policy
 from agents.unpark import Unpark
 from engine.control import BACK_OFF, HOLD, SCALE_UP
+from engine.metrics import summarize
 from engine.request import Request
 from env.observation import FEATURES, LOW
 
@@ -74,9 +75,12 @@ def test_the_engine_counts_the_requests_waiting_past_their_ttft_target(make_engi
     assert eng.waiting_late() == 0
     eng.clock = 2.0  # b has waited 2 s (past a 1 s target); a has its first token
     assert eng.waiting_late() == late
+    figures = summarize(eng)
+    assert (figures["requests_waiting"], figures["requests_waiting_late"]) == (1, late)
     b = eng.scheduler.waiting[0]
     b.record.first_token_s = 0.5  # as a preempted sequence back in the queue: its first token came in time
     assert eng.waiting_late() == 0
+    assert (summarize(eng)["requests_waiting"], summarize(eng)["requests_waiting_late"]) == (0, 0)
 
 
 def test_the_on_time_rule_engages_only_on_a_queue_still_in_time_and_hands_back_once_it_is_late(make_engine):
