@@ -111,8 +111,10 @@ def make_policy(spec: str) -> Policy:
         return Lookahead(samples=int(n), warm=bool(warm))
     if spec.startswith("unpark:"):
         factor, _, inner = spec.removeprefix("unpark:").partition(":")
-        on_time = inner.startswith("ontime:") or inner == "ontime"  # a file named ontime:X: give its path as ./ontime:X
-        inner = inner.removeprefix("ontime:") if inner != "ontime" else ""
+        mode, _, rest = inner.partition(":")
+        on_time = mode == "ontime"  # a file named ontime:X: give its path as ./ontime:X
+        if on_time:
+            inner = rest
         try:
             factor = float(factor)
         except ValueError:

@@ -191,14 +191,18 @@ class Engine:
     def host_bytes(self) -> int:
         return self.kv.host.used
 
+    def waiting_since(self) -> list[float]:
+        """Arrival times of the requests waiting for their first token (a preempted sequence back in
+        the queue has had its)."""
+        return [q.record.arrival_s for q in self.scheduler.waiting if q.record.first_token_s is None]
+
     def waiting_late(self) -> int:
         """Requests waiting for their first token longer than the TTFT target already (0 without one):
         served now, they finish late whatever comes next."""
         slo = self.config.ttft_slo_s
         if slo is None:
             return 0
-        return sum(1 for q in self.scheduler.waiting
-                   if q.record.first_token_s is None and self.clock - q.record.arrival_s > slo)
+        return sum(1 for t in self.waiting_since() if self.clock - t > slo)
 
     # ---- the iteration -------------------------------------------------------------------------
     def _schedule(self, admit: bool) -> list[Work] | None:

@@ -105,9 +105,9 @@ def summarize(engine, start_s: float = 0.0, end_s: float | None = None) -> dict:
         "requests_submitted": len(engine.records),
         "requests_completed": figures["requests_completed"],
         "requests_unfinished": len(engine.records) - len(engine.completed),
-        # the queue as it stands now (as requests_unfinished): arrived, no first token yet (a preempted
-        # sequence back in the queue has had its); and of those, waiting past the TTFT target already
-        "requests_waiting": sum(1 for q in engine.scheduler.waiting if q.record.first_token_s is None),
+        # the queue as it stands now (as requests_unfinished): arrived, no first token yet; and of
+        # those, waiting past the TTFT target already
+        "requests_waiting": len(engine.waiting_since()),
         "requests_waiting_late": engine.waiting_late(),
         "tokens_per_s": figures["tokens_per_s"],
         "goodput_tokens_per_s": figures["goodput_tokens_per_s"],

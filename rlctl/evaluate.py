@@ -63,6 +63,7 @@ def eval_scenario(scenario: str | None, trace: str | None, time_scale: float | N
     scenario's own workload with its arrivals ``rate_scale`` times as frequent (``Scenario.at_load``,
     as training's ``loads``)."""
     import dataclasses
+    import math
 
     from engine.roofline import deployment as find_deployment
     from env.scenario import TraceWorkload
@@ -73,7 +74,7 @@ def eval_scenario(scenario: str | None, trace: str | None, time_scale: float | N
     if rate_scale is not None:
         if trace is not None:
             raise ValueError("--rate-scale applies to a scenario's own workload; a trace takes --load or --time-scale")
-        if not (rate_scale > 0 and rate_scale != float("inf")):
+        if not (rate_scale > 0 and math.isfinite(rate_scale)):
             raise ValueError(f"--rate-scale must be a finite number > 0, got {rate_scale:g}")
     sc = load_scenario(scenario or (TRACE_BASE if trace is not None else "steady"))
     if deployment is not None:
