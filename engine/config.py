@@ -213,6 +213,10 @@ class EngineConfig:
     seed: int = 0
     ttft_slo_s: float | None = None
     tpot_slo_s: float | None = None
+    # a request still without its first token this long after it arrived is given up by its
+    # client, and the engine drops it from the queue, as vLLM aborts a request whose client
+    # disconnected (None: clients wait for ever)
+    client_timeout_s: float | None = None
     # admission: "overcommit" (peak demand within the factor x capacity) or "sglang" (SGLang's
     # adaptive reservation, below; the factor is not used). SGLang's documented defaults, by name:
     admission: str = "overcommit"
@@ -236,6 +240,9 @@ class EngineConfig:
             raise ValueError(f"overcommit {self.overcommit} is outside [{self.overcommit_min}, {self.overcommit_max}]")
         if not self.overcommit_step > 1:
             raise ValueError(f"overcommit_step must be a multiplier > 1, got {self.overcommit_step}")
+        if self.client_timeout_s is not None and not (self.client_timeout_s > 0 and math.isfinite(self.client_timeout_s)):
+            raise ValueError(f"client_timeout_s must be a finite number of seconds > 0 (None: clients wait for ever), "
+                             f"got {self.client_timeout_s}")
         if self.host_bytes < 0:
             raise ValueError(f"host_bytes must be >= 0, got {self.host_bytes}")
         if self.admission not in ("overcommit", "sglang"):

@@ -9,9 +9,9 @@ boundary (allocated in the order the scheduler would, so the same block ids), th
 the counters, and the sequences that finish at the run's last iteration.
 
 A run stops before anything an iteration-by-iteration engine would do differently: an arrival
-due, the caller's time limit, an allocation that could fail (no free block, a pool segment the
-device cannot hold), a workspace the device cannot hold, the iteration in which SGLang's falling
-ratio would admit the queue's head, and it ends with the first iteration in which a sequence
+due, a waiting request's client giving up (``client_timeout_s``), the caller's time limit, an
+allocation that could fail (no free block, a pool segment the device cannot hold), a workspace the
+device cannot hold, the iteration in which SGLang's falling ratio would admit the queue's head, and it ends with the first iteration in which a sequence
 finishes (the next iteration may admit). It starts only when nothing could be admitted now: the
 waiting queue is empty, or its head is held back by the overcommit factor (or SGLang's rule), by
 ``max_num_seqs``, by free blocks with nothing to reclaim, or by the admission headroom. Otherwise
@@ -110,7 +110,9 @@ def decode_run(engine, until: float | None) -> int:
     durations = engine.executor.cost.iterations_s(nd, context, context)
     times = np.add.accumulate(np.concatenate(([engine.clock], durations)))  # iteration j starts at times[j - 1]
     ends = times[1:]
-    limit = min(x for x in (until, nxt, math.inf) if x is not None)
+    timeout = engine.config.client_timeout_s  # a client giving up changes the queue: step that iteration
+    gone = s.next_abandonment(timeout) if timeout is not None else None
+    limit = min(x for x in (until, nxt, gone, math.inf) if x is not None)
     k = int(np.searchsorted(times[:-1], limit, side="left"))  # iterations that start before the limit
     k = min(k, horizon)
     if held == -1:

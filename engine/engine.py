@@ -288,6 +288,16 @@ class Engine:
     def _record_oom(self, exc: BaseException) -> None:
         self.ooms.append(OOMEvent(self.clock, *_oom_source(exc), self.config.oom_mode))
 
+    def _abandon(self) -> None:
+        """Requests still without a first token ``client_timeout_s`` after their arrival leave: their
+        clients gave up (a turn of a session that waited leaves its session idle)."""
+        timeout = self.config.client_timeout_s
+        if timeout is None or not self.scheduler.waiting:
+            return
+        for seq in self.scheduler.abandon(self.clock, timeout):
+            seq.record.abandoned_s = self.clock
+            self.counters.abandoned += 1
+
     def _wait(self) -> None:
         """Nothing can run now (a co-tenant holds the memory, say): move the clock to the next
         arrival or by a tick, so that the engine waits instead of looping."""
@@ -306,6 +316,7 @@ class Engine:
                 return False
             self.clock = max(self.clock, s.next_arrival())
             s.arrive(self.clock)
+        self._abandon()
         work = self._timed_schedule()
         while True:  # every pass runs the iteration, waits, crashes, or preempts and runs the rest
             if work is None:

@@ -109,6 +109,8 @@ def summarize(engine, start_s: float = 0.0, end_s: float | None = None) -> dict:
         # those, waiting past the TTFT target already
         "requests_waiting": len(engine.waiting_since()),
         "requests_waiting_late": engine.waiting_late(),
+        # requests whose clients gave up before their first token (EngineConfig.client_timeout_s)
+        "requests_abandoned": engine.counters.abandoned,
         "tokens_per_s": figures["tokens_per_s"],
         "goodput_tokens_per_s": figures["goodput_tokens_per_s"],
         "generated_tokens_per_s": figures["generated_tokens_per_s"],

@@ -23,6 +23,7 @@ class RequestRecord:
     preemptions: int = 0
     restarts: int = 0
     session_id: str | None = None
+    abandoned_s: float | None = None  # when its client gave up waiting for the first token
 
     @property
     def ttft_s(self) -> float | None:
@@ -51,6 +52,7 @@ class Counters:
     recomputed_tokens: int = 0  # tokens whose KV was lost (preemption, crash) and must be computed again
     iterations: int = 0
     restarts: int = 0  # graceful restarts (a new MPS limit taking effect), not OOM events
+    abandoned: int = 0  # requests whose clients gave up before their first token (client_timeout_s)
 
 
 @dataclass

@@ -103,6 +103,26 @@ class Scheduler:
     def next_arrival(self) -> float | None:
         return self.pending[0][0] if self.pending else None
 
+    def abandon(self, now: float, timeout_s: float) -> list[Sequence]:
+        """The waiting sequences with no first token ``timeout_s`` after their arrival leave the
+        queue (their clients gave up); what KV they took (a session turn's context, a prompt's
+        first blocks) is freed. Returns them."""
+        gone = [q for q in self.waiting if q.record.first_token_s is None and q.record.arrival_s + timeout_s <= now]
+        for seq in gone:
+            self.waiting.remove(seq)
+            if seq.block_table:
+                self.kv.free(seq.block_table)
+                seq.block_table, seq.num_computed = [], 0
+            if seq.request.session_id is not None:
+                self.sessions.release(seq)
+            seq.status = Status.ABANDONED
+        return gone
+
+    def next_abandonment(self, timeout_s: float) -> float | None:
+        """When the next waiting sequence with no first token is given up (None: none waits)."""
+        first = min((q.record.arrival_s for q in self.waiting if q.record.first_token_s is None), default=None)
+        return None if first is None else first + timeout_s
+
     def busy(self) -> bool:
         """Whether anything has arrived and is not finished."""
         return bool(self.waiting or self.running or self.swapped)

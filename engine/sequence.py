@@ -15,6 +15,7 @@ class Status(enum.Enum):
     RUNNING = "running"
     SWAPPED = "swapped"
     FINISHED = "finished"
+    ABANDONED = "abandoned"  # its client gave up before its first token (EngineConfig.client_timeout_s)
 
 
 class Sequence:

@@ -107,6 +107,13 @@ class Sessions(Mapping):
         if forget:
             ctx.token_ids, ctx.num_computed = [], 0
 
+    def release(self, seq: Sequence) -> None:
+        """A waiting turn leaves before it ran (its client gave up): the session is idle again, and
+        the KV the turn took from it is gone with the turn (the next turn recomputes the context)."""
+        ctx = self.contexts.get(seq.request.session_id)
+        if ctx is not None and ctx.owner == seq.id:
+            ctx.owner, ctx.num_computed = None, 0
+
     def idle(self) -> list[SessionContext]:
         """Contexts holding device blocks that no turn is running on, least recently used first."""
         return sorted((c for c in self.contexts.values() if c.block_table and c.owner is None),

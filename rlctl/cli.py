@@ -17,7 +17,7 @@ from rlctl import __version__
 from env.workloads import ReplaySpec, TraceError
 from engine.config import EngineConfig
 from rlctl.replay import DEFAULT_ENGINE, build_engine, load_requests, replay
-from rlctl.report import EVAL_ROWS, LIVE_ROWS, backlog_note, compare, format_actuators, format_table, slo_note
+from rlctl.report import ABANDONED_ROW, EVAL_ROWS, LIVE_ROWS, backlog_note, compare, format_actuators, format_table, slo_note
 
 
 METRICS_ADDR = "127.0.0.1"  # where --metrics-port serves unless --metrics-addr (with --metrics-public) says otherwise
@@ -392,7 +392,8 @@ def _eval_node(a: argparse.Namespace) -> int:
     from rlctl.evaluate import run_eval
 
     for value, option in ((a.trace, "--trace"), (a.time_scale, "--time-scale"), (a.load, "--load"),
-                          (a.deployment, "--deployment"), (a.max_tokens, "--max-tokens"), (a.rate_scale, "--rate-scale")):
+                          (a.deployment, "--deployment"), (a.max_tokens, "--max-tokens"), (a.rate_scale, "--rate-scale"),
+                          (a.client_timeout, "--client-timeout")):
         if value is not None:
             raise ValueError(f"{option} applies to one engine's scenarios, not to node scenario {a.scenario}")
     if a.static_sweep:
@@ -424,7 +425,7 @@ def cmd_eval(a: argparse.Namespace) -> int:
         return _eval_node(a)
 
     sc = eval_scenario(a.scenario, a.trace, a.time_scale, a.max_tokens, a.steps, a.load, a.deployment,
-                       rate_scale=a.rate_scale)
+                       rate_scale=a.rate_scale, client_timeout=a.client_timeout)
     sweep = static_sweep(sc.engine_config().overcommit_max) if a.static_sweep else []
     specs = list(dict.fromkeys(canonical(s) for s in a.policy + (baselines(sc.best_static) if a.baselines else []) + sweep))
     if not specs:
@@ -437,8 +438,8 @@ def cmd_eval(a: argparse.Namespace) -> int:
                         a.episodes, a.seed, a.jobs)
     first = next(iter(results.values()))
     print(f"workload (episode 1): {first['workload']}\nclock: {first['clock']}")
-    print(format_table(results, extra_rows=EVAL_ROWS))
     cfg = sc.engine_config()
+    print(format_table(results, extra_rows=EVAL_ROWS + ([ABANDONED_ROW] if cfg.client_timeout_s is not None else [])))
     for note in (slo_note(results, cfg.ttft_slo_s, cfg.tpot_slo_s), backlog_note(results)):
         if note:
             print(note)
@@ -657,6 +658,10 @@ def parser() -> argparse.ArgumentParser:
                         "configuration's loads; a scenario that replays a trace replays it that much faster, a longer "
                         "slice in the same episode), e.g. 0.6 to read a scenario below its bundled load; --baselines' "
                         "static:K stays the scenario's best_static, tuned at its own rate")
+    e.add_argument("--client-timeout", type=float, default=None, metavar="SECONDS",
+                   help="clients give up a request still without its first token this many seconds after it arrived, "
+                        "and the engine drops it, as vLLM aborts the request of a client that disconnected (default: "
+                        "the scenario's client_timeout_s; none: they wait for ever); the table counts them")
     e.add_argument("--episodes", type=int, default=1)
     e.add_argument("--steps", type=int, default=None, help="decisions per episode (default: the scenario's)")
     e.add_argument("--seed", type=int, default=0, help="episode k uses seed + k, the same for every policy")

@@ -56,12 +56,13 @@ TRACE_BASE = "trace"  # the bundled scenario a bare --trace replays on: its depl
 
 def eval_scenario(scenario: str | None, trace: str | None, time_scale: float | None, max_tokens: str | None,
                   steps: int | None, load: float | None = None, deployment: str | None = None, say=print,
-                  rate_scale: float | None = None):
+                  rate_scale: float | None = None, client_timeout: float | None = None):
     """The scenario ``rlctl eval`` runs: a scenario file (or bundled name), or a trace replayed on
     a scenario's deployment and settings (``--scenario``, default the bundled ``trace`` scenario),
     at a time scale given, or computed for ``--load`` (rlctl/load.py) on ``--deployment``; a
     scenario's own workload with its arrivals ``rate_scale`` times as frequent (``Scenario.at_load``,
-    as training's ``loads``)."""
+    as training's ``loads``); with ``client_timeout``, clients that give up a request still without its
+    first token that many seconds after its arrival (``EngineConfig.client_timeout_s``)."""
     import dataclasses
     import math
 
@@ -101,6 +102,10 @@ def eval_scenario(scenario: str | None, trace: str | None, time_scale: float | N
         raise ValueError("--time-scale, --max-tokens and --load apply to --trace")
     if rate_scale is not None:
         sc = sc.at_load(rate_scale)
+    if client_timeout is not None:
+        if not (client_timeout > 0 and math.isfinite(client_timeout)):
+            raise ValueError(f"--client-timeout must be a finite number of seconds > 0, got {client_timeout:g}")
+        sc = dataclasses.replace(sc, engine={**sc.engine, "client_timeout_s": float(client_timeout)})
     if steps is not None:
         if steps <= 0:
             raise ValueError(f"--steps must be > 0, got {steps}")

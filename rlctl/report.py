@@ -93,6 +93,8 @@ EVAL_ROWS = [
     ("shield overrides", "shield_overrides", "{:.0f}"),
     ("episode reward", "episode_reward", "{:.1f}"),
 ]
+# where clients give up (EngineConfig.client_timeout_s): the requests they gave up before a first token
+ABANDONED_ROW = ("given up by clients", "requests_abandoned", "{:.0f}")
 
 # rows rlctl replay adds to its table when a sidecar steers the engine
 LIVE_ROWS = [("controller decisions", "controller_decisions", "{:.0f}")] + [

@@ -64,8 +64,9 @@ COST = CostModel(fixed_s=2e-3, per_token_s=3e-5, per_context_token_s=4e-8, per_a
 
 @settings(max_examples=60, deadline=None)
 @given(st.integers(0, 2**31), st.sampled_from(["crash", "preempt"]), st.sampled_from([1.0, 1.5, 2.5]),
-       st.integers(8, 96), st.floats(0.0, 0.9), st.sampled_from(["overcommit", "sglang"]), st.sampled_from([0.0, 0.15]))
-def test_random_engines_keep_the_same_books(seed, mode, factor, num_blocks, tenant_share, admission, headroom):
+       st.integers(8, 96), st.floats(0.0, 0.9), st.sampled_from(["overcommit", "sglang"]), st.sampled_from([0.0, 0.15]),
+       st.sampled_from([None, 0.4, 1.5]))
+def test_random_engines_keep_the_same_books(seed, mode, factor, num_blocks, tenant_share, admission, headroom, timeout):
     rng = np.random.default_rng(seed)
     sessions = [None, None, "a", "b"]  # idle contexts: blocks the headroom counts as free
     reqs = [Request(f"r{i}", float(rng.uniform(0, 3)), int(rng.integers(1, 200)), int(rng.integers(1, 300)),
@@ -77,7 +78,7 @@ def test_random_engines_keep_the_same_books(seed, mode, factor, num_blocks, tena
         cfg = EngineConfig(num_blocks=num_blocks, segment_blocks=4, max_num_seqs=12, max_num_batched_tokens=256,
                            max_model_len=min(1024, num_blocks * 16), oom_mode=mode, restart_downtime_s=0.3,
                            overcommit_max=3.0, overcommit=factor, admission=admission,
-                           sglang_new_token_ratio_decay_steps=40)
+                           sglang_new_token_ratio_decay_steps=40, client_timeout_s=timeout)
         eng = Engine(ModelConfig(), cfg, executor=ProfiledExecutor(COST), fast_forward=fast)
         eng.set_admit_headroom(headroom)
         for r in reqs:
@@ -92,6 +93,7 @@ def test_random_engines_keep_the_same_books(seed, mode, factor, num_blocks, tena
                 eng.device.set_tenants(0)
             apply_action(eng, actions[k % len(actions)], 0.3)
             eng.run(until=k * 0.25)
-        return summarize(eng), eng.counters, log(eng), [vars(r) for r in eng.completed], eng.clock
+        return (summarize(eng), eng.counters, log(eng), [vars(r) for r in eng.completed], eng.clock,
+                [vars(r) for r in eng.records.values()])
 
     assert books(False) == books(True)

@@ -133,6 +133,33 @@ def test_eval_says_so_when_every_policy_ends_behind_a_growing_queue(tmp_path, ca
             assert f"vllm {r['requests_waiting']:.0f} ({r['requests_waiting_late']:.0f})" in table
 
 
+def test_clients_that_give_up_bound_the_queue_and_the_table_counts_them(tmp_path, capsys):
+    calm = short_burst(tmp_path, steps=12)
+    data = yaml.safe_load(calm.read_text())
+    flood = tmp_path / "flood.yaml"  # far more than the deployment serves: the queue grows without a timeout
+    flood.write_text(yaml.safe_dump({**data, "workload": {**data["workload"], "arrivals": {"kind": "poisson",
+                                                                                          "rate": 40.0}}}))
+    figures = {}
+    for timeout in (None, 5.0):
+        js = tmp_path / f"{timeout}.json"
+        assert main(["eval", "--scenario", str(flood), "--policy", "vllm", "--episodes", "1", "--json", str(js)]
+                    + (["--client-timeout", str(timeout)] if timeout else [])) == 0
+        table = capsys.readouterr().out
+        figures[timeout] = json.loads(js.read_text())["results"]["vllm"]
+        assert ("given up by clients" in table) == (timeout is not None)
+    patient, impatient = figures[None], figures[5.0]
+    assert patient["requests_abandoned"] == 0 and impatient["requests_abandoned"] > 0
+    assert patient["requests_submitted"] == impatient["requests_submitted"]
+    # nobody waits past the timeout, so the queue left is what arrived in its last 5 s at most
+    assert impatient["requests_waiting"] < patient["requests_waiting"]
+    for bad, why in (("0", "--client-timeout must be a finite number of seconds > 0, got 0"),
+                     ("nan", "--client-timeout must be a finite number of seconds > 0, got nan")):
+        assert main(["eval", "--scenario", str(calm), "--policy", "vllm", "--client-timeout", bad]) == 2
+        assert why in capsys.readouterr().err
+    assert main(["eval", "--scenario", "node_chat_pair", "--policy", "vllm", "--client-timeout", "5"]) == 2
+    assert "--client-timeout applies to one engine's scenarios" in capsys.readouterr().err
+
+
 def test_eval_says_so_when_no_policy_can_meet_the_slo(tmp_path, capsys):
     reachable = short_burst(tmp_path, steps=15)
     data = yaml.safe_load(reachable.read_text())

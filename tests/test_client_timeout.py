@@ -1,0 +1,110 @@
+"""Clients give up: with ``client_timeout_s`` a request that has had no first token that long
+after its arrival leaves the queue, as vLLM aborts the request of a client that disconnected,
+and a request that has started streaming is never given up."""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from engine.config import EngineConfig, ModelConfig
+from engine.cost_model import CostModel
+from engine.engine import Engine
+from engine.executor import ProfiledExecutor
+from engine.metrics import summarize
+from engine.request import Request
+from engine.sequence import Status
+
+
+# the real model on real KV tensors, timed by a stated cost model: 50 ms an iteration, whatever the machine
+COST = CostModel(fixed_s=0.05, per_token_s=0.0, per_context_token_s=0.0, copy_fixed_s=1e-5, copy_bytes_per_s=2e9)
+
+
+@pytest.fixture
+def make_engine():
+    def make(**kw) -> Engine:
+        return Engine(ModelConfig(), EngineConfig(**kw), executor=ProfiledExecutor(COST, materialize=True))
+    return make
+
+
+def books_balance(eng) -> None:
+    s = eng.scheduler
+    held = sum(len(q.block_table) for q in s.running + list(s.waiting) + list(s.swapped))
+    held += sum(len(c.block_table) for c in eng.sessions.values())
+    assert held == eng.kv.blocks.num_used
+
+
+def test_a_request_waiting_past_the_timeout_leaves_and_the_rest_are_served(make_engine):
+    # room for one request at a time: the second waits behind the first's whole output
+    eng = make_engine(num_blocks=8, block_size=4, segment_blocks=4, max_model_len=32, client_timeout_s=0.5)
+    eng.submit(Request("first", 0.0, 8, 20, 20))
+    eng.submit(Request("second", 0.0, 8, 20, 20))
+    eng.run()
+    first, second = eng.records["first"], eng.records["second"]
+    assert first.finish_s is not None and first.finish_s > 0.9  # served whole, however long it ran
+    assert second.first_token_s is None and second.finish_s is None
+    assert second.abandoned_s is not None and second.abandoned_s >= second.arrival_s + 0.5
+    assert eng.counters.abandoned == 1 and not eng.scheduler.waiting
+    assert summarize(eng)["requests_abandoned"] == 1 and summarize(eng)["requests_completed"] == 1
+    books_balance(eng)
+
+
+def test_without_a_timeout_every_request_waits_its_turn(make_engine):
+    eng = make_engine(num_blocks=8, block_size=4, segment_blocks=4, max_model_len=32)
+    eng.submit(Request("first", 0.0, 8, 20, 20))
+    eng.submit(Request("second", 0.0, 8, 20, 20))
+    eng.run()
+    assert eng.records["second"].finish_s is not None and eng.counters.abandoned == 0
+
+
+def test_a_preempted_request_that_has_streamed_is_not_given_up(make_engine):
+    # overcommitted in preempt mode: the newest is recomputed after its first tokens, and waits long
+    eng = make_engine(num_blocks=10, block_size=4, segment_blocks=2, max_model_len=40, oom_mode="preempt",
+                      overcommit=3.0, overcommit_max=3.0, client_timeout_s=0.3)
+    for i in range(3):
+        eng.submit(Request(f"r{i}", 0.0, 4, 30, 30))
+    eng.run()
+    preempted = [r for r in eng.records.values() if r.preemptions]
+    assert preempted and all(r.finish_s is not None and r.abandoned_s is None for r in preempted)
+    assert all(r.finish_s is not None for r in eng.records.values() if r.first_token_s is not None)
+    books_balance(eng)
+
+
+def test_a_session_turn_given_up_leaves_its_session_to_the_next_turn(make_engine):
+    # a factor that admits anything: the free blocks decide
+    eng = make_engine(num_blocks=12, block_size=4, segment_blocks=4, max_model_len=48, overcommit=4.0,
+                      overcommit_max=4.0, client_timeout_s=0.1)
+    eng.submit(Request("turn-1", 0.0, 8, 4, 4, session_id="S"))
+    eng.run()
+    assert len(eng.sessions["S"].block_table) == 3  # a 12-token context kept on the device
+    eng.submit(Request("long", eng.clock, 4, 30, 30))
+    eng.run(max_iterations=26)  # long holds 8 blocks: one is free
+    # the next turn takes its context's blocks, cannot get the two more its prompt needs, gives them
+    # back and waits holding its session, until its client gives up
+    eng.submit(Request("turn-2", eng.clock, 8, 4, 4, session_id="S"))
+    eng.step()
+    assert eng.sessions["S"].owner == "turn-2" and eng.scheduler.waiting[0].id == "turn-2"
+    eng.run()
+    turn2 = eng.records["turn-2"]
+    assert turn2.abandoned_s is not None and turn2.first_token_s is None
+    assert eng.sessions["S"].owner is None
+    eng.submit(Request("turn-3", eng.clock, 4, 4, 4, session_id="S"))
+    eng.run()
+    assert eng.records["turn-3"].finish_s is not None and eng.records["long"].finish_s is not None
+    books_balance(eng)
+
+
+@pytest.mark.parametrize("bad", [0.0, -1.0, math.inf, math.nan])
+def test_a_timeout_that_is_not_a_positive_number_of_seconds_is_refused(bad):
+    with pytest.raises(ValueError, match="client_timeout_s"):
+        EngineConfig(client_timeout_s=bad)
+
+
+def test_an_abandoned_sequence_is_marked_so(make_engine):
+    eng = make_engine(num_blocks=8, block_size=4, segment_blocks=4, max_model_len=32, client_timeout_s=0.2)
+    eng.submit(Request("first", 0.0, 8, 20, 20))
+    eng.submit(Request("second", 0.0, 8, 20, 20))
+    eng.step()
+    seq = eng.scheduler.waiting[0]
+    eng.run()
+    assert seq.status is Status.ABANDONED and not seq.block_table
