@@ -147,6 +147,8 @@ def test_clients_that_give_up_bound_the_queue_and_the_table_counts_them(tmp_path
         table = capsys.readouterr().out
         figures[timeout] = json.loads(js.read_text())["results"]["vllm"]
         assert ("given up by clients" in table) == (timeout is not None)
+        # the queue no longer grows for ever: no backlog note where clients give up
+        assert ("the workload asks more than the deployment serves" in table) == (timeout is None)
     patient, impatient = figures[None], figures[5.0]
     assert patient["requests_abandoned"] == 0 and impatient["requests_abandoned"] > 0
     assert patient["requests_submitted"] == impatient["requests_submitted"]
