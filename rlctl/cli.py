@@ -85,6 +85,9 @@ def _add_deployment(p: argparse.ArgumentParser) -> None:
     g.add_argument("--downtime", type=float, default=d.restart_downtime_s, help="restart downtime after an OOM crash (s)")
     g.add_argument("--ttft-slo", type=float, default=None, help="TTFT target (s) for goodput")
     g.add_argument("--tpot-slo", type=float, default=None, help="TPOT target (s) for goodput")
+    g.add_argument("--client-timeout", type=float, default=None, metavar="SECONDS",
+                   help="clients give up a request still without its first token this long after it arrived, and "
+                        "the engine drops it (default: they wait for ever)")
     g.add_argument("--model-dir", default=None, help="local Hugging Face Llama, Mistral, Qwen2, Qwen3 or Phi-3 checkpoint (default: tiny seeded model)")
     g.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
     g.add_argument("--seed", type=int, default=d.seed)
@@ -104,7 +107,8 @@ def _add_workload(p: argparse.ArgumentParser, trace_required: bool) -> None:
 def _engine_config(a: argparse.Namespace) -> EngineConfig:
     return EngineConfig(num_blocks=a.blocks, block_size=a.block_size, max_num_seqs=a.max_num_seqs,
                         max_num_batched_tokens=a.max_batched_tokens, max_model_len=a.max_model_len,
-                        restart_downtime_s=a.downtime, ttft_slo_s=a.ttft_slo, tpot_slo_s=a.tpot_slo, seed=a.seed)
+                        restart_downtime_s=a.downtime, ttft_slo_s=a.ttft_slo, tpot_slo_s=a.tpot_slo, seed=a.seed,
+                        client_timeout_s=a.client_timeout)
 
 
 def _spec(a: argparse.Namespace, max_model_len: int) -> ReplaySpec:
@@ -201,6 +205,9 @@ def _node_live_run(a: argparse.Namespace) -> int:
         raise ValueError("--node runs a node live, steered by a node sidecar (rlctl serve --node): give --controller ADDR")
     if a.trace is not None:
         raise ValueError("--node replays the node scenario's own workloads: leave out --trace")
+    if a.client_timeout is not None:
+        raise ValueError("--client-timeout applies to one engine's replay; a node scenario's engines take theirs from "
+                         "its engine: settings (client_timeout_s)")
     if len(a.overcommit) != 1 or not math.isfinite(a.overcommit[0]):
         raise ValueError("--node: give one finite --overcommit, the safe factor every engine falls back to")
     for given, option in ((a.metrics_port is not None, "--metrics-port"), (a.mps_next_limit is not None,
@@ -262,7 +269,8 @@ def cmd_replay(a: argparse.Namespace) -> int:
                 raise ValueError(f"{option} belongs to the live loop: give --controller ADDR too "
                                  "(a replay at fixed factors has no metrics endpoint and no actuators)")
     runs = _live_run(a) if a.controller else _replay_runs(a, a.trace, a.overcommit)
-    print(format_table(runs, extra_rows=LIVE_ROWS if a.controller else None))
+    print(format_table(runs, extra_rows=(LIVE_ROWS if a.controller else [])
+                       + ([ABANDONED_ROW] if a.client_timeout is not None else [])))
     if a.controller:
         print(format_actuators(runs["controller"]))
     if a.json:

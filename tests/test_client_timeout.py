@@ -108,3 +108,29 @@ def test_an_abandoned_sequence_is_marked_so(make_engine):
     seq = eng.scheduler.waiting[0]
     eng.run()
     assert seq.status is Status.ABANDONED and not seq.block_table
+
+
+def test_a_replay_with_clients_that_give_up_counts_them(tmp_path, capsys):
+    import json
+
+    from env.workloads import bundled_trace
+    from rlctl.cli import main
+
+    trace = str(bundled_trace("azure2023_conv.csv"))
+
+    figures = {}
+    for timeout in (None, 0.05):
+        js = tmp_path / f"{timeout}.json"
+        assert main(["replay", "--trace", trace, "--time-scale", "40", "--duration", "15",
+                     "--blocks", "64", "--max-tokens", "fixed:512", "--json", str(js)]
+                    + (["--client-timeout", str(timeout)] if timeout else [])) == 0
+        table = capsys.readouterr().out
+        assert ("given up by clients" in table) == (timeout is not None)
+        figures[timeout] = json.loads(js.read_text())
+    assert figures[None]["requests_abandoned"] == 0 and figures[0.05]["requests_abandoned"] > 0
+    assert figures[0.05]["engine"]["client_timeout_s"] == 0.05
+    assert main(["replay", "--trace", trace, "--client-timeout", "0"]) == 2
+    assert "client_timeout_s must be a finite number of seconds > 0" in capsys.readouterr().err
+    assert main(["replay", "--node", "node_chat_pair", "--controller", f"unix://{tmp_path}/none.sock",
+                 "--client-timeout", "5"]) == 2
+    assert "--client-timeout applies to one engine's replay" in capsys.readouterr().err
