@@ -214,8 +214,8 @@ class EngineConfig:
     ttft_slo_s: float | None = None
     tpot_slo_s: float | None = None
     # a request still without its first token this long after it arrived is given up by its
-    # client, and the engine drops it from the queue, as vLLM aborts a request whose client
-    # disconnected (None: clients wait for ever)
+    # client, and the engine drops it wherever it is (waiting, in its prefill, on the host), as vLLM
+    # aborts a request whose client disconnected (None: clients wait for ever)
     client_timeout_s: float | None = None
     # admission: "overcommit" (peak demand within the factor x capacity) or "sglang" (SGLang's
     # adaptive reservation, below; the factor is not used). SGLang's documented defaults, by name:

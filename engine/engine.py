@@ -290,9 +290,9 @@ class Engine:
 
     def _abandon(self) -> None:
         """Requests still without a first token ``client_timeout_s`` after their arrival leave: their
-        clients gave up (a turn of a session that waited leaves its session idle)."""
+        clients gave up (``Scheduler.abandon``)."""
         timeout = self.config.client_timeout_s
-        if timeout is None or not self.scheduler.waiting:
+        if timeout is None or not self.scheduler.busy():
             return
         for seq in self.scheduler.abandon(self.clock, timeout):
             seq.record.abandoned_s = self.clock

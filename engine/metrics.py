@@ -165,18 +165,20 @@ class Mark:
     oom_events: int
     preemptions: int
     recomputed_tokens: int
+    abandoned: int = 0
 
 
 def mark(engine) -> Mark:
     c = engine.counters
     return Mark(engine.clock, len(engine.completed), len(engine.iterations), c.oom_events, c.preemptions,
-                c.recomputed_tokens)
+                c.recomputed_tokens, c.abandoned)
 
 
 def since(engine, start: Mark) -> dict:
     """The figures of the interval from ``start`` to now, with ``slo_violation``: the share of the
-    requests that finished in it or are waiting at its end that missed (or, waiting, already
-    exceed) the TTFT/TPOT target, in [0, 1] (0 without an SLO). KV utilisation of an interval
+    requests that finished in it, are waiting at its end or were given up by their clients in it
+    that missed (or, waiting, already exceed; given up, never met) the TTFT/TPOT target, in [0, 1]
+    (0 without an SLO). KV utilisation of an interval
     with no iteration is the utilisation now."""
     span = max(engine.clock - start.time_s, 1e-9)
     cfg = engine.config
@@ -185,11 +187,12 @@ def since(engine, start: Mark) -> dict:
     figures = _figures(engine, done, its, span)
     util = kv_utilisation(engine, its)
     late = engine.waiting_late()
-    judged = len(done) + engine.queue_lengths()[0]
+    gone = engine.counters.abandoned - start.abandoned
+    judged = len(done) + engine.queue_lengths()[0] + gone
     slo_set = cfg.ttft_slo_s is not None or cfg.tpot_slo_s is not None
     figures.update(
         duration_s=span, kv_util=util[0] if util else engine.kv_usage(),
-        slo_violation=(figures["slo_missed"] + late) / judged if slo_set and judged else 0.0,
+        slo_violation=(figures["slo_missed"] + late + gone) / judged if slo_set and judged else 0.0,
         oom_events=engine.counters.oom_events - start.oom_events,
         preemptions=engine.counters.preemptions - start.preemptions,
         recomputed_tokens=engine.counters.recomputed_tokens - start.recomputed_tokens)

@@ -104,23 +104,28 @@ class Scheduler:
         return self.pending[0][0] if self.pending else None
 
     def abandon(self, now: float, timeout_s: float) -> list[Sequence]:
-        """The waiting sequences with no first token ``timeout_s`` after their arrival leave the
-        queue (their clients gave up); what KV they took (a session turn's context, a prompt's
-        first blocks) is freed. Returns them."""
-        gone = [q for q in self.waiting if q.record.first_token_s is None and q.record.arrival_s + timeout_s <= now]
+        """Every sequence with no first token ``timeout_s`` after its arrival leaves (its client gave
+        up), wherever it is: waiting, running its prefill, or on the host. The KV it holds is freed,
+        and a session's turn leaves its session idle. Returns them."""
+        gone = [q for q in self.unfinished() if q.record.first_token_s is None and q.record.arrival_s + timeout_s <= now]
         for seq in gone:
-            self.waiting.remove(seq)
+            for queue in (self.waiting, self.running, self.swapped):
+                if seq in queue:
+                    queue.remove(seq)
+                    break
             if seq.block_table:
                 self.kv.free(seq.block_table)
-                seq.block_table, seq.num_computed = [], 0
+            if seq.host_kv is not None:
+                self.kv.host.drop(seq.host_kv)
+            seq.block_table, seq.host_kv, seq.num_computed = [], None, 0
             if seq.request.session_id is not None:
                 self.sessions.release(seq)
             seq.status = Status.ABANDONED
         return gone
 
     def next_abandonment(self, timeout_s: float) -> float | None:
-        """When the next waiting sequence with no first token is given up (None: none waits)."""
-        first = min((q.record.arrival_s for q in self.waiting if q.record.first_token_s is None), default=None)
+        """When the next sequence with no first token is given up (None: there is none)."""
+        first = min((q.record.arrival_s for q in self.unfinished() if q.record.first_token_s is None), default=None)
         return None if first is None else first + timeout_s
 
     def busy(self) -> bool:

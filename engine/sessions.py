@@ -108,7 +108,7 @@ class Sessions(Mapping):
             ctx.token_ids, ctx.num_computed = [], 0
 
     def release(self, seq: Sequence) -> None:
-        """A waiting turn leaves before it ran (its client gave up): the session is idle again, and
+        """A turn leaves before its first token (its client gave up): the session is idle again, and
         the KV the turn took from it is gone with the turn (the next turn recomputes the context)."""
         ctx = self.contexts.get(seq.request.session_id)
         if ctx is not None and ctx.owner == seq.id:

@@ -448,9 +448,7 @@ def cmd_eval(a: argparse.Namespace) -> int:
     print(f"workload (episode 1): {first['workload']}\nclock: {first['clock']}")
     cfg = sc.engine_config()
     print(format_table(results, extra_rows=EVAL_ROWS + ([ABANDONED_ROW] if cfg.client_timeout_s is not None else [])))
-    # where clients give up, the queue cannot grow for ever: the backlog note does not apply
-    backlog = backlog_note(results) if cfg.client_timeout_s is None else None
-    for note in (slo_note(results, cfg.ttft_slo_s, cfg.tpot_slo_s), backlog):
+    for note in (slo_note(results, cfg.ttft_slo_s, cfg.tpot_slo_s), backlog_note(results)):
         if note:
             print(note)
     if a.static_sweep:

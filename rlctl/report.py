@@ -75,10 +75,13 @@ def backlog_note(results: dict[str, dict]) -> str | None:
     ``BACKLOG_SHARE`` of the requests submitted still waiting past the TTFT target, or None. The
     workload then asks more than the deployment serves under any of them: the queue grows through
     the episode, and goodput measures which requests an engine that admits the oldest first still
-    serves on time, not a steady state."""
+    serves on time, not a steady state. Where clients gave up requests under every policy
+    (``client_timeout_s``) the queue cannot grow for ever, and there is no note."""
     keys = ("requests_submitted", "requests_waiting", "requests_waiting_late")
     if not results or any(r.get(k) is None for r in results.values() for k in keys):
         return None  # figures from before these were kept, or a run that keeps none
+    if all(r.get("requests_abandoned", 0) > 0 for r in results.values()):
+        return None
     if min(r["requests_waiting_late"] / r["requests_submitted"] if r["requests_submitted"] else 0.0
            for r in results.values()) < BACKLOG_SHARE:
         return None

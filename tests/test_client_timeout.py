@@ -1,6 +1,7 @@
 """Clients give up: with ``client_timeout_s`` a request that has had no first token that long
-after its arrival leaves the queue, as vLLM aborts the request of a client that disconnected,
-and a request that has started streaming is never given up."""
+after its arrival leaves the engine, wherever it is (waiting, running its prefill, on the host),
+as vLLM aborts the request of a client that disconnected, and a request that has started
+streaming is never given up."""
 from __future__ import annotations
 
 import math
@@ -11,7 +12,7 @@ from engine.config import EngineConfig, ModelConfig
 from engine.cost_model import CostModel
 from engine.engine import Engine
 from engine.executor import ProfiledExecutor
-from engine.metrics import summarize
+from engine.metrics import mark, since, summarize
 from engine.request import Request
 from engine.sequence import Status
 
@@ -92,6 +93,51 @@ def test_a_session_turn_given_up_leaves_its_session_to_the_next_turn(make_engine
     eng.run()
     assert eng.records["turn-3"].finish_s is not None and eng.records["long"].finish_s is not None
     books_balance(eng)
+
+
+def test_a_request_whose_prefill_outlasts_the_timeout_is_given_up_and_its_blocks_freed(make_engine):
+    # a 64-token prompt in chunks of 8: eight 50 ms iterations before its first token
+    eng = make_engine(num_blocks=16, block_size=4, segment_blocks=4, max_model_len=64, max_num_batched_tokens=8,
+                      client_timeout_s=0.2)
+    eng.submit(Request("long-prompt", 0.0, 60, 4, 4))
+    eng.run(max_iterations=3)
+    assert eng.scheduler.running and eng.kv.blocks.num_used > 0  # admitted, mid-prefill
+    eng.run()
+    r = eng.records["long-prompt"]
+    assert r.abandoned_s is not None and r.first_token_s is None and r.finish_s is None
+    assert not eng.scheduler.running and eng.kv.blocks.num_used == 0
+
+
+def test_a_request_evicted_to_the_host_before_its_first_token_is_given_up_and_its_host_copy_dropped(make_engine):
+    eng = make_engine(num_blocks=32, block_size=4, segment_blocks=4, max_model_len=64, max_num_batched_tokens=8,
+                      client_timeout_s=0.2)
+    eng.submit(Request("other", 0.0, 4, 40, 40))
+    eng.submit(Request("long-prompt", 0.0, 60, 4, 4))
+    eng.run(max_iterations=2)
+    assert len(eng.scheduler.running) == 2 and eng.records["long-prompt"].first_token_s is None
+    # the newest goes to the host mid-prefill, and stays there while "other" runs: the eviction's free
+    # share leaves no room to bring it back
+    eng.evict(0.85)
+    assert [q.id for q in eng.scheduler.swapped] == ["long-prompt"] and eng.kv.host.used > 0
+    eng.run()
+    assert eng.records["long-prompt"].abandoned_s is not None and eng.records["other"].finish_s is not None
+    assert not eng.scheduler.swapped and eng.kv.host.used == 0 and eng.kv.blocks.num_used == 0
+
+
+def test_a_request_given_up_counts_against_the_slo_in_the_interval_it_left(make_engine):
+    # a TTFT target longer than the timeout: nobody waits late, yet the client that left was not served
+    eng = make_engine(num_blocks=8, block_size=4, segment_blocks=4, max_model_len=32, client_timeout_s=0.5,
+                      ttft_slo_s=10.0)
+    eng.submit(Request("first", 0.0, 8, 20, 20))
+    eng.submit(Request("second", 0.0, 8, 20, 20))
+    start = mark(eng)
+    eng.run(until=0.3)
+    assert since(eng, start)["slo_violation"] == 0.0
+    start = mark(eng)
+    eng.run()
+    assert eng.counters.abandoned == 1
+    figures = since(eng, start)
+    assert figures["slo_violation"] == pytest.approx(0.5)  # of the first, served on time, and the second, given up
 
 
 @pytest.mark.parametrize("bad", [0.0, -1.0, math.inf, math.nan])

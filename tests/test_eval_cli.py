@@ -84,6 +84,10 @@ def test_the_backlog_note_needs_every_policy_behind_and_every_figure():
     assert backlog_note({**behind, "c": run(0, 0, 0)}) is None  # nothing submitted: nothing behind
     assert backlog_note({**behind, "c": {"requests_submitted": 100}}) is None  # figures from an older build
     assert backlog_note({}) is None
+    # clients that gave up requests under every policy: the queue cannot grow for ever
+    gave_up = {n: {**r, "requests_abandoned": 3} for n, r in behind.items()}
+    assert backlog_note(gave_up) is None
+    assert backlog_note({**gave_up, "b": {**gave_up["b"], "requests_abandoned": 0}}) is not None
 
 
 def test_rate_scale_reads_a_scenario_at_another_arrival_rate_and_refuses_what_it_cannot_scale(tmp_path, capsys):
