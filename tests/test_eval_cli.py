@@ -156,7 +156,7 @@ def test_clients_that_give_up_bound_the_queue_and_the_table_counts_them(tmp_path
     patient, impatient = figures[None], figures[5.0]
     assert patient["requests_abandoned"] == 0 and impatient["requests_abandoned"] > 0
     assert patient["requests_submitted"] == impatient["requests_submitted"]
-    # nobody waits past the timeout, so the queue left is what arrived in its last 5 s at most
+    # clients leave 5 s after arriving (at the next iteration), so far fewer are left waiting at the end
     assert impatient["requests_waiting"] < patient["requests_waiting"]
     for bad, why in (("0", "--client-timeout must be a finite number of seconds > 0, got 0"),
                      ("nan", "--client-timeout must be a finite number of seconds > 0, got nan")):
