@@ -180,3 +180,19 @@ def test_a_replay_with_clients_that_give_up_counts_them(tmp_path, capsys):
     assert main(["replay", "--node", "node_chat_pair", "--controller", f"unix://{tmp_path}/none.sock",
                  "--client-timeout", "5"]) == 2
     assert "--client-timeout applies to one engine's replay" in capsys.readouterr().err
+
+
+def test_a_copy_a_lookahead_rolls_forward_gives_up_the_same_requests():
+    from engine.clone import clone
+
+    eng = Engine(ModelConfig(), EngineConfig(num_blocks=8, block_size=4, segment_blocks=4, max_model_len=32,
+                                             client_timeout_s=0.5), executor=ProfiledExecutor(COST))
+    for i in range(4):
+        eng.submit(Request(f"r{i}", 0.1 * i, 8, 20, 20))
+    eng.run(until=0.3)
+    copy = clone(eng)
+    eng.run()
+    copy.run()
+    given_up = lambda e: sorted(r.request_id for r in e.records.values() if r.abandoned_s is not None)  # noqa: E731
+    assert given_up(eng) == given_up(copy) and len(given_up(eng)) >= 2
+    assert copy.counters == eng.counters and copy.clock == eng.clock
