@@ -196,3 +196,26 @@ def test_a_copy_a_lookahead_rolls_forward_gives_up_the_same_requests():
     given_up = lambda e: sorted(r.request_id for r in e.records.values() if r.abandoned_s is not None)  # noqa: E731
     assert given_up(eng) == given_up(copy) and len(given_up(eng)) >= 2
     assert copy.counters == eng.counters and copy.clock == eng.clock
+
+
+def test_the_engine_metrics_count_requests_given_up_as_vllm_counts_aborted_ones(make_engine):
+    from prometheus_client import generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from rlctl.online.engine_metrics import EngineMetrics
+
+    eng = make_engine(num_blocks=8, block_size=4, segment_blocks=4, max_model_len=32, client_timeout_s=0.5)
+    for i in range(3):
+        eng.submit(Request(f"r{i}", 0.0, 8, 20, 20))
+    metrics = EngineMetrics(model_name="tiny")
+    while eng.has_work():
+        eng.run(until=eng.clock + 0.3)
+        metrics.update(eng)
+
+    def success(reason: str) -> float:
+        return next(s.value for f in text_string_to_metric_families(generate_latest(metrics.registry).decode())
+                    for s in f.samples if s.name == "vllm:request_success_total"
+                    and s.labels["finished_reason"] == reason)
+
+    assert eng.counters.abandoned == 2 and success("abort") == 2
+    assert success("length") + success("stop") == len(eng.completed) == 1

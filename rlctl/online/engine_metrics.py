@@ -7,7 +7,8 @@ and cumulative counters into a ``CollectorRegistry`` of its own:
   ``vllm:num_requests_waiting``, ``vllm:kv_cache_usage_perc`` (0 to 1), ``vllm:num_preemptions_total``,
   ``vllm:prompt_tokens_total`` (prefill tokens processed, recomputation included),
   ``vllm:generation_tokens_total``, ``vllm:request_success_total`` (``finished_reason``: "length" when
-  a request reached ``max_tokens`` or the model length, else "stop"), and the histograms, with
+  a request reached ``max_tokens`` or the model length, "abort" when its client gave up before its
+  first token (``client_timeout_s``), else "stop"), and the histograms, with
   vLLM's buckets:
   - ``vllm:time_to_first_token_seconds``, ``vllm:e2e_request_latency_seconds``, and
     ``vllm:request_time_per_output_token_seconds`` (each request's mean time per output token),
@@ -46,7 +47,7 @@ E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 4
                480.0, 960.0, 1920.0, 7680.0)
 LABELS = ("model_name", "engine")
 DEFAULT_MAX_MODEL_LEN = 1_000_000  # max_tokens buckets when the model length is not given
-FINISHED_REASONS = ("stop", "length")
+FINISHED_REASONS = ("stop", "length", "abort")
 # why the live loop (rlctl/online/live.py, which imports this list) took a decision from its safe static
 # policy: a deadline miss, a lost connection, another RPC error, a decision that failed its check
 FALLBACK_REASONS = ("deadline", "connection", "error", "invalid")
@@ -176,6 +177,10 @@ class EngineMetrics:
         for record in engine.completed[self._completed:]:
             self._observe(record, engine.max_model_len)
         self._completed = len(engine.completed)
+        gone = engine.counters.abandoned - self._last.get("abandoned", 0)  # given up: vLLM's aborted requests
+        if gone > 0:
+            self.success.labels(*self.labels, "abort").inc(gone)
+        self._last["abandoned"] = engine.counters.abandoned
 
     def _observe(self, record, max_model_len: int) -> None:
         self.ttft.observe(record.ttft_s)
