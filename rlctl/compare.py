@@ -37,17 +37,21 @@ from rlctl.results import paired_ratio_interval
 class Case:
     """A bundled scenario (``scenario``), or a trace replayed at ``load`` times what ``deployment``
     sustains (``rlctl eval --trace T --load X --deployment D``, on the bundled ``trace`` scenario's
-    settings unless ``scenario`` names others)."""
+    settings unless ``scenario`` names others); with ``client_timeout``, clients that give up a
+    request still without its first token that many seconds after it arrived (``--client-timeout``)."""
     scenario: str | None = None
     trace: str | None = None
     deployment: str | None = None
     load: float | None = None
+    client_timeout: float | None = None
 
     def label(self) -> str:
+        gives_up = f", clients giving up at {self.client_timeout:g} s" if self.client_timeout is not None else ""
         if self.trace is None:
-            return str(self.scenario)
+            return str(self.scenario) + gives_up
         where = self.deployment or f"{self.scenario or 'trace'}'s deployment"
-        return f"{self.trace} on {where} at load {self.load:g}" + (f" ({self.scenario})" if self.scenario else "")
+        return (f"{self.trace} on {where} at load {self.load:g}" + (f" ({self.scenario})" if self.scenario else "")
+                + gives_up)
 
 
 @dataclass(frozen=True)
@@ -94,7 +98,7 @@ def load_cases(name: str | Path) -> Cases:
 def scenario(cases: Cases, case: Case):
     """The scenario ``case`` runs, as ``rlctl eval`` would build it."""
     return eval_scenario(case.scenario, case.trace, None, None, cases.steps, case.load, case.deployment,
-                         say=lambda _: None)
+                         say=lambda _: None, client_timeout=case.client_timeout)
 
 
 def compare(candidates: list[str], references: list[str], cases: Cases, jobs: int = 1, say=print) -> dict:

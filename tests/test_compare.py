@@ -92,6 +92,16 @@ def test_a_pair_without_goodput_is_left_out_and_named(tmp_path):
     assert out["geometric_mean"] is None and not verdict(out, 0.5)
 
 
+def test_a_case_with_clients_that_give_up_runs_as_rlctl_eval_runs_it(tmp_path):
+    cases = load_cases(_cases(tmp_path, [{"scenario": "long_outputs", "client_timeout": 5}], steps=30))
+    sc = scenario(cases, cases.cases[0])
+    assert sc.engine_config().client_timeout_s == 5.0
+    out = compare(["static:1"], ["vllm"], cases, say=lambda _: None)
+    alone = run_evals([(make_policy("static:1"), False)], sc, 1, 500)
+    assert out["rows"][0]["candidate"] == alone["static:1"]["goodput_tokens_per_s"]
+    assert alone["static:1"]["requests_abandoned"] > 0  # a reservation of every max_tokens: the queue waits
+
+
 def test_the_bundled_sets_load_with_every_case_checked():
     assert {"validation", "parking"} <= set(bundled(CASES, ".yaml"))
     validation, parking = load_cases("validation"), load_cases("parking")
@@ -110,6 +120,7 @@ def test_the_bundled_sets_load_with_every_case_checked():
     ([{"scenario": "steady"}], {"steps": -1}, "steps must be > 0"),
     ([{"scenario": "steady"}], {"seed": -1}, "seed must be >= 0"),
     ([{"scenario": "steady"}, {"scenario": "steady"}], {}, "steady listed more than once"),
+    ([{"scenario": "steady", "client_timeout": 0}], {}, "--client-timeout must be a finite number of seconds > 0"),
 ])
 def test_a_bad_set_of_cases_is_refused_naming_what_is_wrong(tmp_path, cases, extra, words):
     with pytest.raises((ScenarioError, ValueError), match=words):
@@ -141,6 +152,7 @@ def test_the_command_refuses_bad_input_before_running_and_writes_the_verdict(tmp
 
 def test_a_case_names_itself():
     assert Case(scenario="steady").label() == "steady"
+    assert Case(scenario="steady", client_timeout=30).label() == "steady, clients giving up at 30 s"
     assert Case(trace="t.csv", deployment="d", load=1.2).label() == "t.csv on d at load 1.2"
     assert Case(scenario="trace_a10", trace="t.csv", load=1.2).label() == "t.csv on trace_a10's deployment at load 1.2 (trace_a10)"
     assert Case(trace="t.csv", load=1.2).label() == "t.csv on trace's deployment at load 1.2"
