@@ -165,7 +165,7 @@ class Mark:
     oom_events: int
     preemptions: int
     recomputed_tokens: int
-    abandoned: int = 0
+    abandoned: int
 
 
 def mark(engine) -> Mark:
@@ -178,8 +178,7 @@ def since(engine, start: Mark) -> dict:
     """The figures of the interval from ``start`` to now, with ``slo_violation``: the share of the
     requests that finished in it, are waiting at its end or were given up by their clients in it
     that missed (or, waiting, already exceed; given up, never met) the TTFT/TPOT target, in [0, 1]
-    (0 without an SLO). KV utilisation of an interval
-    with no iteration is the utilisation now."""
+    (0 without an SLO). KV utilisation of an interval with no iteration is the utilisation now."""
     span = max(engine.clock - start.time_s, 1e-9)
     cfg = engine.config
     done = engine.completed[start.completed:]

@@ -103,9 +103,11 @@ def eval_scenario(scenario: str | None, trace: str | None, time_scale: float | N
     if rate_scale is not None:
         sc = sc.at_load(rate_scale)
     if client_timeout is not None:
-        if not (client_timeout > 0 and math.isfinite(client_timeout)):
-            raise ValueError(f"--client-timeout must be a finite number of seconds > 0, got {client_timeout:g}")
         sc = dataclasses.replace(sc, engine={**sc.engine, "client_timeout_s": float(client_timeout)})
+        try:  # EngineConfig holds the rule; the scenario's other settings were checked when it loaded
+            sc.engine_config()
+        except ValueError:
+            raise ValueError(f"--client-timeout must be a finite number of seconds > 0, got {client_timeout:g}") from None
     if steps is not None:
         if steps <= 0:
             raise ValueError(f"--steps must be > 0, got {steps}")
