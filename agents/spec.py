@@ -2,11 +2,12 @@
 a reference (``oracle``, ``lookahead``) or a policy file, and the lists of baselines ``rlctl eval`` and training compare against."""
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 from agents.baselines import VLLM, Random, SGLang, Static, Watermark
 from agents.oracle import Lookahead, Oracle
-from agents.export import POLICY_SUFFIX, load_policy
+from agents.export import POLICY_SUFFIX, ExportedPolicy, PolicyFileError, load_policy
 from agents.policy import Policy
 from agents.unpark import Unpark
 from env.scenario import Observation
@@ -65,6 +66,40 @@ def is_reference(spec: str) -> bool:
     return isinstance(spec, str) and (spec in REFERENCES or spec.startswith("lookahead:"))
 
 
+def is_unpark(spec: str) -> bool:
+    """Whether ``spec`` names the fallback against the parking around a trained policy (agents/unpark.py)."""
+    return isinstance(spec, str) and spec.startswith("unpark:")
+
+
+def unpark_spec(spec: str) -> tuple[float, bool, str]:
+    """``unpark:F:POLICY`` or ``unpark:F:ontime:POLICY`` as (F, on time, the trained policy's spec);
+    a ``ValueError`` says what is wrong with it."""
+    factor, _, inner = spec.removeprefix("unpark:").partition(":")
+    mode, _, rest = inner.partition(":")
+    on_time = mode == "ontime"  # a file named ontime:X: give its path as ./ontime:X
+    if on_time:
+        inner = rest
+    try:
+        f = float(factor)
+    except ValueError:
+        f = math.nan
+    if not math.isfinite(f) or not inner or is_baseline(inner) or is_reference(inner) or is_unpark(inner):
+        raise ValueError(f"policy {spec!r}: unpark:F:POLICY needs a finite fallback factor F and a trained policy (a "
+                         "policy file or a shipped name), e.g. unpark:4:default (unpark:F:ontime:POLICY: only "
+                         "while the queue can still be served on time)")
+    return f, on_time, inner
+
+
+def unpark(policy: ExportedPolicy, factor: float, on_time: bool) -> Unpark:
+    """The fallback around a trained ``policy``, reading observations at the scales it was trained at."""
+    scales = policy.header["observation"]["scales"]
+    try:
+        return Unpark(policy, factor, Observation(**scales), on_time=on_time)
+    except TypeError as exc:
+        raise PolicyFileError(f"policy file {policy.path}: observation.scales {scales} do not fit this build's "
+                              f"scales ({exc})") from None
+
+
 def label_policies(policies: dict) -> dict:
     """``policies`` (spec -> policy, in order) with a label each of their own, since a results table
     and its JSON are keyed by label: a trained policy labelled as another policy is (every training
@@ -109,22 +144,9 @@ def make_policy(spec: str) -> Policy:
             raise ValueError(f"policy {spec!r}: lookahead:N needs a whole number N >= 1 of draws, e.g. lookahead:8, "
                              "and lookahead:N:warm one whose estimate knows an earlier episode's output lengths")
         return Lookahead(samples=int(n), warm=bool(warm))
-    if spec.startswith("unpark:"):
-        factor, _, inner = spec.removeprefix("unpark:").partition(":")
-        mode, _, rest = inner.partition(":")
-        on_time = mode == "ontime"  # a file named ontime:X: give its path as ./ontime:X
-        if on_time:
-            inner = rest
-        try:
-            factor = float(factor)
-        except ValueError:
-            factor = None
-        if factor is None or not inner or is_baseline(inner) or is_reference(inner) or inner.startswith("unpark:"):
-            raise ValueError(f"policy {spec!r}: unpark:F:POLICY needs a fallback factor F and a trained policy (a "
-                             "policy file or a shipped name), e.g. unpark:4:default (unpark:F:ontime:POLICY: only "
-                             "while the queue can still be served on time)")
-        policy = make_policy(inner)
-        return Unpark(policy, factor, Observation(**policy.header["observation"]["scales"]), on_time=on_time)
+    if is_unpark(spec):
+        factor, on_time, inner = unpark_spec(spec)
+        return unpark(make_policy(inner), factor, on_time)
     path = find(spec, POLICIES, POLICY_SUFFIX)
     if path.is_file() or spec.endswith(POLICY_SUFFIX):
         policy = load_policy(path)  # a missing file: PolicyFileError naming the path

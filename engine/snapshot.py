@@ -56,6 +56,8 @@ class Snapshot:
     out_ratio: float = 1.0        # output / declared max_tokens of the last 64 requests finished (1 before any)
     future_expected: float = 0.0  # tokens the running sequences are expected still to generate, given what each
                                   # has generated, by the output lengths of the last 256 finished (engine/output_lengths.py)
+    waiting_late: int = 0         # requests waiting for their first token past the TTFT target (0 without one):
+                                  # served now, they are late whatever comes next (Engine.waiting_late)
 
 
 def histogram(lengths: list[int]) -> tuple[float, ...]:
@@ -113,7 +115,7 @@ def take_snapshot(engine, previous: Snapshot | None) -> Snapshot:
         future_declared=sum(max(q.request.max_tokens - q.num_generated, 0) for q in s.running),
         waiting_tokens=sum(waiting_lengths),
         out_ratio=float(np.add.reduce(np.array(engine.out_ratios)) / len(engine.out_ratios)) if engine.out_ratios else 1.0,
-        future_expected=future_expected(engine))
+        future_expected=future_expected(engine), waiting_late=engine.waiting_late())
 
 
 def future_expected(engine) -> float:

@@ -23,6 +23,7 @@ def run_episode(env: OvercommitEnv, policy: Policy, seed: int) -> tuple[dict, di
     series = {k: [] for k in SERIES}
     rewards = []
     while True:
+        policy.see(env.engine.last_snapshot)
         obs, reward, terminated, truncated, info = env.step(policy.act(obs))
         rewards.append(reward)
         for k in SERIES:

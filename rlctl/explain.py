@@ -34,6 +34,9 @@ class _Recorder(Policy):
     def reset(self, seed: int | None = None, env=None) -> None:
         self.policy.reset(seed, env)
 
+    def see(self, snapshot) -> None:
+        self.policy.see(snapshot)
+
     def act(self, obs: np.ndarray) -> int:
         action = self.policy.act(obs)
         self.observations.append(np.array(obs, dtype=np.float32))

@@ -8,6 +8,7 @@ import dataclasses
 import yaml
 
 from experiments import SCENARIOS
+from agents.policy import Policy
 from agents.shield import NodeShield, Shield
 from engine.control import BACK_OFF, DEFRAG, EVICT, HOLD, SCALE_UP
 from engine.node_control import NODE_HOLD, encode_action
@@ -102,7 +103,7 @@ def test_the_served_shield_has_the_policy_see_a_preempting_engine_as_a_crashing_
     # the sidecar observes through the same view (rlctl/online/served.py)
     seen = []
 
-    class Recorder:
+    class Recorder(Policy):
         name = "recorder"
 
         def act(self, obs):

@@ -4,7 +4,7 @@ for good after a restart; with the on-time rule, only while no request waits pas
 from __future__ import annotations
 
 import pickle
-from types import SimpleNamespace
+import shutil
 
 import numpy as np
 import pytest
@@ -15,7 +15,9 @@ from agents.unpark import Unpark
 from engine.control import BACK_OFF, HOLD, SCALE_UP
 from engine.metrics import summarize
 from engine.request import Request
+from engine.snapshot import HIST_EDGES, Snapshot
 from env.observation import FEATURES, LOW
+from tests.sidecar_process import REPO
 
 
 class Always(Policy):
@@ -74,7 +76,7 @@ def test_the_engine_counts_the_requests_waiting_past_their_ttft_target(make_engi
     eng.step()
     assert eng.waiting_late() == 0
     eng.clock = 2.0  # b has waited 2 s (past a 1 s target); a has its first token
-    assert eng.waiting_late() == late
+    assert eng.waiting_late() == late == eng.snapshot().waiting_late  # what the controller is handed
     figures = summarize(eng)
     assert (figures["requests_waiting"], figures["requests_waiting_late"]) == (1, late)
     b = eng.scheduler.waiting[0]
@@ -89,15 +91,19 @@ def test_the_on_time_rule_engages_only_on_a_queue_still_in_time_and_hands_back_o
     eng.submit(Request("b", 0.0, 8, 40, 40))
     eng.step()
     u = Unpark(Always(BACK_OFF), factor=4.0, on_time=True)
-    u.reset(env=SimpleNamespace(engine=eng))
     assert u.name == "unpark:4:ontime:always"
-    assert [u.act(obs()) for _ in range(3)] == [BACK_OFF, BACK_OFF, SCALE_UP]  # b is still in time
+
+    def act(o: np.ndarray) -> int:
+        u.see(eng.snapshot())  # as rlctl eval and the sidecar do before each decision
+        return u.act(o)
+
+    assert [act(obs()) for _ in range(3)] == [BACK_OFF, BACK_OFF, SCALE_UP]  # b is still in time
     eng.clock = 2.0
-    assert u.act(obs(factor=1.25)) == BACK_OFF and not u.engaged  # b is late: the policy again
-    assert [u.act(obs()) for _ in range(4)] == [BACK_OFF] * 4 and u.engagements == 1  # and it stays out
+    assert act(obs(factor=1.25)) == BACK_OFF and not u.engaged  # b is late: the policy again
+    assert [act(obs()) for _ in range(4)] == [BACK_OFF] * 4 and u.engagements == 1  # and it stays out
     eng.scheduler.waiting[0].record.first_token_s = 2.0  # b served: nothing waits late any more
-    assert [u.act(obs()) for _ in range(3)] == [BACK_OFF, BACK_OFF, SCALE_UP] and u.engagements == 2
-    with pytest.raises(RuntimeError, match="reads the engine's queue"):
+    assert [act(obs()) for _ in range(3)] == [BACK_OFF, BACK_OFF, SCALE_UP] and u.engagements == 2
+    with pytest.raises(RuntimeError, match="reads the snapshot's waiting_late"):
         Unpark(Always(BACK_OFF), factor=4.0, on_time=True).act(obs())
 
 
@@ -119,7 +125,7 @@ def test_the_on_time_rule_gives_the_same_figures_in_evaluation_processes_as_in_t
     sc = eval_scenario(None, "azure2023_conv.csv", None, None, 20, 1.2, "Qwen3-30B-A3B@h100", say=lambda *a: None)
     u = make_policy("unpark:4:ontime:default")
     here = run_evals([(u, True)], sc, 2, 4000)
-    assert u.env is not None and pickle.loads(pickle.dumps(u)).env is None  # sent without this environment
+    assert u.snapshot is not None and pickle.loads(pickle.dumps(u)).snapshot == u.snapshot
     there = run_evals([(u, True)], sc, 2, 4000, jobs=2)
     assert [e["goodput_tokens_per_s"] for e in here[u.name]["episodes"]] == \
         [e["goodput_tokens_per_s"] for e in there[u.name]["episodes"]]
@@ -131,9 +137,106 @@ def test_the_spec_names_a_factor_and_a_trained_policy_and_acts_behind_the_shield
     assert isinstance(u, Unpark) and u.factor == 4.0 and u.name == "unpark:4:default" and is_trained("unpark:4:default")
     on_time = make_policy("unpark:4:ontime:default")
     assert on_time.on_time and not u.on_time and on_time.name == "unpark:4:ontime:default"
-    for bad in ("unpark:x:default", "unpark:4:", "unpark:4:vllm", "unpark:4:unpark:4:default", "unpark:4:ontime:",
+    for bad in ("unpark:x:default", "unpark:inf:default", "unpark:nan:default", "unpark:4:", "unpark:4:vllm", "unpark:4:unpark:4:default", "unpark:4:ontime:",
                 "unpark:4:ontime", "unpark:4:ontime:vllm"):
         with pytest.raises(ValueError, match="unpark:F:POLICY needs"):
             make_policy(bad)
     with pytest.raises(ValueError, match="above the floor"):
         make_policy("unpark:1:default")
+
+
+# ---- served (rlctl/online/served.py): one copy of its state an engine ---------------------------
+SHIPPED = REPO / "experiments" / "policies" / "default.rlpolicy"
+
+
+def parked(late: int = 0, restarting: bool = False) -> Snapshot:
+    """A queue of 400 over a KV a fifth used, the factor at its floor: where the shipped weights do
+    not scale up (they evict), and the fallback takes over on the third such decision."""
+    bins = [0.0] * (len(HIST_EDGES) - 1)
+    bins[3] = 1.0
+    return Snapshot(time_s=10.0, alloc_ratio=0.2, alloc_slope=0.0, frag_entropy=0.0, queue_len=400, prefill_frac=0.0,
+                    len_mean=0.0, len_std=0.0, swapped=0, decode_ms=0.0, overcommit=1.0, reserved_ratio=0.2,
+                    device_free=0.5, queue_hist=tuple(bins), running_hist=tuple(bins), kv_tokens_total=200_000,
+                    max_num_seqs=256, waiting_tokens=400 * 600, restarting=restarting, waiting_late=late)
+
+
+def test_served_it_keeps_each_engines_state_apart_and_hands_back_once_the_queue_is_late():
+    from rlctl.online.confine import Confinement
+    from rlctl.online.served import load_served_policy
+
+    served = load_served_policy(f"unpark:4:ontime:{SHIPPED}", Confinement())
+    alone = load_served_policy(str(SHIPPED), Confinement())
+    inner = [alone.decide(parked())[0]] * 2
+    assert inner[0] != SCALE_UP and served.inline and served.states.copies == {}  # the trial decision left none
+    assert [served.decide(parked(), "a")[0] for _ in range(3)] == inner + [SCALE_UP]
+    assert [served.decide(parked(), "b")[0] for _ in range(2)] == inner  # b's own count: two parked so far
+    assert served.decide(parked(late=1), "a")[0] == inner[0]  # a's queue is late: the weights again
+    assert served.decide(parked(), "b")[0] == SCALE_UP
+    assert served.decide(parked(restarting=True), "b")[0] != SCALE_UP  # b restarted: disarmed for good
+    assert [served.decide(parked(), "b")[0] for _ in range(5)] == inner * 2 + inner[:1]
+    assert [served.decide(parked(), "a")[0] for _ in range(3)] == inner + [SCALE_UP]  # a is still armed
+    info = served.info()
+    assert info.name == "unpark:4:ontime:default" and info.kind == "file" and info.file_sha256 == alone.file_sha256
+    assert len({served.policy_hash, alone.policy_hash,
+                load_served_policy(f"unpark:4:{SHIPPED}", Confinement()).policy_hash}) == 3
+
+
+def test_served_it_forgets_the_engine_asked_least_recently_past_its_bound(monkeypatch):
+    from rlctl.online import served as served_module
+    from rlctl.online.confine import Confinement
+
+    monkeypatch.setattr(served_module, "MAX_ENGINES", 2)
+    served = served_module.load_served_policy(f"unpark:4:{SHIPPED}", Confinement())
+    for engine in ("a", "b", "a", "c"):
+        served.decide(parked(), engine)
+    assert list(served.states.copies) == ["a", "c"]  # b was asked least recently
+
+
+def test_serve_refuses_a_fallback_that_cannot_serve_saying_why(tmp_path):
+    from agents.export import PolicyFileError
+    from rlctl.online.confine import Confinement
+    from rlctl.online.served import load_served_policy
+
+    with pytest.raises(ValueError, match="unpark:F:POLICY needs"):
+        load_served_policy("unpark:4:ontime:watermark", Confinement(allow_baselines=True))
+    with pytest.raises(PolicyFileError, match="no such file"):
+        load_served_policy(f"unpark:4:{tmp_path / 'none.rlpolicy'}", Confinement())
+    with pytest.raises(ValueError, match="one engine's policy"):
+        load_served_policy(f"unpark:4:{SHIPPED}", Confinement(), node=True)
+
+
+def test_a_sidecar_serves_it_over_grpc_and_reloads_it_from_its_directory(sidecars, tmp_path):
+    import grpc
+
+    from rlctl.online.live import open_channel
+    from rlctl.online.messages import snapshot_message
+    from rlctl.online.proto import controller_pb2 as pb
+
+    policies = tmp_path / "policies"
+    policies.mkdir()
+    shutil.copy(SHIPPED, policies / "default.rlpolicy")
+    s = sidecars(f"unix://{tmp_path}/s.sock", f"unpark:4:ontime:{SHIPPED}", "--policy-dir", str(policies))
+    with open_channel(s.address) as ch:
+        stub = s.stub(ch)
+
+        def ask(engine: str, **kw) -> int:
+            return stub.Decide(snapshot_message(parked(**kw), 32768, engine, 1), timeout=30).policy_action
+
+        first = stub.GetPolicy(pb.GetPolicyRequest())
+        a = [ask("a") for _ in range(3)]
+        b, late = ask("b"), ask("a", late=2)
+        reloaded = stub.ReloadPolicy(pb.ReloadPolicyRequest(policy="unpark:4:ontime:default"), timeout=30).current
+        again = [ask("a") for _ in range(3)]  # a fresh policy: fresh state
+        with pytest.raises(grpc.RpcError) as err:
+            stub.ReloadPolicy(pb.ReloadPolicyRequest(policy="unpark:4:ontime:none"), timeout=30)
+        kept = stub.GetPolicy(pb.GetPolicyRequest())
+        old_sender = snapshot_message(parked(), 32768, "a", 2)
+        old_sender.ClearField("waiting_late")  # a sender that predates the field: refused, not read as 0
+        with pytest.raises(grpc.RpcError) as unset:
+            stub.Decide(old_sender, timeout=30)
+    assert first.name == "unpark:4:ontime:default" and first.spec == f"unpark:4:ontime:{SHIPPED}"
+    assert a[2] == SCALE_UP != a[0] == a[1] == b == late and again == a
+    assert reloaded.spec == "unpark:4:ontime:default.rlpolicy" and reloaded.policy_hash == first.policy_hash
+    assert err.value.code() == grpc.StatusCode.NOT_FOUND and "still serving" in err.value.details()
+    assert kept.spec == reloaded.spec
+    assert unset.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "waiting_late is not set" in unset.value.details()

@@ -1,25 +1,31 @@
 """The policy a sidecar serves: loaded and checked once, then used exactly as it was trained.
 
 A decision builds the observation the policy was trained on (a policy file's own scales; for a
-baseline the default scales), acts,
-and runs the safety shield on the snapshot (agents/shield.py).
+baseline the default scales), hands the policy the snapshot (``Policy.see``), acts, and runs the
+safety shield on the snapshot (agents/shield.py). A stateful policy (the fallback against the
+parking, ``unpark:F:[ontime:]FILE``, agents/unpark.py) keeps one copy of its state an engine, by the
+snapshot's ``engine_id``.
 
 Loaded from the operator's ``--policy`` (``load_served_policy``) or from a client's
 ``ReloadPolicy`` (``reload_served_policy``), each within what rlctl/online/confine.py allows.
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import hashlib
 import math
 import numbers
-from dataclasses import dataclass
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass, field
 
 from agents.export import ExportedPolicy, PolicyFileError, load_policy
 from agents.node_spec import is_node_baseline, make_node_policy
 from agents.policy import Policy
 from agents.shield import NodeShield, Shield
-from agents.spec import is_baseline, make_policy
+from agents.spec import is_baseline, is_unpark, make_policy, unpark, unpark_spec
+from agents.unpark import Unpark
 from engine.control import ACTIONS
 from engine.node_control import action_names
 from engine.snapshot import HIST_EDGES, Snapshot
@@ -39,6 +45,31 @@ class NodeMismatch(ValueError):
     """A node's engines are not the ones its node policy was trained on."""
 
 
+MAX_ENGINES = 1024  # engines a stateful policy keeps state for; the one asked least recently is forgotten past it
+
+
+class EngineStates:
+    """A stateful policy's copy an engine (``engine_id``; "" is an engine too), made on its first
+    decision; past ``MAX_ENGINES`` engines the one asked least recently is forgotten (it starts
+    afresh if it asks again). ``lock`` serialises the decisions that use a copy."""
+
+    def __init__(self, policy: Policy) -> None:
+        self.policy, self.lock = policy, threading.Lock()
+        self.copies: OrderedDict[str, Policy] = OrderedDict()
+
+    def get(self, engine_id: str) -> Policy:
+        """Under ``lock``."""
+        p = self.copies.get(engine_id)
+        if p is None:
+            p = self.copies[engine_id] = copy.copy(self.policy)
+            p.reset()
+            if len(self.copies) > MAX_ENGINES:
+                self.copies.popitem(last=False)
+        else:
+            self.copies.move_to_end(engine_id)
+        return p
+
+
 @dataclass(frozen=True)
 class ServedPolicy:
     """A loaded policy with what a decision needs to use it as it was trained."""
@@ -49,6 +80,21 @@ class ServedPolicy:
     file_sha256: str             # "" for a baseline
     pinned_overcommit: float | None
     shield: Shield = Shield()
+    states: EngineStates | None = field(default=None, compare=False, repr=False)  # a stateful policy's
+
+    def __post_init__(self) -> None:
+        if self.policy.stateful and self.states is None:
+            object.__setattr__(self, "states", EngineStates(self.policy))
+
+    @property
+    def base(self) -> Policy:
+        """The trained or baseline policy itself: inside the fallback, the one it wraps."""
+        return self.policy.inner if isinstance(self.policy, Unpark) else self.policy
+
+    @property
+    def reads_waiting_late(self) -> bool:
+        """Whether the policy reads the snapshot's ``waiting_late`` (the on-time fallback)."""
+        return isinstance(self.policy, Unpark) and self.policy.on_time
 
     @property
     def kind(self) -> str:
@@ -59,17 +105,30 @@ class ServedPolicy:
         """Whether a decision is cheap enough to run on the sidecar's event loop: a baseline's, or a
         network small enough for the numpy forward (agents/export.py NUMPY_MAX_PARAMETERS, tens of
         microseconds at most), since handing it to a thread costs more than it does."""
-        return not isinstance(self.policy, ExportedPolicy) or self.policy.forward is not None
+        return not isinstance(self.base, ExportedPolicy) or self.base.forward is not None
 
     @property
     def policy_hash(self) -> str:
-        return self.file_sha256 or hashlib.sha256(f"baseline:{self.spec}".encode()).hexdigest()
+        """The file's SHA-256 (a fallback around it: of its spec's prefix and the file's), or a baseline spec's."""
+        if not self.file_sha256:
+            return hashlib.sha256(f"baseline:{self.spec}".encode()).hexdigest()
+        if self.base is self.policy:
+            return self.file_sha256
+        variant = self.policy.name.removesuffix(self.base.name)  # unpark:4:ontime:
+        return hashlib.sha256(f"{variant}{self.file_sha256}".encode()).hexdigest()
 
-    def decide(self, snapshot: Snapshot) -> tuple[int, int]:
-        """(the policy's action, the action after the shield) on a checked snapshot."""
+    def decide(self, snapshot: Snapshot, engine_id: str = "") -> tuple[int, int]:
+        """(the policy's action, the action after the shield) on a checked snapshot from ``engine_id``."""
         obs = observe(self.shield.view(snapshot), self.scales)
         try:
-            chosen = self.policy.act(obs)
+            if self.states is None:
+                self.policy.see(snapshot)
+                chosen = self.policy.act(obs)
+            else:
+                with self.states.lock:
+                    policy = self.states.get(engine_id)
+                    policy.see(snapshot)
+                    chosen = policy.act(obs)
         except Exception as exc:  # a policy bug must not take the server down with it
             raise PolicyError(f"policy {self.policy.name} failed: {type(exc).__name__}: {exc}") from exc
         if not isinstance(chosen, numbers.Integral) or not 0 <= chosen < len(ACTIONS):
@@ -80,13 +139,13 @@ class ServedPolicy:
         return self.pinned_overcommit if self.pinned_overcommit is not None else snapshot.overcommit
 
     def info(self) -> pb.PolicyInfo:
-        header = getattr(self.policy, "header", {})
+        header = getattr(self.base, "header", {})
         return pb.PolicyInfo(spec=self.spec, name=self.policy.name, kind=self.kind, file_sha256=self.file_sha256,
                              policy_hash=self.policy_hash, features=list(FEATURES), actions=list(ACTIONS),
                              scales={k: float(v) for k, v in dataclasses.asdict(self.scales).items()},
                              max_model_len=0, pinned_overcommit=self.pinned_overcommit or 0.0,
                              source_commit=str(header.get("source_commit", "")),
-                             blind_to=list(getattr(self.policy, "blind_to", [])))
+                             blind_to=list(getattr(self.base, "blind_to", [])))
 
 
 @dataclass(frozen=True)
@@ -97,7 +156,7 @@ class ServedNodePolicy(ServedPolicy):
     engines: tuple[str, ...] | None = None
     node_shield: NodeShield = NodeShield()
 
-    def decide(self, state: NodeState) -> tuple[int, int]:  # type: ignore[override]
+    def decide(self, state: NodeState, engine_id: str = "") -> tuple[int, int]:  # type: ignore[override]
         """(the policy's flat node action, the action after the node shield) on a checked node state."""
         if self.engines is not None and tuple(state.names) != self.engines:
             raise NodeMismatch(f"the node reports engines {state.names}; policy {self.spec} was trained on a node of "
@@ -142,8 +201,12 @@ def load_served_policy(spec: str, confinement: Confinement, node: bool = False,
     """The operator's ``--policy``: a policy file's path (trusted: it comes from the command line),
     or a baseline spec if ``confinement`` allows baselines; with ``node``, a node policy (a node's
     baseline, or a file trained on a node), behind ``shield`` (one engine's). A ``ValueError``
-    (``PolicyFileError`` for a file) says why it cannot serve."""
+    (``PolicyFileError`` for a file) says why it cannot serve. ``unpark:F:[ontime:]FILE`` serves the
+    fallback against the parking around that file (agents/unpark.py)."""
     spec = str(spec)
+    if is_unpark(spec):
+        factor, on_time, inner = unpark_spec(spec)
+        return _checked(spec, unpark(load_policy(inner, confinement.max_bytes), factor, on_time), node, shield)
     if _is_baseline(spec, node):
         if not confinement.allow_baselines:
             raise ValueError(f"--policy {spec} is a baseline spec: serve one only with --allow-baselines")
@@ -163,9 +226,14 @@ def reload_served_policy(name: str, confinement: Confinement, node: bool = False
         if not confinement.allow_baselines:
             raise BaselineRefused(f"{name} is a baseline spec, and rlctl serve was started without --allow-baselines")
         return _checked(name, _baseline(name, node), node, shield)
-    f, file_name = open_policy(confinement.policy_dir, name)
+    factor, on_time, inner = unpark_spec(name) if is_unpark(name) else (None, False, name)
+    f, file_name = open_policy(confinement.policy_dir, inner)
     with f:  # the file's name, not its path, in messages and in GetPolicy: the directory is the operator's
-        return _checked(file_name, load_policy(file_name, confinement.max_bytes, opened=f), node, shield)
+        policy = load_policy(file_name, confinement.max_bytes, opened=f)
+    if factor is None:
+        return _checked(file_name, policy, node, shield)
+    wrapped = unpark(policy, factor, on_time)
+    return _checked(wrapped.name.removesuffix(policy.name) + file_name, wrapped, node, shield)
 
 
 def _trial_node(engines: tuple[str, ...]) -> NodeState:
@@ -177,8 +245,12 @@ def _trial_node(engines: tuple[str, ...]) -> NodeState:
 def _checked(spec: str, policy: Policy, node: bool = False, shield: Shield = Shield()) -> ServedPolicy:
     """``policy`` ready to serve: one engine's or a node's as asked, it pins nothing a running engine
     cannot take, and a trial decision works."""
-    trained = (policy.header.get("node") or {}).get("engines") if isinstance(policy, ExportedPolicy) else None
-    if isinstance(policy, ExportedPolicy) and node != (trained is not None):
+    base = policy.inner if isinstance(policy, Unpark) else policy
+    if node and base is not policy:
+        raise ValueError(f"policy {spec}: the fallback against the parking (unpark:) serves one engine's policy, "
+                         "not a node's: serve it without --node")
+    trained = (base.header.get("node") or {}).get("engines") if isinstance(base, ExportedPolicy) else None
+    if isinstance(base, ExportedPolicy) and node != (trained is not None):
         raise ValueError(f"policy {spec}: trained for a node of engines {trained}: serve it with --node" if trained else
                          f"policy {spec}: trained for one engine, not for a node: serve it without --node")
     if node:
@@ -198,18 +270,20 @@ def _checked(spec: str, policy: Policy, node: bool = False, shield: Shield = Shi
     if overrides or (pinned is not None and not math.isfinite(pinned)):
         raise ValueError(f"policy {spec}: it pins engine settings a running engine cannot take from a sidecar "
                          f"({policy.engine_overrides}); serve a policy that pins at most a finite overcommit factor")
-    if isinstance(policy, ExportedPolicy):
-        trained = policy.header["observation"]
+    if isinstance(base, ExportedPolicy):
+        trained = base.header["observation"]
         try:
             scales = Observation(**trained["scales"])
         except TypeError as exc:
             raise PolicyFileError(f"policy file {spec}: observation.scales {trained['scales']} do not fit this "
                                   f"build's scales ({exc})") from None
-        served = ServedPolicy(spec, policy, scales, policy.file_sha256, pinned, shield)
+        served = ServedPolicy(spec, policy, scales, base.file_sha256, pinned, shield)
     else:
         served = ServedPolicy(spec, policy, Observation(), "", pinned, shield)
     try:
         served.decide(_trial_snapshot())
     except PolicyError as exc:
         raise ValueError(f"policy {spec}: a trial decision failed: {exc}") from None
+    if served.states is not None:
+        served.states.copies.clear()  # the trial's state is no engine's
     return served

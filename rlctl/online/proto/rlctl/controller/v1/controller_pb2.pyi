@@ -7,7 +7,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class Snapshot(_message.Message):
-    __slots__ = ("engine_id", "seq", "max_model_len", "time_s", "alloc_ratio", "alloc_slope", "frag_entropy", "queue_len", "prefill_frac", "len_mean", "len_std", "swapped", "decode_ms", "overcommit", "reserved_ratio", "device_free", "queue_hist", "running_hist", "running", "kv_blocks_used", "kv_blocks_total", "kv_footprint_bytes", "oom_events", "preemptions", "tokens_generated", "restarting", "kv_tokens_total", "max_num_seqs", "preempt_mode", "tokens_held", "future_declared", "waiting_tokens", "out_ratio", "future_expected")
+    __slots__ = ("engine_id", "seq", "max_model_len", "time_s", "alloc_ratio", "alloc_slope", "frag_entropy", "queue_len", "prefill_frac", "len_mean", "len_std", "swapped", "decode_ms", "overcommit", "reserved_ratio", "device_free", "queue_hist", "running_hist", "running", "kv_blocks_used", "kv_blocks_total", "kv_footprint_bytes", "oom_events", "preemptions", "tokens_generated", "restarting", "kv_tokens_total", "max_num_seqs", "preempt_mode", "tokens_held", "future_declared", "waiting_tokens", "out_ratio", "future_expected", "waiting_late")
     ENGINE_ID_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
     MAX_MODEL_LEN_FIELD_NUMBER: _ClassVar[int]
@@ -42,6 +42,7 @@ class Snapshot(_message.Message):
     WAITING_TOKENS_FIELD_NUMBER: _ClassVar[int]
     OUT_RATIO_FIELD_NUMBER: _ClassVar[int]
     FUTURE_EXPECTED_FIELD_NUMBER: _ClassVar[int]
+    WAITING_LATE_FIELD_NUMBER: _ClassVar[int]
     engine_id: str
     seq: int
     max_model_len: int
@@ -76,7 +77,8 @@ class Snapshot(_message.Message):
     waiting_tokens: int
     out_ratio: float
     future_expected: float
-    def __init__(self, engine_id: _Optional[str] = ..., seq: _Optional[int] = ..., max_model_len: _Optional[int] = ..., time_s: _Optional[float] = ..., alloc_ratio: _Optional[float] = ..., alloc_slope: _Optional[float] = ..., frag_entropy: _Optional[float] = ..., queue_len: _Optional[int] = ..., prefill_frac: _Optional[float] = ..., len_mean: _Optional[float] = ..., len_std: _Optional[float] = ..., swapped: _Optional[int] = ..., decode_ms: _Optional[float] = ..., overcommit: _Optional[float] = ..., reserved_ratio: _Optional[float] = ..., device_free: _Optional[float] = ..., queue_hist: _Optional[_Iterable[float]] = ..., running_hist: _Optional[_Iterable[float]] = ..., running: _Optional[int] = ..., kv_blocks_used: _Optional[int] = ..., kv_blocks_total: _Optional[int] = ..., kv_footprint_bytes: _Optional[int] = ..., oom_events: _Optional[int] = ..., preemptions: _Optional[int] = ..., tokens_generated: _Optional[int] = ..., restarting: bool = ..., kv_tokens_total: _Optional[int] = ..., max_num_seqs: _Optional[int] = ..., preempt_mode: bool = ..., tokens_held: _Optional[int] = ..., future_declared: _Optional[int] = ..., waiting_tokens: _Optional[int] = ..., out_ratio: _Optional[float] = ..., future_expected: _Optional[float] = ...) -> None: ...
+    waiting_late: int
+    def __init__(self, engine_id: _Optional[str] = ..., seq: _Optional[int] = ..., max_model_len: _Optional[int] = ..., time_s: _Optional[float] = ..., alloc_ratio: _Optional[float] = ..., alloc_slope: _Optional[float] = ..., frag_entropy: _Optional[float] = ..., queue_len: _Optional[int] = ..., prefill_frac: _Optional[float] = ..., len_mean: _Optional[float] = ..., len_std: _Optional[float] = ..., swapped: _Optional[int] = ..., decode_ms: _Optional[float] = ..., overcommit: _Optional[float] = ..., reserved_ratio: _Optional[float] = ..., device_free: _Optional[float] = ..., queue_hist: _Optional[_Iterable[float]] = ..., running_hist: _Optional[_Iterable[float]] = ..., running: _Optional[int] = ..., kv_blocks_used: _Optional[int] = ..., kv_blocks_total: _Optional[int] = ..., kv_footprint_bytes: _Optional[int] = ..., oom_events: _Optional[int] = ..., preemptions: _Optional[int] = ..., tokens_generated: _Optional[int] = ..., restarting: bool = ..., kv_tokens_total: _Optional[int] = ..., max_num_seqs: _Optional[int] = ..., preempt_mode: bool = ..., tokens_held: _Optional[int] = ..., future_declared: _Optional[int] = ..., waiting_tokens: _Optional[int] = ..., out_ratio: _Optional[float] = ..., future_expected: _Optional[float] = ..., waiting_late: _Optional[int] = ...) -> None: ...
 
 class Decision(_message.Message):
     __slots__ = ("seq", "action", "action_name", "overcommit", "shield_override", "policy_action", "policy_hash", "admit_headroom")
