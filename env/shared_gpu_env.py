@@ -43,7 +43,7 @@ from env.node_scenario import NodeScenario, load_node_scenario
 from env.workload_builder import episode_requests
 
 TENANT_FIGURES = ("goodput_tokens_per_s", "slo_attainment", "requests_completed", "requests_unfinished", "oom_events",
-                  "preemptions", "ttft_p99_s", "kv_util_mean", "restarts")
+                  "preemptions", "ttft_p99_s", "kv_util_mean", "restarts", "requests_abandoned")
 
 
 class SharedGPUEnv(gym.Env):
@@ -175,7 +175,7 @@ def node_summary(node: Node) -> dict:
            "generated_tokens_per_s": total("generated_tokens_per_s"),
            **{k: count(k) for k in ("requests_submitted", "requests_completed", "requests_unfinished", "oom_events",
                                     "preemptions", "recomputed_tokens", "swap_out_blocks", "swap_in_blocks",
-                                    "compactions", "restarts")},
+                                    "compactions", "restarts", "requests_abandoned")},
            "slo_attainment": met / done if done else None,
            "slo_attainment_min": min((p["slo_attainment"] for p in per.values() if p["slo_attainment"] is not None),
                                      default=None),

@@ -238,14 +238,17 @@ def _node_live_run(a: argparse.Namespace) -> int:
         controller.close()
         if a.processes:
             node.close()
+    gives_up = _gives_up(sc)
     if a.processes:
         for n, f in figures["engines"].items():
-            print(f"{n}: {f['requests_completed']}/{f['requests_submitted']} requests completed, goodput "
+            given_up = f", {f['requests_abandoned']} {ABANDONED_ROW[0]}" if n in gives_up else ""
+            print(f"{n}: {f['requests_completed']}/{f['requests_submitted']} requests completed{given_up}, goodput "
                   f"{f['goodput_tokens_per_s']:.1f} tok/s, {f['oom_events']} OOM events, {f['preemptions']} "
                   f"preemptions, {f['restarts']} restarts; processes {f['pids']} started with "
                   + ", ".join(f"{CLIENT_LIMIT_ENV}={v}" for v in f["env_limits"]))
     else:
-        print(format_table(figures["engines"], extra_rows=[("restarts", "restarts", "{:d}")]))
+        print(format_table(figures["engines"], extra_rows=[("restarts", "restarts", "{:d}")]
+                           + ([ABANDONED_ROW] if gives_up else [])))
     print(f"controller: {figures['controller_decisions']} decisions, {figures['fallbacks']} fallbacks "
           f"{figures['fallbacks_by_reason']}, {figures['reconnects']} reconnects, {figures['shield_overrides']} shield "
           f"overrides, {figures['restarts_by_resize']} restarts by resize; node actions {figures['node_actions']}")
@@ -367,14 +370,23 @@ def cmd_profile(a: argparse.Namespace) -> int:
     return 0
 
 
-def _node_rows(results: dict) -> list:
-    """The per-tenant rows of a node's table: each tenant's goodput and SLO attainment, and restarts."""
+def _gives_up(sc) -> set[str]:
+    """The tenants of node scenario ``sc`` whose clients give up (their engine's ``client_timeout_s``)."""
+    return {t.name for t in sc.tenants if sc.engine_config(t).client_timeout_s is not None}
+
+
+def _node_rows(results: dict, gives_up: set[str] = frozenset()) -> list:
+    """The per-tenant rows of a node's table: each tenant's goodput and SLO attainment, and restarts;
+    for the tenants in ``gives_up`` (whose clients give up: ``client_timeout_s``), the requests given
+    up, and the node's."""
     first = next(iter(results.values()))
     names = [k.split("/")[0] for k in first if k.endswith("/goodput_tokens_per_s")]
     rows = [("SLO attained (worst tenant)", "slo_attainment_min", "{:.1%}"), ("graceful restarts", "restarts", "{:.0f}")]
+    rows += [ABANDONED_ROW] if gives_up else []
     for n in names:
         rows += [(f"{n}: goodput (tok/s)", f"{n}/goodput_tokens_per_s", "{:.1f}"),
                  (f"{n}: SLO attained", f"{n}/slo_attainment", "{:.1%}"), (f"{n}: OOM events", f"{n}/oom_events", "{:.0f}")]
+        rows += [(f"{n}: {ABANDONED_ROW[0]}", f"{n}/requests_abandoned", ABANDONED_ROW[2])] if n in gives_up else []
     return rows
 
 
@@ -420,7 +432,7 @@ def _eval_node(a: argparse.Namespace) -> int:
     results = run_eval(list(policies.values()), sc, a.episodes, a.seed, a.shield, a.jobs)
     first = next(iter(results.values()))
     print(f"workload (episode 1): {first['workload']}\nclock: {first['clock']}")
-    print(format_table(results, extra_rows=EVAL_ROWS + _node_rows(results)))
+    print(format_table(results, extra_rows=EVAL_ROWS + _node_rows(results, _gives_up(sc))))
     return _write_eval(a, sc, results)
 
 
@@ -506,6 +518,7 @@ def cmd_sweep(a: argparse.Namespace) -> int:
 
 def cmd_results(a: argparse.Namespace) -> int:
     from env.scenario_yaml import load_scenario
+    from rlctl.evaluate import with_client_timeout
     from rlctl.results import format_results, results
 
     if a.episodes <= 0:
@@ -515,6 +528,8 @@ def cmd_results(a: argparse.Namespace) -> int:
     for spec in a.policy:  # every policy file is checked before anything runs
         make_policy(spec)
     scenarios = [load_scenario(name) for name in a.scenario]
+    if a.client_timeout is not None:
+        scenarios = [with_client_timeout(sc, a.client_timeout) for sc in scenarios]
     out = []
     for sc in scenarios:
         r = results(sc, a.policy, a.episodes, a.seed, oracle=not a.no_oracle, jobs=a.jobs)
@@ -712,6 +727,9 @@ def parser() -> argparse.ArgumentParser:
     rs.add_argument("--episodes", type=int, default=3)
     rs.add_argument("--seed", type=int, default=1000, help="episode k uses seed + k (default: held-out seeds 1000..)")
     rs.add_argument("--no-oracle", action="store_true", help="leave the (slow) oracle out")
+    rs.add_argument("--client-timeout", type=float, default=None, metavar="SECONDS",
+                    help="clients give up a request still without its first token this long after its arrival "
+                         "(as rlctl eval --client-timeout; none: they wait for ever); the table counts them")
     rs.add_argument("--json", default=None, help="write every figure to this JSON file")
     _jobs_option(rs)
     rs.set_defaults(fn=cmd_results)

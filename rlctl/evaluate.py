@@ -8,6 +8,8 @@ processes (the oracle's and the lookahead's first, the slowest) with the same fi
 """
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from agents.policy import Policy
@@ -64,7 +66,6 @@ def eval_scenario(scenario: str | None, trace: str | None, time_scale: float | N
     scenario's own workload with its arrivals ``rate_scale`` times as frequent (``Scenario.at_load``,
     as training's ``loads``); with ``client_timeout``, clients that give up a request still without its
     first token that many seconds after its arrival (``EngineConfig.client_timeout_s``)."""
-    import dataclasses
     import math
 
     from engine.roofline import deployment as find_deployment
@@ -104,15 +105,22 @@ def eval_scenario(scenario: str | None, trace: str | None, time_scale: float | N
     if rate_scale is not None:
         sc = sc.at_load(rate_scale)
     if client_timeout is not None:
-        sc = dataclasses.replace(sc, engine={**sc.engine, "client_timeout_s": float(client_timeout)})
-        try:  # EngineConfig holds the rule; the scenario's other settings were checked when it loaded
-            sc.engine_config()
-        except ValueError:
-            raise ValueError(f"--client-timeout must be a finite number of seconds > 0, got {client_timeout:g}") from None
+        sc = with_client_timeout(sc, client_timeout)
     if steps is not None:
         if steps <= 0:
             raise ValueError(f"--steps must be > 0, got {steps}")
         sc = dataclasses.replace(sc, max_steps=steps)
+    return sc
+
+
+def with_client_timeout(sc, timeout: float):
+    """Scenario ``sc`` with clients that give up a request still without its first token ``timeout``
+    seconds after its arrival (``--client-timeout``; ``EngineConfig.client_timeout_s``)."""
+    sc = dataclasses.replace(sc, engine={**sc.engine, "client_timeout_s": float(timeout)})
+    try:  # EngineConfig holds the rule; the scenario's other settings were checked when it loaded
+        sc.engine_config()
+    except ValueError:
+        raise ValueError(f"--client-timeout must be a finite number of seconds > 0, got {timeout:g}") from None
     return sc
 
 

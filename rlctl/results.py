@@ -22,7 +22,8 @@ from agents.spec import make_policy, static_spec
 from env.scenario import Scenario
 from rlctl.evaluate import run_evals
 
-FIGURES = ("goodput_tokens_per_s", "oom_events", "preemptions", "kv_util_mean", "ttft_p99_s", "slo_attainment")
+FIGURES = ("goodput_tokens_per_s", "oom_events", "preemptions", "kv_util_mean", "ttft_p99_s", "slo_attainment",
+           "requests_abandoned")
 ACTIONS = ("hold", "scale_up", "back_off", "defrag", "evict")
 
 
@@ -84,7 +85,9 @@ def results(scenario: Scenario, policy_files: list[str], episodes: int, seed: in
     for name, r in baseline.items():
         rows[name] = {k: [r[k]] for k in FIGURES}
     best = max(incumbents(scenario), key=lambda n: baseline[n]["goodput_tokens_per_s"])
-    out = {"scenario": scenario.name, "oom_mode": scenario.engine_config().oom_mode, "best_incumbent": best,
+    config = scenario.engine_config()
+    out = {"scenario": scenario.name, "oom_mode": config.oom_mode, "client_timeout_s": config.client_timeout_s,
+           "best_incumbent": best,
            "rows": rows, "seeds": [seed, seed + episodes - 1], "policies": list(policy_files),
            "dqn_actions": actions}
     if oracle:
@@ -114,17 +117,22 @@ def _cell(values: list, pct: bool = False, digits: int = 1) -> str:
 
 def format_results(out: dict) -> str:
     """One markdown table: a row per policy. OOMs an episode have two digits, so that one OOM in
-    the 30 episodes of three training seeds x ten episodes shows (0.03), where one would round it away."""
-    head = f"**{out['scenario']}** ({out['oom_mode']}; best incumbent {out['best_incumbent']})"
-    lines = [head, "", "| policy | goodput tok/s | OOMs | preemptions | KV util % | TTFT p99 s | SLO attained % | share of headroom |",
-             "|---|---|---|---|---|---|---|---|"]
+    the 30 episodes of three training seeds x ten episodes shows (0.03), where one would round it away.
+    Where clients give up (``client_timeout_s``), a column counts the requests they gave up an episode."""
+    timeout = out.get("client_timeout_s")
+    gives_up = f"; clients giving up at {timeout:g} s" if timeout is not None else ""
+    head = f"**{out['scenario']}** ({out['oom_mode']}{gives_up}; best incumbent {out['best_incumbent']})"
+    extra = " given up |" if timeout is not None else ""
+    lines = [head, "", "| policy | goodput tok/s | OOMs | preemptions | KV util % | TTFT p99 s | SLO attained % | share of headroom |"
+             + extra, "|---|---|---|---|---|---|---|---|" + ("---|" if extra else "")]
     shares = out.get("share_of_headroom", {})
     for name, r in out["rows"].items():
         s = shares.get(name)
         cell = "no headroom" if "share_of_headroom" in out and s is None else ("-" if s is None else f"{s:.2f}")
         lines.append(f"| {name} | {_cell(r['goodput_tokens_per_s'])} | {_cell(r['oom_events'], digits=2)} | "
                      f"{_cell(r['preemptions'], digits=0)} | {_cell(r['kv_util_mean'], pct=True)} | "
-                     f"{_cell(r['ttft_p99_s'])} | {_cell(r['slo_attainment'], pct=True)} | {cell} |")
+                     f"{_cell(r['ttft_p99_s'])} | {_cell(r['slo_attainment'], pct=True)} | {cell} |"
+                     + (f" {_cell(r['requests_abandoned'], digits=0)} |" if extra else ""))
     over = ", ".join(f"{n} {x:.2f}x" for n, x in out["dqn_over"].items() if x is not None)
     lines += ["", f"dqn's goodput over: {over}"]
     vs = out.get("dqn_over_best")

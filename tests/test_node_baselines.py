@@ -10,7 +10,9 @@ import math
 
 import numpy as np
 import pytest
+import yaml
 
+from experiments import SCENARIOS
 from agents.node_baselines import BLOCK, NodeWatermark, engines_in
 from agents.node_spec import make_node_policy, node_baselines
 from engine.clone import clone_node
@@ -159,3 +161,22 @@ def test_the_node_oracle_chooses_a_factor_per_engine():
 def test_bad_node_eval_input_is_refused_naming_it(args, message, capsys):
     assert main(["eval", "--scenario", "node_chat_pair", *args]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_a_node_whose_clients_give_up_counts_them_for_that_tenant_and_the_node(tmp_path, capsys):
+    """A tenant whose engine sets client_timeout_s (node scenario YAML): the table counts the
+    requests its clients gave up, the tenant's and the node's; a tenant whose clients wait has no row."""
+    data = yaml.safe_load((SCENARIOS / "node_reasoning.yaml").read_text())
+    data["tenants"][0]["engine"] = {**data["tenants"][0]["engine"], "client_timeout_s": 5.0}
+    path = tmp_path / "node_gives_up.yaml"
+    path.write_text(yaml.safe_dump(data))
+    out = tmp_path / "node.json"
+    assert main(["eval", "--scenario", str(path), "--steps", "40", "--seed", "0", "--policy", "partition",
+                 "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    r = json.loads(out.read_text())["results"]["partition"]
+    assert r["a/requests_abandoned"] > 0 == r["b/requests_abandoned"]  # only a's clients give up
+    assert r["requests_abandoned"] == r["a/requests_abandoned"]
+    rows = {line.split("  ")[0]: line for line in text.splitlines()}
+    assert f"{r['a/requests_abandoned']:.0f}" in rows["a: given up by clients"].split()[-1]
+    assert "given up by clients" in rows and "b: given up by clients" not in rows

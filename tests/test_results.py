@@ -86,3 +86,24 @@ def test_the_table_gives_the_ratio_to_the_best_incumbent_with_its_interval():
     lo, hi = vs["interval_95"]
     assert lo <= vs["ratio"] <= hi
     assert f"{vs['ratio']:.3f}x, 95 % interval {lo:.3f}x to {hi:.3f}x" in format_results(out)
+
+
+def test_with_clients_that_give_up_the_table_counts_the_requests_they_gave_up(tmp_path, capsys):
+    import json
+
+    from rlctl.cli import main
+
+    out_file = tmp_path / "r.json"
+    assert main(["results", "--policy", "default", "--scenario", "long_outputs", "--episodes", "1", "--no-oracle",
+                 "--client-timeout", "10", "--json", str(out_file)]) == 0
+    table = capsys.readouterr().out
+    [out] = json.loads(out_file.read_text())
+    rows = out["rows"]
+    assert out["client_timeout_s"] == 10.0 and "clients giving up at 10 s" in table
+    # an overloaded long-output episode: clients give up under every rule, the policy's included
+    assert all(r["requests_abandoned"][0] > 0 for r in rows.values())
+    dqn = next(line for line in table.splitlines() if line.startswith("| dqn |"))
+    assert dqn.rstrip(" |").endswith(f"| {rows['dqn']['requests_abandoned'][0]:.0f}")
+    assert "given up" not in format_results(dict(out, client_timeout_s=None))  # clients that wait: no column
+    assert main(["results", "--policy", "default", "--scenario", "long_outputs", "--client-timeout", "0"]) == 2
+    assert "--client-timeout must be a finite number of seconds > 0, got 0" in capsys.readouterr().err

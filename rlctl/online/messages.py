@@ -23,7 +23,7 @@ MEASURES = ("time_s", "len_mean", "len_std", "decode_ms", "reserved_ratio", "fut
 SIGNED = ("alloc_slope",)                                                         # finite
 COUNTS = ("queue_len", "swapped", "running", "kv_blocks_used", "kv_blocks_total", "kv_footprint_bytes",
           "oom_events", "preemptions", "tokens_generated", "kv_tokens_total", "max_num_seqs", "tokens_held",
-          "future_declared", "waiting_tokens", "waiting_late")                                    # integers >= 0
+          "future_declared", "waiting_tokens", "waiting_late")                    # integers >= 0
 HISTOGRAMS = ("queue_hist", "running_hist")                                       # BINS shares in [0, 1], sum 0 or 1
 OTHER = ("overcommit", "restarting", "preempt_mode")                              # > 0 (inf: no reservation); flags
 _FIELDS = tuple(f.name for f in dataclasses.fields(Snapshot))  # once: dataclasses.fields() costs microseconds a call

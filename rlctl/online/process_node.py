@@ -263,7 +263,8 @@ class ProcessNode:
             out[name] = {"requests_submitted": self.submitted[name], "requests_completed": len(done),
                          "goodput_tokens_per_s": sum(r.output_len for r in good) / max(self.clock, 1e-9),
                          "slo_attainment": len(good) / len(done) if done else None, "oom_events": c.oom_events,
-                         "preemptions": c.preemptions, "restarts": c.restarts, "mps_limit_bytes": e.device.capacity,
+                         "preemptions": c.preemptions, "restarts": c.restarts, "requests_abandoned": c.abandoned,
+                         "mps_limit_bytes": e.device.capacity,
                          "pids": list(e.pids), "env_limits": list(e.env_limits)}
         return out
 
