@@ -287,6 +287,15 @@ def test_the_replay_command_prints_the_controllers_figures(watermark_sidecar, tm
     assert figures["requests_completed"] == 4 and figures["controller_decisions"] > 0 and figures["fallbacks"] == 0
 
 
+def test_a_replay_steered_by_the_served_on_time_fallback_sends_what_it_reads_and_loses_nothing(sidecars, tmp_path):
+    """The fallback reads ``waiting_late``, which the live loop sends with every snapshot: no decision refused."""
+    shipped = REPO / "experiments" / "policies" / "default.rlpolicy"
+    s = sidecars(f"unix://{tmp_path}/s.sock", f"unpark:4:ontime:{shipped}", metrics=True)
+    figures, _ = steered_replay(LiveController(s.address, deadline_s=2.0))
+    assert figures["controller_decisions"] > 20 and figures["fallbacks"] == 0
+    assert not any(k[0] == "rlctl_sidecar_invalid_requests_total" and v for k, v in s.metrics().items())
+
+
 def test_get_policy_names_the_features_a_served_file_was_trained_without(sidecars, tmp_path):
     """The shipped weights predate ``expected_ratio``: served, they read nothing from it, and say so."""
     s = sidecars(f"unix://{tmp_path}/s.sock", str(REPO / "experiments" / "policies" / "default.rlpolicy"))
