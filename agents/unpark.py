@@ -60,6 +60,11 @@ class Unpark(Policy):
         self.parked, self.engaged, self.armed = 0, False, True
         self.engagements = 0  # decisions taken over this episode
 
+    def settings(self) -> str:
+        """Every setting that decides what it does, exactly (a served policy's hash covers them)."""
+        return (f"unpark:factor={self.factor!r}:on_time={self.on_time}:floor={self.floor!r}:after={self.after}:"
+                f"below={self.below!r}:step={self.step!r}")
+
     def see(self, snapshot) -> None:
         self.snapshot = snapshot
         self.inner.see(snapshot)

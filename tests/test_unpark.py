@@ -177,8 +177,40 @@ def test_served_it_keeps_each_engines_state_apart_and_hands_back_once_the_queue_
     assert [served.decide(parked(), "a")[0] for _ in range(3)] == inner + [SCALE_UP]  # a is still armed
     info = served.info()
     assert info.name == "unpark:4:ontime:default" and info.kind == "file" and info.file_sha256 == alone.file_sha256
-    assert len({served.policy_hash, alone.policy_hash,
-                load_served_policy(f"unpark:4:{SHIPPED}", Confinement()).policy_hash}) == 3
+    hashes = {load_served_policy(f"unpark:{f}{SHIPPED}", Confinement()).policy_hash
+              for f in ("4:", "4.0000001:", "1e9:", "1.0000001e9:")}
+    assert len(hashes | {served.policy_hash, alone.policy_hash}) == 6  # every setting counts, to the last digit
+
+
+def test_served_it_starts_an_engine_afresh_when_its_snapshots_are_numbered_afresh():
+    from rlctl.online.confine import Confinement
+    from rlctl.online.served import load_served_policy
+
+    served = load_served_policy(f"unpark:4:{SHIPPED}", Confinement())
+    inner = load_served_policy(str(SHIPPED), Confinement()).decide(parked())[0]
+    assert [served.decide(parked(), "a", seq)[0] for seq in (1, 2, 3)] == [inner, inner, SCALE_UP]
+    assert served.decide(parked(), "a", 4)[0] == SCALE_UP  # the same run: still engaged
+    assert served.decide(parked(restarting=True), "a", 5)[0] != SCALE_UP  # a restart disarms it for the run
+    assert [served.decide(parked(), "a", seq)[0] for seq in (6, 7, 8)] == [inner] * 3
+    assert [served.decide(parked(), "a", seq)[0] for seq in (1, 2, 3)] == [inner, inner, SCALE_UP]  # a new run
+
+
+def test_served_engines_decide_in_parallel_threads_each_on_its_own_state():
+    from concurrent.futures import ThreadPoolExecutor
+
+    from rlctl.online.confine import Confinement
+    from rlctl.online.served import load_served_policy
+
+    served = load_served_policy(f"unpark:4:{SHIPPED}", Confinement())
+    inner = load_served_policy(str(SHIPPED), Confinement()).decide(parked())[0]
+    def four_runs(engine: str) -> list[list[int]]:
+        return [[served.decide(parked(), engine, seq)[0] for seq in range(1, 5)] for _ in range(4)]
+
+    with ThreadPoolExecutor(8) as pool:
+        runs = [run for engine_runs in pool.map(four_runs, [f"e{k}" for k in range(8)]) for run in engine_runs]
+    # eight engines, each four runs of four decisions, interleaved with the other engines' in any
+    # order: no engine saw another's count, and each run numbered afresh started its engine afresh
+    assert len(runs) == 32 and all(run == [inner, inner, SCALE_UP, SCALE_UP] for run in runs)
 
 
 def test_served_it_forgets_the_engine_asked_least_recently_past_its_bound(monkeypatch):
@@ -197,7 +229,7 @@ def test_serve_refuses_a_fallback_that_cannot_serve_saying_why(tmp_path):
     from rlctl.online.confine import Confinement
     from rlctl.online.served import load_served_policy
 
-    with pytest.raises(ValueError, match="unpark:F:POLICY needs"):
+    with pytest.raises(ValueError, match="serve the fallback against the parking as unpark:F:PATH or unpark:F:ontime:PATH"):
         load_served_policy("unpark:4:ontime:watermark", Confinement(allow_baselines=True))
     with pytest.raises(PolicyFileError, match="no such file"):
         load_served_policy(f"unpark:4:{tmp_path / 'none.rlpolicy'}", Confinement())

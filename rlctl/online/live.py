@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import secrets
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -131,7 +132,7 @@ class LiveController:
     """Asks the sidecar at ``address`` for each decision and applies it to an engine; see the module docstring."""
 
     def __init__(self, address: str, deadline_s: float = 0.2, safe_factor: float = 1.0, backoff_s: float = 0.05,
-                 backoff_max_s: float = 2.0, evict_free_share: float = 0.2, engine_id: str = "rlctl-replay",
+                 backoff_max_s: float = 2.0, evict_free_share: float = 0.2, engine_id: str | None = None,
                  tls: ClientTLS | None = None, metrics: EngineMetrics | None = None, mps: MPSLimit | None = None,
                  mps_device: int | str = 0) -> None:
         if not deadline_s > 0:
@@ -142,7 +143,8 @@ class LiveController:
             raise ValueError(f"backoff must satisfy 0 < backoff_s <= backoff_max_s, got {backoff_s}, {backoff_max_s}")
         self.address, self.deadline_s, self.safe_factor = address, deadline_s, safe_factor
         self.backoff_s, self.backoff_max_s, self.evict_free_share = backoff_s, backoff_max_s, evict_free_share
-        self.engine_id, self.tls = engine_id, tls
+        # an id of its own unless given: a stateful policy's sidecar keeps one state an engine id
+        self.engine_id, self.tls = engine_id or f"rlctl-replay-{secrets.token_hex(4)}", tls
         self.decisions, self.reconnects, self.shield_overrides = 0, 0, 0
         self.fallbacks = dict.fromkeys(FALLBACK_REASONS, 0)
         self.actions = dict.fromkeys(ACTIONS, 0)

@@ -4,7 +4,8 @@ A decision builds the observation the policy was trained on (a policy file's own
 baseline the default scales), hands the policy the snapshot (``Policy.see``), acts, and runs the
 safety shield on the snapshot (agents/shield.py). A stateful policy (the fallback against the
 parking, ``unpark:F:[ontime:]FILE``, agents/unpark.py) keeps one copy of its state an engine, by the
-snapshot's ``engine_id``.
+snapshot's ``engine_id``, and starts it afresh when the engine numbers its snapshots from lower
+than the last (``seq``: a new run), as an evaluation resets it every episode.
 
 Loaded from the operator's ``--policy`` (``load_served_policy``) or from a client's
 ``ReloadPolicy`` (``reload_served_policy``), each within what rlctl/online/confine.py allows.
@@ -48,26 +49,41 @@ class NodeMismatch(ValueError):
 MAX_ENGINES = 1024  # engines a stateful policy keeps state for; the one asked least recently is forgotten past it
 
 
+class EngineCopy:
+    """One engine's copy of a stateful policy; ``lock`` serialises that engine's decisions."""
+
+    def __init__(self, policy: Policy) -> None:
+        self.policy, self.lock, self.last_seq = copy.copy(policy), threading.Lock(), 0
+        self.policy.reset()
+
+    def decide(self, snapshot: Snapshot, obs, seq: int) -> int:
+        with self.lock:
+            if seq < self.last_seq:  # the engine numbers its snapshots afresh: a new run
+                self.policy.reset()
+            self.last_seq = seq
+            self.policy.see(snapshot)
+            return self.policy.act(obs)
+
+
 class EngineStates:
     """A stateful policy's copy an engine (``engine_id``; "" is an engine too), made on its first
     decision; past ``MAX_ENGINES`` engines the one asked least recently is forgotten (it starts
-    afresh if it asks again). ``lock`` serialises the decisions that use a copy."""
+    afresh if it asks again). Engines decide in parallel, each engine's decisions one at a time."""
 
     def __init__(self, policy: Policy) -> None:
-        self.policy, self.lock = policy, threading.Lock()
-        self.copies: OrderedDict[str, Policy] = OrderedDict()
+        self.policy, self.lock = policy, threading.Lock()  # the lock guards ``copies``
+        self.copies: OrderedDict[str, EngineCopy] = OrderedDict()
 
-    def get(self, engine_id: str) -> Policy:
-        """Under ``lock``."""
-        p = self.copies.get(engine_id)
-        if p is None:
-            p = self.copies[engine_id] = copy.copy(self.policy)
-            p.reset()
-            if len(self.copies) > MAX_ENGINES:
-                self.copies.popitem(last=False)
-        else:
-            self.copies.move_to_end(engine_id)
-        return p
+    def get(self, engine_id: str) -> EngineCopy:
+        with self.lock:
+            c = self.copies.get(engine_id)
+            if c is None:
+                c = self.copies[engine_id] = EngineCopy(self.policy)
+                if len(self.copies) > MAX_ENGINES:
+                    self.copies.popitem(last=False)
+            else:
+                self.copies.move_to_end(engine_id)
+            return c
 
 
 @dataclass(frozen=True)
@@ -109,26 +125,24 @@ class ServedPolicy:
 
     @property
     def policy_hash(self) -> str:
-        """The file's SHA-256 (a fallback around it: of its spec's prefix and the file's), or a baseline spec's."""
+        """The file's SHA-256 (a fallback around it: of the fallback's settings and the file's), or a
+        baseline spec's."""
         if not self.file_sha256:
             return hashlib.sha256(f"baseline:{self.spec}".encode()).hexdigest()
         if self.base is self.policy:
             return self.file_sha256
-        variant = self.policy.name.removesuffix(self.base.name)  # unpark:4:ontime:
-        return hashlib.sha256(f"{variant}{self.file_sha256}".encode()).hexdigest()
+        return hashlib.sha256(f"{self.policy.settings()}:{self.file_sha256}".encode()).hexdigest()
 
-    def decide(self, snapshot: Snapshot, engine_id: str = "") -> tuple[int, int]:
-        """(the policy's action, the action after the shield) on a checked snapshot from ``engine_id``."""
+    def decide(self, snapshot: Snapshot, engine_id: str = "", seq: int = 0) -> tuple[int, int]:
+        """(the policy's action, the action after the shield) on a checked snapshot from ``engine_id``,
+        its ``seq``-th."""
         obs = observe(self.shield.view(snapshot), self.scales)
         try:
             if self.states is None:
                 self.policy.see(snapshot)
                 chosen = self.policy.act(obs)
             else:
-                with self.states.lock:
-                    policy = self.states.get(engine_id)
-                    policy.see(snapshot)
-                    chosen = policy.act(obs)
+                chosen = self.states.get(engine_id).decide(snapshot, obs, seq)
         except Exception as exc:  # a policy bug must not take the server down with it
             raise PolicyError(f"policy {self.policy.name} failed: {type(exc).__name__}: {exc}") from exc
         if not isinstance(chosen, numbers.Integral) or not 0 <= chosen < len(ACTIONS):
@@ -156,7 +170,7 @@ class ServedNodePolicy(ServedPolicy):
     engines: tuple[str, ...] | None = None
     node_shield: NodeShield = NodeShield()
 
-    def decide(self, state: NodeState, engine_id: str = "") -> tuple[int, int]:  # type: ignore[override]
+    def decide(self, state: NodeState, engine_id: str = "", seq: int = 0) -> tuple[int, int]:  # type: ignore[override]
         """(the policy's flat node action, the action after the node shield) on a checked node state."""
         if self.engines is not None and tuple(state.names) != self.engines:
             raise NodeMismatch(f"the node reports engines {state.names}; policy {self.spec} was trained on a node of "
@@ -205,7 +219,7 @@ def load_served_policy(spec: str, confinement: Confinement, node: bool = False,
     fallback against the parking around that file (agents/unpark.py)."""
     spec = str(spec)
     if is_unpark(spec):
-        factor, on_time, inner = unpark_spec(spec)
+        factor, on_time, inner = _served_unpark_spec(spec, "PATH", "the path of a policy file")
         return _checked(spec, unpark(load_policy(inner, confinement.max_bytes), factor, on_time), node, shield)
     if _is_baseline(spec, node):
         if not confinement.allow_baselines:
@@ -226,7 +240,8 @@ def reload_served_policy(name: str, confinement: Confinement, node: bool = False
         if not confinement.allow_baselines:
             raise BaselineRefused(f"{name} is a baseline spec, and rlctl serve was started without --allow-baselines")
         return _checked(name, _baseline(name, node), node, shield)
-    factor, on_time, inner = unpark_spec(name) if is_unpark(name) else (None, False, name)
+    factor, on_time, inner = (_served_unpark_spec(name, "NAME", "a policy in the policy directory") if is_unpark(name)
+                              else (None, False, name))
     f, file_name = open_policy(confinement.policy_dir, inner)
     with f:  # the file's name, not its path, in messages and in GetPolicy: the directory is the operator's
         policy = load_policy(file_name, confinement.max_bytes, opened=f)
@@ -234,6 +249,15 @@ def reload_served_policy(name: str, confinement: Confinement, node: bool = False
         return _checked(file_name, policy, node, shield)
     wrapped = unpark(policy, factor, on_time)
     return _checked(wrapped.name.removesuffix(policy.name) + file_name, wrapped, node, shield)
+
+
+def _served_unpark_spec(spec: str, what: str, means: str) -> tuple[float, bool, str]:
+    """``unpark_spec`` in a sidecar's words: the trained policy is a file, not a shipped name."""
+    try:
+        return unpark_spec(spec)
+    except ValueError:
+        raise ValueError(f"{spec}: serve the fallback against the parking as unpark:F:{what} or unpark:F:ontime:{what}, "
+                         f"F a finite factor above the floor and {what} {means}") from None
 
 
 def _trial_node(engines: tuple[str, ...]) -> NodeState:

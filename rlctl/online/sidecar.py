@@ -155,12 +155,13 @@ class ControllerService(pb_grpc.ControllerServicer):
         """Whether this sidecar serves a node policy (``DecideNode``) rather than one engine's (``Decide``)."""
         return isinstance(self._served, ServedNodePolicy)
 
-    def _compute(self, served: ServedPolicy, state, expires: float | None, engine_id: str = "") -> tuple[int, int]:
+    def _compute(self, served: ServedPolicy, state, expires: float | None, engine_id: str = "",
+                 seq: int = 0) -> tuple[int, int]:
         if expires is not None and time.monotonic() > expires:  # so a backlog of late work cannot snowball
             raise _Late()
         if self.fault.delay_s:
             time.sleep(self.fault.delay_s)
-        return served.decide(state, engine_id)
+        return served.decide(state, engine_id, seq)
 
     async def _decide(self, msg: pb.Snapshot, context) -> pb.Decision:
         t0 = time.perf_counter()
@@ -178,7 +179,7 @@ class ControllerService(pb_grpc.ControllerServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"snapshot.waiting_late is not set: policy "
                                 f"{served.spec} reads it (the requests waiting for their first token past the "
                                 "engine's TTFT target); send it, 0 when none waits late")
-        chosen, action = await self._act(served, snapshot, context, msg.engine_id)
+        chosen, action = await self._act(served, snapshot, context, msg.engine_id, msg.seq)
         if self.fault.action is not None:
             action = self.fault.action
         known = 0 <= action < len(ACTIONS)
@@ -219,18 +220,18 @@ class ControllerService(pb_grpc.ControllerServicer):
         return pb.NodeDecision(seq=request.seq, action=action, action_name=name, engine_id=engine, engine_action=what,
                                shield_override=overridden, policy_action=chosen, policy_hash=served.policy_hash)
 
-    async def _act(self, served: ServedPolicy, state, context, engine_id: str = "") -> tuple[int, int]:
+    async def _act(self, served: ServedPolicy, state, context, engine_id: str = "", seq: int = 0) -> tuple[int, int]:
         """(the policy's action, the action after the shield) on a checked snapshot or node state
-        (from ``engine_id``, whose state a stateful policy keeps): on the event loop when cheap, else
-        in the pool within the caller's deadline."""
+        (the ``seq``-th from ``engine_id``, whose state a stateful policy keeps): on the event loop
+        when cheap, else in the pool within the caller's deadline."""
         try:
             if served.inline and not self.fault.delay_s:
-                chosen, action = served.decide(state, engine_id)
+                chosen, action = served.decide(state, engine_id, seq)
             else:
                 remaining = context.time_remaining()
                 expires = time.monotonic() + remaining if remaining is not None else None
                 chosen, action = await asyncio.get_running_loop().run_in_executor(
-                    self.pool, self._compute, served, state, expires, engine_id)
+                    self.pool, self._compute, served, state, expires, engine_id, seq)
         except NodeMismatch as exc:
             self.metrics.invalid.labels(field="engines").inc()
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
