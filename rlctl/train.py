@@ -40,6 +40,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
+import math
 import os
 import re
 import time
@@ -63,7 +64,7 @@ from env.node_scenario import is_node_scenario, load_node_scenario
 from env.scenario import Backlog, Reward, Scenario, ScenarioError, TraceWorkload
 from env.scenario_yaml import from_mapping, load_scenario, read_yaml
 from experiments import TRAIN, bundled, find
-from rlctl.evaluate import evaluate, make_env
+from rlctl.evaluate import evaluate, make_env, with_client_timeout
 
 
 @dataclass(frozen=True)
@@ -89,6 +90,8 @@ class TrainConfig:
     shaping: bool = False                            # potential-based shaping with the work under way (env/overcommit_env.py)
     backlog: Backlog | None = None                   # a share of training episodes start behind (env/scenario.py)
     reward: Reward | None = None                     # the reward every training scenario trains on in place of its own
+    client_timeout_ttft: float | None = None         # each scenario also with clients giving up at this many times
+                                                     # its TTFT target (a twin at every load, as many episodes)
     init_policy: str | None = None                   # a policy file (or shipped name) whose network training starts from
     blind: tuple[str, ...] = ()                      # features the network never reads (above)
     net_arch: tuple[int, ...] = (128, 128)
@@ -122,6 +125,10 @@ class TrainConfig:
         if unknown or len(set(self.blind)) != len(self.blind) or len(self.blind) >= len(FEATURES):
             raise ValueError(f"blind must name distinct features of this build, not all of them; got {list(self.blind)} "
                              f"(unknown: {unknown}; the features: {', '.join(FEATURES)})")
+        if self.client_timeout_ttft is not None and not (math.isfinite(self.client_timeout_ttft)
+                                                         and self.client_timeout_ttft > 0):
+            raise ValueError(f"client_timeout_ttft must be a finite multiple > 0 of each scenario's TTFT target, got "
+                             f"{self.client_timeout_ttft}")
         if self.weights is not None and (len(self.weights) != len(self.scenarios) or min(self.weights) <= 0):
             raise ValueError(f"weights must be one share > 0 for each of the {len(self.scenarios)} scenarios, in "
                              f"their order; got {list(self.weights)}")
@@ -228,14 +235,26 @@ def training_scenarios(cfg: TrainConfig) -> list[Scenario]:
         sc = load_scenario(name)
         if cfg.reward is not None:
             sc = dataclasses.replace(sc, reward=cfg.reward)
-        out += [sc if load == 1.0 else sc.at_load(load) for load in cfg.loads]
+        for variant in [sc] + ([_giving_up(sc, cfg.client_timeout_ttft)] if cfg.client_timeout_ttft else []):
+            out += [variant if load == 1.0 else variant.at_load(load) for load in cfg.loads]
     return out
+
+
+def _giving_up(sc: Scenario, times_ttft: float) -> Scenario:
+    """``sc``'s twin with clients that give up at ``times_ttft`` its TTFT target (``client_timeout_ttft``)."""
+    ttft = sc.engine_config().ttft_slo_s
+    if ttft is None:
+        raise ScenarioError(f"client_timeout_ttft: scenario {sc.name} has no TTFT target (ttft_slo_s) to give up at a "
+                            "multiple of")
+    twin = with_client_timeout(sc, times_ttft * ttft)
+    return dataclasses.replace(twin, name=f"{sc.name}+gives_up_{times_ttft:g}x")
 
 
 def episode_weights(cfg: TrainConfig) -> list[float] | None:
     """Each of ``training_scenarios``' shares of the episodes: a scenario's weight at each of its
-    loads (None: all alike)."""
-    return None if cfg.weights is None else [w for w in cfg.weights for _ in cfg.loads]
+    loads, and for its twin whose clients give up (None: all alike)."""
+    twins = 2 if cfg.client_timeout_ttft else 1
+    return None if cfg.weights is None else [w for w in cfg.weights for _ in range(twins) for _ in cfg.loads]
 
 
 def held_out(cfg: TrainConfig) -> list[Scenario]:

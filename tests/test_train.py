@@ -260,6 +260,31 @@ def test_the_overload_fine_tuning_starts_from_the_default_on_default_overloads_m
     assert (tuned.timesteps, tuned.exploration_fraction) == (60_000, 0.1)
 
 
+def test_the_timeout_fine_tuning_trains_each_scenario_also_with_clients_giving_up_at_its_ttft_multiple(tmp_path):
+    from rlctl.train import episode_weights, held_out, training_scenarios
+
+    tuned, overload = load_train_config("finetune_timeout"), load_train_config("finetune_overload")
+    assert tuned == dataclasses.replace(overload, name="finetune_timeout", scenarios=overload.scenarios[:-1],
+                                        client_timeout_ttft=1.5)
+    scenarios = training_scenarios(tuned)
+    plain = training_scenarios(dataclasses.replace(tuned, client_timeout_ttft=None))
+    assert len(scenarios) == 2 * len(plain) == 2 * 8 * 3
+    for k, name in enumerate(tuned.scenarios):  # each scenario at its three loads, then its twin at them
+        own, twins = scenarios[6 * k:6 * k + 3], scenarios[6 * k + 3:6 * k + 6]
+        assert own == plain[3 * k:3 * k + 3]
+        for o, t in zip(own, twins):
+            cfg = o.engine_config()
+            assert cfg.client_timeout_s is None and t.name.replace("+gives_up_1.5x", "") == o.name != t.name
+            assert t.engine_config().client_timeout_s == pytest.approx(1.5 * cfg.ttft_slo_s)
+            assert dataclasses.replace(t, name=o.name, engine=o.engine) == o  # nothing else differs
+    assert held_out(tuned) == held_out(dataclasses.replace(tuned, client_timeout_ttft=None))  # evaluated as they are
+    weighted = dataclasses.replace(tuned, scenarios=("long_outputs", "sessions"), weights=(1.0, 3.0))
+    assert episode_weights(weighted) == [1.0] * 6 + [3.0] * 6
+    for bad in (0, -1, float("inf"), float("nan")):
+        with pytest.raises(ValueError, match="client_timeout_ttft"):
+            dataclasses.replace(tuned, client_timeout_ttft=bad)
+
+
 def test_every_shipped_training_config_pins_its_environment_count():
     """The demo and the README's tables come from these: one per core would change them with the machine."""
     from experiments import TRAIN, bundled
