@@ -338,9 +338,11 @@ def cmd_serve(a: argparse.Namespace) -> int:
 
 
 def cmd_bench(a: argparse.Namespace) -> int:
-    from rlctl.bench import run_bench
+    from rlctl.bench import SidecarBenchSizes, run_bench
 
-    result = run_bench(a.what)
+    if a.policy is not None and a.what != "sidecar":
+        raise ValueError(f"--policy applies to rlctl bench sidecar, not to bench {a.what}")
+    result = run_bench(a.what, SidecarBenchSizes(policy=a.policy) if a.policy is not None else None)
     print("\n".join(f"{k}: {v}" for k, v in result.items()))
     if a.json:
         _write_json(a, result)
@@ -765,6 +767,9 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("what", choices=["engine", "env", "sidecar"],
                    help="engine: decode and compaction against references; env: environment steps/s, 1 and all cores; "
                         "sidecar: Decide latency and decisions/s over a unix socket and loopback against an in-process call")
+    b.add_argument("--policy", default=None, metavar="SPEC",
+                   help="sidecar: the policy to serve, as rlctl serve --policy takes it (a policy file's path, "
+                        "unpark:F:[ontime:]PATH, or a baseline spec); default an untrained network of the training shape")
     _json_option(b, "the report")
     b.set_defaults(fn=cmd_bench)
 

@@ -10,6 +10,7 @@ import pytest
 from experiments import SCENARIOS
 from engine.config import ModelConfig
 from rlctl.bench import BenchSizes, run_bench
+from tests.sidecar_process import REPO
 
 
 def test_small_engine_bench_reports_every_figure_and_generates_what_transformers_does():
@@ -87,12 +88,14 @@ def test_env_bench_refuses_bad_sizes_and_unknown_benchmarks():
         run_bench("nope")
 
 
-def test_small_sidecar_bench_reports_latency_and_ratios_for_every_transport():
+@pytest.mark.parametrize("policy, kind", [("watermark", "baseline"),
+                                          (f"unpark:4:ontime:{REPO / 'experiments/policies/default.rlpolicy'}", "file")])
+def test_small_sidecar_bench_reports_latency_and_ratios_for_every_transport(policy, kind):
     from rlctl.bench import SidecarBenchSizes
 
-    report = run_bench("sidecar", SidecarBenchSizes(policy="watermark", snapshots=10, decisions=20, warmup=2))
+    report = run_bench("sidecar", SidecarBenchSizes(policy=policy, snapshots=10, decisions=20, warmup=2))
     json.dumps(report)
-    assert report["snapshots"] == 10 and report["decisions"] == 20 and report["policy_kind"] == "baseline"
+    assert report["snapshots"] == 10 and report["decisions"] == 20 and report["policy_kind"] == kind
     calls = [report["in_process"], report["unix"]["decide"], report["unix"]["live_stream"], report["loopback"]["decide"]]
     for call in calls:
         for key in ("p50_us", "p99_us", "mean_us", "decisions_per_s"):
@@ -114,7 +117,7 @@ def test_bench_json_is_a_path_or_dash_like_every_other_json_option(tmp_path, mon
     import rlctl.bench
     from rlctl.cli import main
 
-    monkeypatch.setattr(rlctl.bench, "run_bench", lambda what: {"benchmark": what, "steps_per_s": 281.0})
+    monkeypatch.setattr(rlctl.bench, "run_bench", lambda what, sizes=None: {"benchmark": what, "steps_per_s": 281.0})
     assert main(["bench", "env"]) == 0
     assert capsys.readouterr().out == "benchmark: env\nsteps_per_s: 281.0\n"
     assert main(["bench", "env", "--json", "-"]) == 0
@@ -123,3 +126,17 @@ def test_bench_json_is_a_path_or_dash_like_every_other_json_option(tmp_path, mon
     assert main(["bench", "env", "--json", str(tmp_path / "env.json")]) == 0
     assert "steps_per_s: 281.0" in capsys.readouterr().out
     assert json.loads((tmp_path / "env.json").read_text()) == {"benchmark": "env", "steps_per_s": 281.0}
+
+
+def test_bench_sidecar_serves_the_policy_given_as_rlctl_serve_takes_it(monkeypatch, capsys):
+    import rlctl.bench
+    from rlctl.bench import SidecarBenchSizes
+    from rlctl.cli import main
+
+    asked = []
+    monkeypatch.setattr(rlctl.bench, "run_bench", lambda what, sizes=None: asked.append((what, sizes)) or {"ok": 1})
+    spec = "unpark:4:ontime:experiments/policies/default.rlpolicy"
+    assert main(["bench", "sidecar", "--policy", spec]) == 0 and main(["bench", "sidecar"]) == 0
+    assert asked == [("sidecar", SidecarBenchSizes(policy=spec)), ("sidecar", None)]
+    assert main(["bench", "env", "--policy", "watermark"]) == 2
+    assert "--policy applies to rlctl bench sidecar, not to bench env" in capsys.readouterr().err
