@@ -627,9 +627,9 @@ def parser() -> argparse.ArgumentParser:
 
     sv = sub.add_parser("serve", help="host a policy for a live engine: the gRPC sidecar, health, reflection, metrics")
     sv.add_argument("--policy", required=True,
-                    help="the path of a policy file (*.rlpolicy), unpark:F:[ontime:]PATH (that file with the "
-                         "fallback against the parking, agents/unpark.py), or with --allow-baselines a baseline spec "
-                         "(static:K, watermark, vllm, random)")
+                    help="the path of a policy file (*.rlpolicy) or a shipped policy's name (default), "
+                         "unpark:F:[ontime:]PATH (that policy with the fallback against the parking, agents/unpark.py), "
+                         "or with --allow-baselines a baseline spec (static:K, watermark, vllm, random)")
     sv.add_argument("--policy-dir", default=None, metavar="DIR",
                     help="ReloadPolicy takes a policy name, a file name in DIR (steady or steady.rlpolicy), and "
                          "nothing outside DIR; without it ReloadPolicy is off")

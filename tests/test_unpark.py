@@ -224,6 +224,16 @@ def test_served_it_forgets_the_engine_asked_least_recently_past_its_bound(monkey
     assert list(served.states.copies) == ["a", "c"]  # b was asked least recently
 
 
+def test_serve_takes_a_shipped_policy_by_its_name_as_rlctl_eval_does():
+    from rlctl.online.confine import Confinement
+    from rlctl.online.served import load_served_policy
+
+    by_path = load_served_policy(f"unpark:4:ontime:{SHIPPED}", Confinement())
+    by_name = load_served_policy("unpark:4:ontime:default", Confinement())
+    assert by_name.spec == "unpark:4:ontime:default" and by_name.policy_hash == by_path.policy_hash
+    assert load_served_policy("default", Confinement()).file_sha256 == by_path.file_sha256
+
+
 def test_serve_refuses_a_fallback_that_cannot_serve_saying_why(tmp_path):
     from agents.export import PolicyFileError
     from rlctl.online.confine import Confinement

@@ -21,7 +21,7 @@ import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
-from agents.export import ExportedPolicy, PolicyFileError, load_policy
+from agents.export import POLICY_SUFFIX, ExportedPolicy, PolicyFileError, load_policy
 from agents.node_spec import is_node_baseline, make_node_policy
 from agents.policy import Policy
 from agents.shield import NodeShield, Shield
@@ -33,6 +33,7 @@ from engine.snapshot import HIST_EDGES, Snapshot
 from env.node_observation import node_features, observe_node_state
 from env.observation import FEATURES, observe
 from env.scenario import Observation
+from experiments import POLICIES, find
 from rlctl.online.confine import BaselineRefused, Confinement, ReloadOff, open_policy
 from rlctl.online.node_messages import NodeState
 from rlctl.online.proto import controller_pb2 as pb
@@ -212,20 +213,22 @@ def _baseline(spec: str, node: bool) -> Policy:
 
 def load_served_policy(spec: str, confinement: Confinement, node: bool = False,
                        shield: Shield = Shield()) -> ServedPolicy:
-    """The operator's ``--policy``: a policy file's path (trusted: it comes from the command line),
-    or a baseline spec if ``confinement`` allows baselines; with ``node``, a node policy (a node's
+    """The operator's ``--policy``: a policy file's path (trusted: it comes from the command line) or
+    a shipped policy's name (``default``: experiments/policies/), or a baseline spec if
+    ``confinement`` allows baselines; with ``node``, a node policy (a node's
     baseline, or a file trained on a node), behind ``shield`` (one engine's). A ``ValueError``
     (``PolicyFileError`` for a file) says why it cannot serve. ``unpark:F:[ontime:]FILE`` serves the
     fallback against the parking around that file (agents/unpark.py)."""
     spec = str(spec)
     if is_unpark(spec):
-        factor, on_time, inner = _served_unpark_spec(spec, "PATH", "the path of a policy file")
-        return _checked(spec, unpark(load_policy(inner, confinement.max_bytes), factor, on_time), node, shield)
+        factor, on_time, inner = _served_unpark_spec(spec, "PATH", "a policy file's path or a shipped policy's name")
+        policy = load_policy(find(inner, POLICIES, POLICY_SUFFIX), confinement.max_bytes)
+        return _checked(spec, unpark(policy, factor, on_time), node, shield)
     if _is_baseline(spec, node):
         if not confinement.allow_baselines:
             raise ValueError(f"--policy {spec} is a baseline spec: serve one only with --allow-baselines")
         return _checked(spec, _baseline(spec, node), node, shield)
-    return _checked(spec, load_policy(spec, confinement.max_bytes), node, shield)
+    return _checked(spec, load_policy(find(spec, POLICIES, POLICY_SUFFIX), confinement.max_bytes), node, shield)
 
 
 def reload_served_policy(name: str, confinement: Confinement, node: bool = False,
