@@ -23,8 +23,9 @@ backing off grows the queue, and a queue large against the KV reads to them as r
 The shield still filters every action it takes. Beside ``waiting_late`` it reads only the
 observation (env/observation.py), so it needs the scales the policy was trained at. Specs
 ``unpark:F:POLICY`` and ``unpark:F:ontime:POLICY`` (agents/spec.py ``unpark_spec``), in evaluation
-and served (rlctl/online/served.py): a sidecar keeps one copy of its state an engine, and there a
-restart disarms it for as long as that policy is served (a live engine has no episodes).
+and served (rlctl/online/served.py): a sidecar keeps one copy of its state an engine, started afresh
+when the engine begins a new run (numbers its snapshots afresh), and there a restart disarms it for
+the rest of that run.
 """
 from __future__ import annotations
 

@@ -12,9 +12,10 @@ A run stops before anything an iteration-by-iteration engine would do differentl
 due, a waiting request's client giving up (``client_timeout_s``), the caller's time limit, an
 allocation that could fail (no free block, a pool segment the device cannot hold), a workspace the
 device cannot hold, the iteration in which SGLang's falling ratio would admit the queue's head,
-and it ends with the first iteration in which a sequence finishes (the next iteration may admit). It starts only when nothing could be admitted now: the
-waiting queue is empty, or its head is held back by the overcommit factor (or SGLang's rule), by
-``max_num_seqs``, by free blocks with nothing to reclaim, or by the admission headroom. Otherwise
+and it ends with the first iteration in which a sequence finishes (the next iteration may admit).
+It starts only when nothing could be admitted now: the waiting queue is empty, or its head is held
+back by the overcommit factor (or SGLang's rule), by ``max_num_seqs``, by free blocks with nothing
+to reclaim, or by the admission headroom. Otherwise
 (prefill chunks, swapped sequences, session turns, a restart) the engine steps one iteration.
 ``tests/test_decode_run.py`` checks the books are identical either way.
 """

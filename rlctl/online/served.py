@@ -86,6 +86,10 @@ class EngineStates:
                 self.copies.move_to_end(engine_id)
             return c
 
+    def forget_all(self) -> None:
+        with self.lock:
+            self.copies.clear()
+
 
 @dataclass(frozen=True)
 class ServedPolicy:
@@ -105,8 +109,7 @@ class ServedPolicy:
 
     @property
     def base(self) -> Policy:
-        """The trained or baseline policy itself: inside the fallback, the one it wraps."""
-        return self.policy.inner if isinstance(self.policy, Unpark) else self.policy
+        return _base(self.policy)
 
     @property
     def reads_waiting_late(self) -> bool:
@@ -250,12 +253,16 @@ def reload_served_policy(name: str, confinement: Confinement, node: bool = False
         policy = load_policy(file_name, confinement.max_bytes, opened=f)
     if factor is None:
         return _checked(file_name, policy, node, shield)
-    wrapped = unpark(policy, factor, on_time)
-    return _checked(wrapped.name.removesuffix(policy.name) + file_name, wrapped, node, shield)
+    return _checked(name.removesuffix(inner) + file_name, unpark(policy, factor, on_time), node, shield)
+
+
+def _base(policy: Policy) -> Policy:
+    """The trained or baseline policy itself: inside the fallback, the one it wraps."""
+    return policy.inner if isinstance(policy, Unpark) else policy
 
 
 def _served_unpark_spec(spec: str, what: str, means: str) -> tuple[float, bool, str]:
-    """``unpark_spec`` in a sidecar's words: the trained policy is a file, not a shipped name."""
+    """``unpark_spec`` in a sidecar's words, naming what ``what`` stands for (``means``)."""
     try:
         return unpark_spec(spec)
     except ValueError:
@@ -272,7 +279,7 @@ def _trial_node(engines: tuple[str, ...]) -> NodeState:
 def _checked(spec: str, policy: Policy, node: bool = False, shield: Shield = Shield()) -> ServedPolicy:
     """``policy`` ready to serve: one engine's or a node's as asked, it pins nothing a running engine
     cannot take, and a trial decision works."""
-    base = policy.inner if isinstance(policy, Unpark) else policy
+    base = _base(policy)
     if node and base is not policy:
         raise ValueError(f"policy {spec}: the fallback against the parking (unpark:) serves one engine's policy, "
                          "not a node's: serve it without --node")
@@ -312,5 +319,5 @@ def _checked(spec: str, policy: Policy, node: bool = False, shield: Shield = Shi
     except PolicyError as exc:
         raise ValueError(f"policy {spec}: a trial decision failed: {exc}") from None
     if served.states is not None:
-        served.states.copies.clear()  # the trial's state is no engine's
+        served.states.forget_all()  # the trial's state is no engine's
     return served
