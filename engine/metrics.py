@@ -6,7 +6,11 @@ and ``since`` over one decision interval, from a ``Mark`` taken at its start (th
 reward terms and step figures). Both count a request once, when it finishes: throughput is the
 output tokens of requests finished in the span; goodput only those of requests that met the SLO
 (all finished ones when none is set). Generated tokens are every token produced in the span,
-finished or not. KV utilisation is time-weighted over iterations; its p99 is over iterations.
+finished or not. On-time tokens count, beside goodput's, the tokens streamed so far by the
+requests still unfinished at the end that are on track for their SLO (``on_track``): goodput over a
+window that ends with long outputs under way counts none of their work, and so favours a batch
+drained before the window closes over one that keeps serving (docs/design.md, "Figures"). KV
+utilisation is time-weighted over iterations; its p99 is over iterations.
 """
 from __future__ import annotations
 
@@ -114,6 +118,8 @@ def summarize(engine, start_s: float = 0.0, end_s: float | None = None) -> dict:
         "tokens_per_s": figures["tokens_per_s"],
         "goodput_tokens_per_s": figures["goodput_tokens_per_s"],
         "generated_tokens_per_s": figures["generated_tokens_per_s"],
+        # goodput's tokens and those streamed on track by the requests unfinished now
+        "ontime_tokens_per_s": (figures["goodput_tokens"] + work_under_way(engine)) / span,
         "slo_attainment": figures["slo_attainment"],
         "kv_util_mean": util_mean,
         "kv_util_p99": util_p99,

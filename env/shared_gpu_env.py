@@ -172,7 +172,7 @@ def node_summary(node: Node) -> dict:
     done = count("requests_completed")
     met = sum(p["slo_attainment"] * p["requests_completed"] for p in per.values() if p["slo_attainment"] is not None)
     out = {"duration_s": span, "goodput_tokens_per_s": total("goodput_tokens_per_s"), "tokens_per_s": total("tokens_per_s"),
-           "generated_tokens_per_s": total("generated_tokens_per_s"),
+           "generated_tokens_per_s": total("generated_tokens_per_s"), "ontime_tokens_per_s": total("ontime_tokens_per_s"),
            **{k: count(k) for k in ("requests_submitted", "requests_completed", "requests_unfinished", "oom_events",
                                     "preemptions", "recomputed_tokens", "swap_out_blocks", "swap_in_blocks",
                                     "compactions", "restarts", "requests_abandoned")},
