@@ -13,6 +13,7 @@ from pathlib import Path
 from dataclasses import asdict
 import sys
 
+from experiments import CASES, bundled
 from rlctl import __version__
 from env.workloads import ReplaySpec, TraceError
 from engine.config import EngineConfig
@@ -742,7 +743,7 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--reference", nargs="+", required=True,
                    help="as many policies, paired with the candidates in order (e.g. default default_seed1 default_seed2)")
     c.add_argument("--cases", required=True,
-                   help="a set of cases: a YAML file or a bundled name (experiments/cases/: validation, validation_fresh, validation_fresh2, parking, parking_fresh, parking_fresh2, preempt_near, bar_rows, bar_rows_fresh)")
+                   help=f"a set of cases: a YAML file or a bundled name (experiments/cases/: {', '.join(bundled(CASES, '.yaml'))})")
     c.add_argument("--bar", type=float, default=None,
                    help="say whether the geometric mean is at least this with no more OOMs (met / not met)")
     _json_option(c, "every figure")
