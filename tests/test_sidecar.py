@@ -224,6 +224,47 @@ def test_serve_listens_beyond_loopback_only_with_mutual_tls():
         check_listen("127.0.0.1", None)
 
 
+def _serve_exits(listen: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "rlctl.cli", "serve", "--policy", "static:8", "--allow-baselines",
+                           "--listen", listen], cwd=REPO, capture_output=True, text=True, timeout=120)
+
+
+def test_a_second_sidecar_on_a_socket_in_use_is_refused_and_the_first_keeps_its_engines(sidecars, tmp_path):
+    address = f"unix://{tmp_path}/s.sock"
+    first = sidecars(address, "watermark")
+    out = _serve_exits(address)
+    assert out.returncode == 2 and "another process is listening on" in out.stderr
+    with open_channel(address) as ch:  # still the first one's socket, answering with its policy
+        assert first.stub(ch).GetPolicy(pb.GetPolicyRequest(), timeout=10).spec == "watermark"
+    assert first.proc.poll() is None
+
+
+def test_a_stale_socket_is_replaced_and_a_file_that_is_not_one_is_kept(sidecars, tmp_path):
+    import socket
+
+    stale = tmp_path / "stale.sock"
+    with socket.socket(socket.AF_UNIX) as dead:  # a socket file nothing listens on any more
+        dead.bind(str(stale))
+    sidecars(f"unix://{stale}", "watermark")
+    kept = tmp_path / "notes.txt"
+    kept.write_text("mine")
+    out = _serve_exits(f"unix://{kept}")
+    assert out.returncode == 2 and "exists and is not a socket; refusing to replace it" in out.stderr
+    assert kept.read_text() == "mine"
+
+
+def test_localhost_is_bound_on_every_loopback_or_not_at_all():
+    import socket
+
+    taken = socket.socket()  # the port held on 127.0.0.1 by someone else
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    port = taken.getsockname()[1]
+    with taken:
+        out = _serve_exits(f"localhost:{port}")
+    assert out.returncode == 2 and f"cannot listen on 127.0.0.1:{port}" in out.stderr
+
+
 def test_cheap_decisions_run_on_the_event_loop_and_a_big_network_in_a_thread(tmp_path):
     from rlctl.online.confine import Confinement
     from agents.export import NUMPY_MAX_PARAMETERS

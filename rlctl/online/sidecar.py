@@ -6,7 +6,9 @@ baseline the default scales), act,
 run the safety shield on the snapshot (agents/shield.py, overrides counted), answer a
 ``Decision``. Also served: the standard health service (SERVING once the policy is loaded,
 NOT_SERVING while shutting down) and server reflection. Listens on a unix socket or a loopback
-address (server-only TLS allowed there); any other address only with mutual TLS. Prometheus
+address (server-only TLS allowed there); any other address only with mutual TLS. It binds every
+address it names or none (``localhost`` is both loopbacks), and never takes a unix socket another
+process listens on, nor replaces a file there that is not a socket. Prometheus
 metrics, on their own registry, on ``--metrics-port`` (loopback).
 
 The server is ``grpc.aio``, and a long-lived ``Live`` stream holds no thread. (A sync server would
@@ -30,8 +32,10 @@ action id on the wire); ``rlctl serve`` exposes it only through hidden ``--fault
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import math
 import signal
+import socket
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -291,6 +295,81 @@ def _credentials(tls: TLSFiles) -> grpc.ServerCredentials:
                                        require_client_auth=tls.client_ca is not None)
 
 
+def unix_path(listen: str) -> Path:
+    """The socket file of ``unix:///abs/path`` or ``unix:rel/path``, as gRPC reads them."""
+    rest = listen[len("unix:"):]
+    return Path(rest[2:] if rest.startswith("//") else rest)
+
+
+def _refuse_taken_socket(listen: str) -> None:
+    """gRPC replaces whatever file is at a unix socket's path before it binds: a second sidecar
+    would take the first one's engines from it without a word, and a regular file there would be
+    lost. Refuse both; a socket nothing answers on (a sidecar that died) may be replaced."""
+    path = unix_path(listen)
+    if not path.exists() and not path.is_symlink():
+        return
+    if not path.is_socket():
+        raise ValueError(f"--listen {listen}: {path} exists and is not a socket; refusing to replace it")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.settimeout(1.0)
+        try:
+            probe.connect(str(path))
+        except OSError:
+            return  # stale: nothing listens there
+    raise ValueError(f"--listen {listen}: another process is listening on {path}; stop it or choose another path")
+
+
+def _usable(address: str) -> bool:
+    """Whether this host can bind ``address`` at all (``localhost`` may name ::1 where IPv6 is off)."""
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    try:
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.bind((address, 0))
+    except OSError:
+        return False
+    return True
+
+
+def _bind(server, listen: str, tls: TLSFiles | None) -> str:
+    """Bind ``listen`` on every address it names, or on none: a host name is resolved here and each
+    of its addresses bound on one port, so that a port taken on one of them (``localhost`` is both
+    127.0.0.1 and ::1) fails the start instead of splitting the engines between two sidecars.
+    Returns the address bound, with the port chosen for port 0."""
+    add = (lambda a: server.add_secure_port(a, _credentials(tls))) if tls else server.add_insecure_port
+    if listen.startswith("unix:"):
+        _refuse_taken_socket(listen)
+        targets = [listen]
+    else:
+        host, _, port = listen.rpartition(":")
+        bare = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+        try:
+            ipaddress.ip_address(bare)
+            addresses = [bare]
+        except ValueError:  # a name: every address it resolves to (gRPC's clients take localhost as both loopbacks)
+            try:
+                infos = socket.getaddrinfo(bare, int(port), type=socket.SOCK_STREAM)
+            except OSError as exc:
+                raise ValueError(f"--listen {listen}: cannot resolve {bare} ({exc})") from None
+            named = [info[4][0] for info in infos] + (["127.0.0.1", "::1"] if bare == "localhost" else [])
+            addresses = [a for a in dict.fromkeys(named) if _usable(a)]
+            if not addresses:
+                raise ValueError(f"--listen {listen}: none of the addresses {bare} resolves to is this host's")
+        targets = [f"[{a}]" if ":" in a else a for a in addresses]
+    chosen = None
+    for target in targets:
+        address = target if target.startswith("unix:") else f"{target}:{chosen if chosen is not None else port}"
+        try:
+            got = add(address)
+        except (RuntimeError, OSError) as exc:
+            raise ValueError(f"--listen {listen}: cannot listen on {address} ({exc})") from None
+        if not target.startswith("unix:"):
+            if not got:
+                raise ValueError(f"--listen {listen}: cannot listen on {address} (the port is taken or the "
+                                 "address is not this host's)")
+            chosen = got
+    return listen if listen.startswith("unix:") else f"{listen.rpartition(':')[0]}:{chosen}"
+
+
 async def start_server(served: ServedPolicy, listen: str, confinement: Confinement, tls: TLSFiles | None = None,
                        fault: Fault | None = None, metrics: SidecarMetrics | None = None, shield: Shield = Shield()):
     """Start the server; (server, health servicer, controller service, bound address)."""
@@ -304,11 +383,7 @@ async def start_server(served: ServedPolicy, listen: str, confinement: Confineme
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection((SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
-    try:
-        port = server.add_secure_port(listen, _credentials(tls)) if tls else server.add_insecure_port(listen)
-    except (RuntimeError, OSError) as exc:
-        raise ValueError(f"--listen {listen}: cannot listen there ({exc})") from None
-    bound = listen if listen.startswith("unix:") else f"{listen.rpartition(':')[0]}:{port}"
+    bound = _bind(server, listen, tls)
     await server.start()
     for name in ("", SERVICE_NAME):  # the policy is loaded: ready
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
