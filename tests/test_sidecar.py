@@ -467,6 +467,33 @@ def test_the_sidecar_killed_mid_replay_falls_back_reconnects_and_loses_no_reques
     assert "connection" in figures["last_fault"]
 
 
+def test_a_ca_file_rotated_while_the_sidecar_is_away_is_a_fault_and_a_fallback_clears_the_headroom(sidecars, tmp_path):
+    pki = make_pki(tmp_path)
+    port = free_port()
+    tls = ClientTLS(str(pki["ca"]), server_name="localhost")
+    serve = lambda: sidecars(f"127.0.0.1:{port}", "static:1", "--tls-cert", str(pki["server.crt"]),  # noqa: E731
+                             "--tls-key", str(pki["server.key"]), tls=tls)
+    s = serve()
+    engine = small_engine()
+    controller = LiveController(s.address, deadline_s=2.0, tls=tls, backoff_s=0.001, backoff_max_s=0.001)
+    try:
+        assert controller.step(engine, INTERVAL_S) is not None and engine.admit_headroom > 0  # the shield's
+        s.stop()
+        rotated = pki["ca"].read_bytes()
+        pki["ca"].unlink()  # the CA file is being replaced while the sidecar is away
+        assert controller.step(engine, 2 * INTERVAL_S) is None and controller.fallbacks["connection"] == 1
+        assert engine.admit_headroom == 0.0 and engine.overcommit == 1.0  # static:1 exactly, not the shield's share
+        time.sleep(0.01)
+        assert controller.step(engine, 3 * INTERVAL_S) is None  # rebuilding the channel fails: a fault, not a crash
+        assert controller.fallbacks["error"] == 1 and "reconnecting: FileNotFoundError" in controller.last_fault
+        pki["ca"].write_bytes(rotated)
+        serve()
+        time.sleep(0.01)
+        assert controller.step(engine, 4 * INTERVAL_S) is not None and controller.reconnects == 1
+    finally:
+        controller.close()
+
+
 def test_a_decision_slower_than_the_deadline_falls_back_while_health_still_answers(sidecars, tmp_path):
     s = sidecars(f"unix://{tmp_path}/s.sock", "watermark", "--fault-delay-ms", "1000")
     with open_channel(s.address) as ch:  # the slow decision runs off the event loop: health answers meanwhile

@@ -5,8 +5,10 @@ with a deadline), and the decision that comes back is checked (the snapshot's se
 a known action id and name, a finite factor > 0) and applied by ``engine.control.run_interval``,
 the loop the environment runs too: the same action, the same effect, online and offline.
 
-A deadline miss, a lost connection, an RPC error or a decision that fails the check is a fault:
-the engine runs that interval under the safe static policy (factor ``safe_factor``, hold), the
+A deadline miss, a lost connection, an RPC error, a decision that fails the check, or anything
+else that goes wrong in asking (a channel that cannot be rebuilt, say a TLS file being rotated) is
+a fault: the engine runs that interval under the safe static policy (factor ``safe_factor``, no
+admission headroom, hold: ``static:safe_factor`` exactly), the
 fallback is counted by reason, the channel is dropped, and a fresh one is tried after a backoff
 that doubles up to ``backoff_max_s`` (decisions in between run under the safe policy too, counted
 under the fault that started the backoff). The engine waits at most ``deadline_s`` on the
@@ -17,7 +19,8 @@ controller keeps the last report of each and counts the reports that changed som
 
 * ``EngineQuota``: the factor in force after every decision (moved by the action, set by a
   policy that pins its factor, or a fallback's safe factor), and the shield's admission headroom
-  that the decision carries (a fallback keeps the last one), immediate;
+  that the decision carries (a fallback clears it: a sidecar that is gone does not keep the
+  engine admitting into a share of its KV it chose), immediate;
 * ``TorchMemoryFraction``: the fraction of its device this process's CUDA allocator may take,
   once per engine: it is the engine's weights, workspace and whole KV capacity over the device
   (``engine_memory_bytes``), which no overcommit factor changes (the factor changes how much
@@ -215,14 +218,19 @@ class LiveController:
         if self._fault is not None:
             if time.monotonic() < self._retry_at:
                 return self._fall_back(target, self._fault)
-            self._connect()
+            try:
+                self._connect()
+            except Exception as exc:  # noqa: BLE001 - whatever it is, the engine serves on under the safe policy
+                return self._faulted(target, "error", f"reconnecting: {type(exc).__name__}: {exc}")
             self.reconnects += 1
         try:
             d = getattr(self._stub, rpc)(message(self._seq), timeout=self.deadline_s)
+            problem = check(d, self._seq)
         except grpc.RpcError as exc:
             code = exc.code()
             return self._faulted(target, _REASON.get(code, "error"), f"{code.name}: {exc.details()}")
-        problem = check(d, self._seq)
+        except Exception as exc:  # noqa: BLE001 - the same
+            return self._faulted(target, "error", f"{type(exc).__name__}: {exc}")
         if problem:
             return self._faulted(target, "invalid", problem)
         self._fault, self._backoff = None, self.backoff_s
@@ -265,7 +273,9 @@ class LiveController:
         return None
 
     def _safe_policy(self, engine: Engine) -> None:
-        self._quota.apply(self.safe_factor)  # the safe static policy: this factor, hold
+        self._quota.apply(self.safe_factor)  # the safe static policy: this factor, no headroom, hold
+        if engine.admit_headroom:
+            self._quota.apply_headroom(0.0)
 
     def report(self) -> dict:
         return {"controller": self.address, "controller_decisions": self.decisions,
