@@ -617,7 +617,9 @@ def parser() -> argparse.ArgumentParser:
                    help="set the NVIDIA MPS control daemon's default pinned-memory limit on DEVICE (ordinal or UUID, "
                         "default 0) to what this engine needs. The default is daemon-wide: every MPS client started "
                         "on this host afterwards gets it, not only the next engine process; a running one keeps its "
-                        "limit. The previous default is restored when the replay ends (with --controller)")
+                        "limit. The previous default is restored when the replay ends, on an error or SIGTERM too; where "
+                        "no default is set, or it cannot be read, nothing is changed, as it could not be put back "
+                        "(with --controller)")
     c.add_argument("--node", default=None, metavar="SCENARIO",
                    help="run a node scenario's engines (several on one GPU, its own workloads; --seed picks the draw) "
                         "steered live by the node sidecar at --controller (rlctl serve --node)")

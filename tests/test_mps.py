@@ -249,15 +249,15 @@ def test_apply_reads_the_default_it_replaces_once_and_restore_puts_it_back(fake)
     assert mps.restore() == [] and len(fake.calls()) == 7  # restored once, nothing left to do
 
 
-def test_nothing_is_restored_where_nothing_was_set_or_no_limit_was_there(tmp_path):
-    fake = Fake(tmp_path, defaults={"0": 0})
+def test_a_default_that_could_not_be_put_back_is_never_changed(tmp_path):
+    fake = Fake(tmp_path, defaults={"0": 0})  # no limit on device 0; device 7 unknown, its default unreadable
     mps = MPSLimit(str(fake.binary))
-    assert not mps.apply(GiB, device=7).applied  # refused: nothing changed, nothing to restore
-    assert mps.apply(GiB, device=0).applied
-    (report,) = mps.restore()
-    assert not report.applied and "was 0 B (no limit) before" in report.detail
-    assert sum(c.startswith("set_default_device_pinned_mem_limit 7") for c in fake.stdin()) == 1  # apply's, no restore
-    assert fake.stdin()[-1] == "get_default_device_pinned_mem_limit 0\n"  # the last word: apply's read back
+    for dev, why in ((0, "(no limit)"), (7, "(unreadable: ")):
+        report = mps.apply(GiB, device=dev)
+        assert not report.applied and f"device {dev} not changed: the default there {why}" in report.detail
+        assert f"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT={dev}=<limit>" in report.detail
+    assert not any(c.startswith("set_") for c in fake.stdin())  # only reads: nothing to restore
+    assert mps.restore() == [] and json.loads((fake.dir / "state.json").read_text())["defaults"] == {"0": 0}
 
 
 @pytest.fixture
@@ -297,6 +297,35 @@ def test_mps_next_limit_says_it_is_daemon_wide_and_restores_the_default_when_the
         "set_default_device_pinned_mem_limit 0 4G\n", "get_default_device_pinned_mem_limit 0\n"]  # restored
     assert json.loads((fake_on_path.dir / "state.json").read_text())["defaults"]["0"] == 4096
     assert "daemon-wide: every MPS client started on this host from now on gets it" in out
+    assert "mps: restored: daemon-wide default pinned memory limit of device 0 set to 4G" in out
+
+
+def test_sigterm_mid_replay_still_puts_the_daemons_default_back(fake_on_path, sidecars, tmp_path):
+    import signal
+    import subprocess
+    import time
+
+    from tests.sidecar_process import REPO
+    from tests.test_live_metrics import ARGS
+
+    address = f"unix://{tmp_path}/s.sock"
+    sidecars(address, "static:1.2", "--fault-delay-ms", "100")  # slow decisions: a replay that runs a while
+    replay = subprocess.Popen([sys.executable, "-m", "rlctl.cli", *ARGS, "--controller", address, "--mps-next-limit"],
+                              cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not any(c.startswith("set_") for c in fake_on_path.stdin()):  # the default changed
+            assert replay.poll() is None and time.monotonic() < deadline, replay.stdout.read() if replay.poll() else ""
+            time.sleep(0.05)
+        time.sleep(0.5)  # mid-replay
+        replay.send_signal(signal.SIGTERM)
+        assert replay.wait(timeout=60) == 128 + signal.SIGTERM
+    finally:
+        replay.kill()
+    out = replay.stdout.read()
+    assert fake_on_path.stdin()[-2:] == ["set_default_device_pinned_mem_limit 0 4G\n",
+                                         "get_default_device_pinned_mem_limit 0\n"]  # restored
+    assert json.loads((fake_on_path.dir / "state.json").read_text())["defaults"]["0"] == 4096
     assert "mps: restored: daemon-wide default pinned memory limit of device 0 set to 4G" in out
 
 

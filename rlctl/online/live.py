@@ -44,9 +44,12 @@ decision interval (``rlctl bench sidecar`` measures both).
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import secrets
+import signal
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -303,6 +306,26 @@ def replay_live(requests: list[Request], engine: Engine, controller: LiveControl
     return {**summarize(engine), **controller.report(), "decision_interval_s": decision_interval_s}
 
 
+@contextlib.contextmanager
+def _terminate_by_exception():
+    """SIGTERM and SIGHUP end the replay as Ctrl-C does, by an exception (``SystemExit`` with the
+    shell's status, 128 + the signal), so that ``steer``'s clean-up runs: the MPS default, which
+    outlives this process, is put back. Python's default for both ends the process on the spot."""
+    if threading.current_thread() is not threading.main_thread():  # only the main thread may set handlers
+        yield
+        return
+
+    def end(signum, _frame):
+        raise SystemExit(128 + signum)
+
+    previous = {sig: signal.signal(sig, end) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
 def steer(requests: list[Request], engine: Engine, address: str, decision_interval_s: float, deadline_s: float,
           safe_factor: float, tls: ClientTLS | None = None, metrics_port: int | None = None,
           model_name: str = "rlctl", mps_device: str | None = None, say: Callable[[str], None] = print,
@@ -323,12 +346,13 @@ def steer(requests: list[Request], engine: Engine, address: str, decision_interv
     if mps is not None:
         say(f"mps: --mps-next-limit sets the MPS control daemon's default pinned-memory limit on device {mps_device}, "
             "daemon-wide: every MPS client started on this host from now on gets it, not only the next engine; "
-            "the default it replaces is restored when the replay ends")
+            "the default it replaces is restored when the replay ends; where none is set, none is set now")
     controller = LiveController(address, deadline_s, safe_factor, tls=tls, metrics=metrics, mps=mps,
                                 mps_device=mps_device or 0)
     restored: list = []
     try:
-        figures = replay_live(requests, engine, controller, decision_interval_s)
+        with _terminate_by_exception():
+            figures = replay_live(requests, engine, controller, decision_interval_s)
     finally:
         controller.close()
         if server is not None:

@@ -21,7 +21,8 @@ policy; it never resizes a running engine, and every report says so.
 
 The default is daemon-wide: every MPS client started on the host afterwards gets it, not only the
 next engine. ``apply`` reads the default it replaces, and ``restore`` puts it back (``rlctl
-replay --mps-next-limit`` does when the replay ends, on an error too). A client can also carry a
+replay --mps-next-limit`` does when the replay ends, on an error or a SIGTERM too). Where no
+default is set (no command clears one again) or it cannot be read, ``apply`` changes nothing. A client can also carry a
 limit of its own, in its environment (``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=2G``), which touches no
 one else: the GPU check (tests/gpu/checks.py) tests MPS that way.
 """
@@ -197,9 +198,20 @@ class MPSLimit:
     # ---- the policy's side ----------------------------------------------------------------------
     def apply(self, nbytes: int, device: int | str = 0) -> ActuatorReport:
         """Keep the default limit for the next engine process at ``nbytes``. The first time it
-        changes the default on a device, the default it replaced is kept for ``restore``."""
+        changes the default on a device, the default it replaced is kept for ``restore``; a
+        default that could not be put back (none set, which no command restores, or one that
+        cannot be read) is left alone, and the report says how to give the engine its own limit."""
         dev = self._device(device)
         before = self.get_default(dev) if dev not in self._replaced else None
+        if before is not None and not before.applied and before.detail.startswith(NOT_AVAILABLE):
+            return before  # no daemon to talk to: nothing changed, and the report says why
+        if before is not None and (not before.applied or before.value < MiB):
+            was = "no limit" if before.applied else f"unreadable: {before.detail}"
+            return ActuatorReport(self.name, False, (
+                f"daemon-wide default pinned memory limit of device {dev} not changed: the default there ({was}) "
+                "could not be put back afterwards, and every MPS client started on this host would keep the new "
+                f"one; give the engine process its own limit instead ({CLIENT_LIMIT_ENV}={dev}=<limit> in its "
+                "environment)"))
         report = self.set_default(nbytes, dev)
         if before is not None and report.applied:
             self._replaced[dev] = before
@@ -209,17 +221,9 @@ class MPSLimit:
         """Put back every default ``apply`` changed, as it was before; a report per device, saying
         why not where it cannot."""
         reports = []
-        for dev, before in self._replaced.items():
-            what = f"daemon-wide default pinned memory limit of device {dev}"
-            if not before.applied:
-                reports.append(ActuatorReport(self.name, False, f"{what} not restored: it could not be read before "
-                                                                f"it was changed ({before.detail})"))
-            elif before.value < MiB:
-                reports.append(ActuatorReport(self.name, False, f"{what} not restored: it was {before.value} B (no "
-                                                                "limit) before, which is not a limit this sets"))
-            else:
-                report = self.set_default(before.value, dev)
-                reports.append(dataclasses.replace(report, detail=f"restored: {report.detail}"))
+        for dev, before in self._replaced.items():  # each a limit read back (apply changes no other)
+            report = self.set_default(before.value, dev)
+            reports.append(dataclasses.replace(report, detail=f"restored: {report.detail}"))
         self._replaced.clear()
         return reports
 
