@@ -258,6 +258,8 @@ class ExportedPolicy(Policy):
             with torch.no_grad():
                 batch = torch.from_numpy(np.atleast_2d(x))
                 q = torch.stack([network(batch) for network in self.networks]).mean(dim=0).numpy()
+        if not np.isfinite(q).all():  # finite weights can still overflow: argmax would pick at random
+            raise ValueError(f"policy {self.name}: non-finite Q-values {q.tolist()[:4]} on a finite observation")
         return q[0] if x.ndim == 1 else q
 
     def act(self, obs: np.ndarray) -> int:
@@ -438,17 +440,19 @@ def load_policy(path: str | Path, max_bytes: int = MAX_POLICY_BYTES, opened: Bin
     positions = _check_layout(path, header)
     net = header["network"]
     count = _members(path, header)
+    build = lambda: q_network(int(net["obs_dim"]), int(net["n_actions"]),  # noqa: E731
+                              [int(w) for w in net["net_arch"]], bool(net["dueling"]))
     try:
-        networks = [q_network(int(net["obs_dim"]), int(net["n_actions"]), [int(w) for w in net["net_arch"]],
-                              bool(net["dueling"])) for _ in range(count)]
-    except (TypeError, ValueError) as exc:
+        with torch.device("meta"):  # shapes only: a header that names a huge network costs no memory
+            shapes = [build() for _ in range(count)]
+    except (TypeError, ValueError, RuntimeError) as exc:
         raise fail(f"the header's network cannot be built ({exc})") from None
     try:
         tensors = load_tensors(data)
     except (SafetensorError, ValueError, RuntimeError) as exc:
         raise fail(f"corrupted safetensors data ({exc})") from None
     prefix = (lambda k: "") if count == 1 else (lambda k: f"members.{k}.")  # version 2: one network, unprefixed
-    expected = {prefix(k) + name: t for k, network in enumerate(networks) for name, t in network.state_dict().items()}
+    expected = {prefix(k) + name: t for k, network in enumerate(shapes) for name, t in network.state_dict().items()}
     what = f"the {'dueling' if net['dueling'] else 'plain'} network of net_arch {net['net_arch']}"
     for name in expected:
         if name not in tensors:
@@ -463,12 +467,15 @@ def load_policy(path: str | Path, max_bytes: int = MAX_POLICY_BYTES, opened: Bin
                        f"needs {tuple(expected[name].shape)}")
         if t.dtype != expected[name].dtype:
             raise fail(f"weight {name!r} has dtype {t.dtype}, expected {expected[name].dtype}")
+        if not torch.isfinite(t).all():
+            raise fail(f"weight {name!r} has non-finite entries (NaN or inf): it would decide nothing sound")
     sums = header["weights"]["sha256"]
     if not isinstance(sums, dict) or set(sums) != set(tensors):
         raise fail("the header's checksums do not list the file's weights")
     for name in sorted(tensors):
         if _sha256(tensors[name]) != sums[name]:
             raise fail(f"checksum mismatch for weight {name!r}: the file is corrupted")
+    networks = [build() for _ in range(count)]  # every weight checked: now the real ones, as large as the file
     for k, network in enumerate(networks):
         network.load_state_dict({name[len(prefix(k)):]: t for name, t in tensors.items()
                                  if name.startswith(prefix(k))}, strict=True)

@@ -56,7 +56,7 @@ def growth_blocks(snapshot: Snapshot, interval_s: float) -> int:
     if interval_s <= 0 or snapshot.running <= 0 or snapshot.decode_ms <= 0 or snapshot.kv_blocks_total <= 0:
         return 0
     block_size = max(snapshot.kv_tokens_total // snapshot.kv_blocks_total, 1)
-    tokens = interval_s * 1000.0 / snapshot.decode_ms
+    tokens = min(interval_s * 1000.0 / snapshot.decode_ms, snapshot.kv_tokens_total)  # no more than the whole KV
     return snapshot.running * math.ceil(tokens / block_size)
 
 

@@ -74,6 +74,8 @@ def test_growth_blocks_are_each_running_sequences_tokens_until_the_next_decision
     for empty in ({"running": 0}, {"decode_ms": 0.0}):
         assert growth_blocks(dataclasses.replace(snap, **empty), 2.0) == 0
     assert growth_blocks(snap, 0.0) == 0
+    # a decode time too small to mean anything (a sender's bug) bounds the growth by the whole KV, not by overflow
+    assert growth_blocks(dataclasses.replace(snap, decode_ms=1e-310), 2.0) == 10 * 64
     shield = Shield()
     assert shield.headroom(snap) == MAX_HEADROOM  # 50 of 64 blocks: capped
     small = dataclasses.replace(snap, running=1)

@@ -22,7 +22,7 @@ from experiments import SCENARIOS
 from agents.spec import make_policy
 from agents.dqn import OvercommitDQN
 from agents.export import (ENSEMBLE_VERSION, FORMAT, HEADER_KEY, POLICY_SUFFIX, VERSION, ExportedPolicy,
-                           PolicyFileError, export_ensemble, export_policy, load_policy)
+                           PolicyFileError, _sha256, export_ensemble, export_policy, load_policy)
 from env.observation import FEATURES, HIGH, LOW
 from engine.control import ACTIONS
 from env.overcommit_env import OvercommitEnv
@@ -348,6 +348,33 @@ def test_weights_that_do_not_fit_the_described_network_are_refused_naming_the_te
     refused(rewritten(trained[2], tmp_path / "c.rlpolicy", tensor_edit=extra), r"weight '2\.weight' is not part")
     arch = rewritten(trained[2], tmp_path / "d.rlpolicy", header_edit=lambda h: h["network"].update(net_arch=[64, 16]))
     refused(arch, r"weight '0\.0\.weight' has shape")
+
+
+def test_a_header_naming_a_huge_network_is_refused_without_building_it(trained, tmp_path):
+    # 10^6 x 10^6 float32 weights would be 4 TB: built before the tensors were checked, it could not load at all
+    huge = rewritten(trained[2], tmp_path / "huge.rlpolicy",
+                     header_edit=lambda h: h["network"].update(net_arch=[10 ** 6, 10 ** 6]))
+    refused(huge, r"weight '0\.0\.weight' has shape \(\d+, \d+\), the network the header describes needs \(1000000, ")
+
+
+def test_non_finite_weights_are_refused_and_non_finite_q_values_raise(trained, tmp_path):
+    def poison(t):
+        t["0.0.bias"][3] = float("nan")
+
+    def checksummed(h):  # the file as an exporter would write it, checksums and all
+        h["weights"]["sha256"]["0.0.bias"] = _sha256(bias)
+
+    bias = load_tensors(trained[2].read_bytes())["0.0.bias"].clone()
+    bias[3] = float("nan")
+    bad = rewritten(trained[2], tmp_path / "nan.rlpolicy", header_edit=checksummed, tensor_edit=poison)
+    refused(bad, r"weight '0\.0\.bias' has non-finite entries")
+    policy = load_policy(trained[2])
+    with torch.no_grad():
+        for network in policy.networks:
+            network[0][0].weight.fill_(3e38)  # finite, but its products overflow
+    policy.forward = None  # the torch path, on the weights just changed
+    with pytest.raises(ValueError, match="non-finite Q-values"):
+        policy.act(np.ones(policy.obs_dim, dtype=np.float32))
 
 
 def test_a_damaged_safetensors_header_is_refused_as_corrupted(trained, tmp_path):
