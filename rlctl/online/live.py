@@ -12,7 +12,9 @@ admission headroom, hold: ``static:safe_factor`` exactly), the
 fallback is counted by reason, the channel is dropped, and a fresh one is tried after a backoff
 that doubles up to ``backoff_max_s`` (decisions in between run under the safe policy too, counted
 under the fault that started the backoff). The engine waits at most ``deadline_s`` on the
-sidecar per interval, and never while backing off.
+sidecar per interval, and never while backing off. (The MPS actuator, given ``mps``, talks to
+its control daemon once per engine, when the loop first meets it, before that engine's first
+decision: at most three commands of ``MPSLimit.timeout_s`` (5 s) each, where the daemon hangs.)
 
 What a decision changes goes through the actuators (rlctl/online/actuators.py, rlctl/online/mps.py), and the
 controller keeps the last report of each and counts the reports that changed something:
