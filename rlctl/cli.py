@@ -297,6 +297,8 @@ def cmd_demo(a: argparse.Namespace) -> int:
     from rlctl.plot import draw
     from rlctl.train import load_train_config, train
 
+    cfg = load_train_config(DEMO_CONFIG, timesteps=a.timesteps, seed=a.seed)  # checked before the first table
+    _check_logdir(a.logdir)
     if (POLICIES / f"{DEMO_POLICY}.rlpolicy").is_file():
         sc = load_scenario(DEMO_SCENARIO)
         policies = [make_policy(DEMO_POLICY)] + [make_policy(s) for s in baselines(sc.best_static)]
@@ -306,7 +308,6 @@ def cmd_demo(a: argparse.Namespace) -> int:
         results.update(run_eval(policies[1:], sc, 2, 1000, shield=False))
         print(format_table(results, extra_rows=EVAL_ROWS), flush=True)
 
-    cfg = load_train_config(DEMO_CONFIG, timesteps=a.timesteps, seed=a.seed)
     print(f"demo: training the DQN on {', '.join(cfg.scenarios)} for {cfg.timesteps} steps in {cfg.n_envs} "
           f"environments (training config {DEMO_CONFIG}, which pins the count: the same table on any machine), then "
           f"evaluating it and every baseline on {cfg.eval_episodes} held-out trace windows (starts {list(cfg.eval_starts)} s)")
@@ -561,12 +562,24 @@ def cmd_compare(a: argparse.Namespace) -> int:
     return 0
 
 
+def _check_logdir(logdir: str) -> None:
+    if Path(logdir).exists() and not Path(logdir).is_dir():
+        raise ValueError(f"--logdir {logdir}: a file, not a folder; runs are written into a folder")
+
+
 def cmd_train(a: argparse.Namespace) -> int:
     from rlctl.train import is_node_config, load_train_config, train
 
     seeds = a.seeds or [a.seed]
     configs = [(path, load_train_config(path, timesteps=a.timesteps, seed=s, n_envs=a.n_envs, init_policy=a.init_policy))
                for path in a.config for s in seeds]  # every config is checked before anything runs
+    if a.resume is not None:
+        from rlctl.train import check_checkpoint
+
+        if len(configs) > 1:
+            raise ValueError("--resume continues one run: give one --config and no --seeds with it")
+        check_checkpoint(a.resume)
+    _check_logdir(a.logdir)
     runs = []
     for path, cfg in configs:
         node = is_node_config(cfg)

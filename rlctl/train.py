@@ -44,6 +44,7 @@ import math
 import os
 import re
 import time
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -361,8 +362,11 @@ def _make_env(scenarios: list[Scenario], cfg: TrainConfig):
 
 
 def _run_dir(logdir: Path, name: str, resume: str | None) -> Path:
+    """A new folder for the run: ``logdir/name`` (``_2``, ``_3``... when taken); a resumed run's
+    next to the run it continues (``<run>_resumed``), which is left as it was."""
     if resume:
-        return Path(resume).resolve().parent.parent
+        origin = Path(resume).resolve().parent.parent
+        logdir, name = origin.parent, f"{origin.name}_resumed"
     run = logdir / name
     k = 1
     while run.exists():
@@ -453,6 +457,20 @@ def _train_ensemble(cfg: TrainConfig, logdir: str | Path, baseline_specs: list[s
     return summary
 
 
+def check_checkpoint(resume: str) -> None:
+    """Refuse a ``--resume`` that is not a checkpoint ``rlctl train`` wrote (``<run>/checkpoints/*.zip``)
+    before anything is created or run."""
+    path = Path(resume)
+    if not path.is_file():
+        raise ValueError(f"--resume {resume}: no such file")
+    if not zipfile.is_zipfile(path):
+        raise ValueError(f"--resume {resume}: not a checkpoint (a checkpoint is the .zip under <run>/checkpoints/; "
+                         "its replay buffer's .pkl beside it is read with it)")
+    if path.resolve().parent.name != "checkpoints":
+        raise ValueError(f"--resume {resume}: a checkpoint is read from <run>/checkpoints/, where rlctl train "
+                         "writes it; this one is not in such a folder")
+
+
 def train(cfg: TrainConfig, logdir: str | Path = "runs", resume: str | None = None, progress_bar: bool = True,
           baseline_specs: list[str] | None = None) -> dict:
     """Train (or resume) per ``cfg``; returns the run's summary (paths, evaluation table)."""
@@ -473,8 +491,9 @@ def train(cfg: TrainConfig, logdir: str | Path = "runs", resume: str | None = No
     scenarios = training_scenarios(cfg)
     evaluation = held_out(cfg)
     n_envs = cfg.n_envs or os.cpu_count() or 1
+    if resume:
+        check_checkpoint(resume)
     run = _run_dir(Path(logdir), cfg.name, resume)
-    run.mkdir(parents=True, exist_ok=True)
     makers = [_make_env(scenarios, cfg) for _ in range(n_envs)]
     venv = SubprocVecEnv(makers, start_method="forkserver") if n_envs > 1 else DummyVecEnv(makers)
     venv.seed(cfg.seed)
@@ -485,12 +504,17 @@ def train(cfg: TrainConfig, logdir: str | Path = "runs", resume: str | None = No
             buffer = Path(re.sub(r"_(\d+)_steps\.zip$", r"_replay_buffer_\1_steps.pkl", str(resume)))
             if buffer.exists():
                 model.load_replay_buffer(buffer)
+            if model.num_timesteps >= cfg.timesteps:
+                raise ValueError(f"--resume {resume}: the checkpoint is at {model.num_timesteps} steps, and "
+                                 f"timesteps is {cfg.timesteps}: nothing to train (give --timesteps above "
+                                 f"{model.num_timesteps})")
         else:
             model = OvercommitDQN(env=venv, seed=cfg.seed, verbose=0, **cfg.agent_kwargs())
             if cfg.init_policy is not None:
                 start = initial_network(cfg, scenarios[0]).state_dict()
                 model.policy.q_net.q_net.load_state_dict(start)
                 model.policy.q_net_target.q_net.load_state_dict(start)
+        run.mkdir(parents=True, exist_ok=True)
         model.set_logger(configure(str(run), ["tensorboard", "csv"]))
         (run / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=2) + "\n")
         held = HeldOutEval(evaluation, cfg)

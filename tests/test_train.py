@@ -53,12 +53,32 @@ def test_a_run_writes_events_checkpoints_and_a_policy_that_eval_loads(run, capsy
     assert "policy" in capsys.readouterr().out
 
 
-def test_resume_continues_from_a_checkpoint(run):
+def test_resume_continues_from_a_checkpoint_into_a_new_folder_leaving_the_run_it_continues(run):
     tmp, cfg, out = run
     checkpoint = sorted(Path(out["run"], "checkpoints").glob("rl_model_*_steps.zip"))[0]
+    before = {p.name: p.read_bytes() for p in Path(out["run"]).iterdir() if p.is_file()}
     more = train(load_train_config(configs(tmp), timesteps=360), tmp / "runs", resume=str(checkpoint),
                  progress_bar=False, baseline_specs=[])
-    assert more["run"] == out["run"] and more["timesteps"] >= 360
+    assert more["run"] == out["run"] + "_resumed" and more["timesteps"] >= 360
+    assert {p.name: p.read_bytes() for p in Path(out["run"]).iterdir() if p.is_file()} == before  # untouched
+    assert Path(more["run"], "progress.csv").stat().st_size > 0 and Path(more["policy"]).is_file()
+
+
+def test_resume_refuses_what_is_not_a_checkpoint_or_has_nothing_left_to_train_before_writing(run, tmp_path):
+    tmp, cfg, out = run
+    checkpoints = sorted(Path(out["run"], "checkpoints").glob("rl_model_*_steps.zip"))
+    stray = tmp_path / "rl_model_1_steps.zip"
+    stray.write_bytes(checkpoints[0].read_bytes())
+    buffer = next(Path(out["run"], "checkpoints").glob("*replay_buffer*.pkl"))
+    for bad, why in ((tmp_path / "deep" / "nosuch.zip", "no such file"), (buffer, "not a checkpoint"),
+                     (stray, "not in such a folder")):
+        with pytest.raises(ValueError, match=why):
+            train(cfg, tmp_path / "runs", resume=str(bad), progress_bar=False)
+    with pytest.raises(ValueError, match="nothing to train"):
+        train(load_train_config(configs(tmp), timesteps=10), tmp_path / "runs", resume=str(checkpoints[-1]),
+              progress_bar=False)
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "deep").exists()
+    assert not Path(out["run"] + "_resumed_2").exists()  # nothing written next to the run either
 
 
 @pytest.mark.parametrize("extra, field", [({"gama": 0.9}, "gama"), ({"timesteps": 0}, "timesteps"),
