@@ -232,8 +232,12 @@ class EngineConfig:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
         if self.oom_mode not in ("crash", "preempt"):
             raise ValueError(f"oom_mode must be 'crash' or 'preempt', got {self.oom_mode!r}")
-        if self.restart_downtime_s < 0:
-            raise ValueError(f"restart_downtime_s must be >= 0, got {self.restart_downtime_s}")
+        if not (math.isfinite(self.restart_downtime_s) and self.restart_downtime_s >= 0):
+            raise ValueError(f"restart_downtime_s must be a finite number of seconds >= 0, got {self.restart_downtime_s}")
+        for name in ("ttft_slo_s", "tpot_slo_s"):
+            value = getattr(self, name)
+            if value is not None and not (math.isfinite(value) and value > 0):
+                raise ValueError(f"{name} must be a finite number of seconds > 0 (None: no target), got {value}")
         if not (0 < self.overcommit_min <= self.overcommit_max):
             raise ValueError(f"overcommit range [{self.overcommit_min}, {self.overcommit_max}] is empty or not positive")
         if not (self.overcommit_min <= self.overcommit <= self.overcommit_max or math.isinf(self.overcommit)):

@@ -21,6 +21,7 @@ from rlctl.replay import DEFAULT_ENGINE, build_engine, load_requests, replay
 from rlctl.report import ABANDONED_ROW, EVAL_ROWS, LIVE_ROWS, backlog_note, compare, format_actuators, format_table, slo_note
 
 
+MAX_POLICY_MIB = 4096  # --max-policy-mib's ceiling: the default network's file is ~160 kB
 METRICS_ADDR = "127.0.0.1"  # where --metrics-port serves unless --metrics-addr (with --metrics-public) says otherwise
 
 
@@ -28,6 +29,68 @@ def _factor(text: str) -> float:
     value = float(text)
     if not value > 0:
         raise argparse.ArgumentTypeError(f"overcommit factor must be > 0 (or inf), got {text}")
+    return value
+
+
+MAX_SEED = 2 ** 32 - 1  # numpy's and gymnasium's seeds: an episode k of a run uses seed + k
+
+
+def _seed(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a seed is an integer, got {text!r}") from None
+    if not 0 <= value <= MAX_SEED:
+        raise argparse.ArgumentTypeError(f"a seed is an integer in 0..{MAX_SEED}, got {text}")
+    return value
+
+
+def _device(text: str) -> str:
+    """``--device``: cpu, or cuda[:N] where CUDA is available."""
+    import torch
+
+    try:
+        device = torch.device(text)
+    except RuntimeError:
+        device = None
+    if device is None or device.type not in ("cpu", "cuda"):
+        raise argparse.ArgumentTypeError(f"expected cpu or cuda[:N], got {text!r}")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise argparse.ArgumentTypeError(f"{text}: CUDA is not available (this torch: {torch.__version__})")
+    return text
+
+
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a whole number > 0, got {text}")
+    return value
+
+
+def _finite(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"expected a finite number, got {text}")
+    return value
+
+
+def _positive(text: str) -> float:
+    value = _finite(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text}")
+    return value
+
+
+def _non_negative(text: str) -> float:
+    value = _finite(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text}")
     return value
 
 
@@ -83,21 +146,21 @@ def _add_deployment(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-num-seqs", type=int, default=d.max_num_seqs)
     g.add_argument("--max-batched-tokens", type=int, default=d.max_num_batched_tokens)
     g.add_argument("--max-model-len", type=int, default=d.max_model_len)
-    g.add_argument("--downtime", type=float, default=d.restart_downtime_s, help="restart downtime after an OOM crash (s)")
-    g.add_argument("--ttft-slo", type=float, default=None, help="TTFT target (s) for goodput")
-    g.add_argument("--tpot-slo", type=float, default=None, help="TPOT target (s) for goodput")
+    g.add_argument("--downtime", type=_non_negative, default=d.restart_downtime_s, help="restart downtime after an OOM crash (s)")
+    g.add_argument("--ttft-slo", type=_positive, default=None, help="TTFT target (s) for goodput")
+    g.add_argument("--tpot-slo", type=_positive, default=None, help="TPOT target (s) for goodput")
     g.add_argument("--client-timeout", type=float, default=None, metavar="SECONDS",
                    help="clients give up a request still without its first token this long after it arrived, and "
                         "the engine drops it (default: they wait for ever)")
     g.add_argument("--model-dir", default=None, help="local Hugging Face Llama, Mistral, Qwen2, Qwen3 or Phi-3 checkpoint (default: tiny seeded model)")
-    g.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
-    g.add_argument("--seed", type=int, default=d.seed)
+    g.add_argument("--device", type=_device, default="cpu", help="cpu or cuda[:N]")
+    g.add_argument("--seed", type=_seed, default=d.seed)
 
 
 def _add_workload(p: argparse.ArgumentParser, trace_required: bool) -> None:
     g = p.add_argument_group("workload")
     g.add_argument("--trace", required=trace_required, default=None, help="trace file (Azure CSV, BurstGPT CSV, Mooncake JSONL, length CSV)")
-    g.add_argument("--time-scale", type=float, default=1.0, help="arrival compression factor (default %(default)s)")
+    g.add_argument("--time-scale", type=_positive, default=1.0, help="arrival compression factor (default %(default)s)")
     g.add_argument("--start", type=float, default=0.0, help="window start in trace seconds")
     g.add_argument("--duration", type=float, default=60.0, help="window length in trace seconds (default %(default)s)")
     g.add_argument("--max-tokens", default="fixed:2048", help="declared max_tokens rule: fixed:N or scale:X (default %(default)s)")
@@ -156,6 +219,16 @@ def _add_metrics(p: argparse.ArgumentParser, what: str) -> None:
                         "to whoever reaches that address")
 
 
+def _check_controller(a: argparse.Namespace) -> None:
+    """``--controller`` and its TLS files, refused before anything runs rather than as fallbacks."""
+    from rlctl.online.addresses import check_pem, check_target
+
+    check_target(a.controller)
+    for path, option in ((a.controller_ca, "--controller-ca"), (a.controller_cert, "--controller-cert"),
+                         (a.controller_key, "--controller-key")):
+        check_pem(path, option)
+
+
 def _live_run(a: argparse.Namespace) -> dict[str, dict]:
     """One replay steered by the sidecar at ``--controller``; ``--overcommit`` is the safe static
     factor the engine starts at and falls back to."""
@@ -167,6 +240,7 @@ def _live_run(a: argparse.Namespace) -> dict[str, dict]:
                          "and falls back to when the sidecar fails")
     if (a.controller_cert is None) != (a.controller_key is None) or (a.controller_cert and not a.controller_ca):
         raise ValueError("--controller-cert and --controller-key go together, with --controller-ca")
+    _check_controller(a)
     metrics_addr = _check_metrics(a)
     if a.mps_next_limit is not None:
         try:  # an ordinal or a UUID, refused here rather than mid-replay
@@ -204,6 +278,7 @@ def _node_live_run(a: argparse.Namespace) -> int:
 
     if not a.controller:
         raise ValueError("--node runs a node live, steered by a node sidecar (rlctl serve --node): give --controller ADDR")
+    _check_controller(a)
     if a.trace is not None:
         raise ValueError("--node replays the node scenario's own workloads: leave out --trace")
     if a.client_timeout is not None:
@@ -321,16 +396,19 @@ def cmd_demo(a: argparse.Namespace) -> int:
 
 
 def cmd_serve(a: argparse.Namespace) -> int:
+    from rlctl.online.addresses import check_pem
     from rlctl.online.confine import Confinement, policy_dir
     from rlctl.online.sidecar import Fault, TLSFiles, serve
 
     if (a.tls_cert is None) != (a.tls_key is None) or (a.tls_client_ca and not a.tls_cert):
         raise ValueError("--tls-cert and --tls-key go together (and --tls-client-ca needs them)")
     metrics_addr = _check_metrics(a)
+    for path, option in ((a.tls_cert, "--tls-cert"), (a.tls_key, "--tls-key"), (a.tls_client_ca, "--tls-client-ca")):
+        check_pem(path, option)
     tls = TLSFiles(a.tls_cert, a.tls_key, a.tls_client_ca) if a.tls_cert else None
     fault = Fault(a.fault_delay_ms / 1000, a.fault_action) if a.fault_delay_ms or a.fault_action is not None else None
-    if a.max_policy_mib is not None and a.max_policy_mib < 1:
-        raise ValueError(f"--max-policy-mib must be >= 1, got {a.max_policy_mib}")
+    if a.max_policy_mib is not None and not 1 <= a.max_policy_mib <= MAX_POLICY_MIB:
+        raise ValueError(f"--max-policy-mib must be in 1..{MAX_POLICY_MIB}, got {a.max_policy_mib}")
     cap = {} if a.max_policy_mib is None else {"max_bytes": a.max_policy_mib << 20}  # else agents/export.py's
     confinement = Confinement(policy_dir(a.policy_dir) if a.policy_dir else None, a.allow_baselines, **cap)
     serve(a.policy, a.listen, a.metrics_port, tls, fault, say=lambda line: print(line, flush=True),
@@ -352,16 +430,12 @@ def cmd_bench(a: argparse.Namespace) -> int:
 
 
 def cmd_profile(a: argparse.Namespace) -> int:
-    import torch
-
     from engine.checkpoint import load_checkpoint
     from rlctl.profile import QUICK_GRID, Grid, profile, summary
 
     if a.repeats <= 0:
         raise ValueError(f"--repeats must be > 0, got {a.repeats}")
     out = _writable("--out", a.out)
-    if torch.device(a.device).type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"--device {a.device}: CUDA is not available")
     model = load_checkpoint(a.model_dir, device=a.device) if a.model_dir else None
     cost, report = profile(device=a.device, grid=QUICK_GRID if a.quick else Grid(), repeats=a.repeats,
                            seed=a.seed, model=model)
@@ -527,9 +601,13 @@ def cmd_results(a: argparse.Namespace) -> int:
 
     if a.episodes <= 0:
         raise ValueError(f"--episodes must be > 0, got {a.episodes}")
-    from agents.spec import make_policy
+    from agents.spec import is_trained, make_policy
 
     for spec in a.policy:  # every policy file is checked before anything runs
+        if not is_trained(spec):
+            raise ValueError(f"--policy {spec}: rlctl results sets trained policies (files or shipped names) "
+                             f"against every incumbent and the oracle, which it runs itself; for {spec} alone, "
+                             f"rlctl eval --policy {spec}")
         make_policy(spec)
     scenarios = [load_scenario(name) for name in a.scenario]
     if a.client_timeout is not None:
@@ -673,7 +751,7 @@ def parser() -> argparse.ArgumentParser:
 
     d = sub.add_parser("demo", help="the shipped policy against every baseline; then train briefly and compare")
     d.add_argument("--timesteps", type=int, default=None, help=f"training steps (default: training config {DEMO_CONFIG}'s)")
-    d.add_argument("--seed", type=int, default=None)
+    d.add_argument("--seed", type=_seed, default=None)
     d.add_argument("--logdir", default="runs", help="TensorBoard and run directory root (default %(default)s)")
     d.add_argument("--no-progress", action="store_true", help="no progress bar")
     d.set_defaults(fn=cmd_demo)
@@ -688,7 +766,7 @@ def parser() -> argparse.ArgumentParser:
                    help="scenario YAML or bundled name (default steady; with --trace the bundled 'trace' scenario's "
                         "deployment and settings)")
     e.add_argument("--trace", default=None, help="replay this trace on the scenario's deployment instead")
-    e.add_argument("--time-scale", type=float, default=None, help="with --trace: arrival compression")
+    e.add_argument("--time-scale", type=_positive, default=None, help="with --trace: arrival compression")
     e.add_argument("--load", type=float, default=None,
                    help="with --trace: replay it at this multiple of what the deployment sustains (the time scale is "
                         "computed from the trace's demand and the deployment's cost model, and printed)")
@@ -704,9 +782,9 @@ def parser() -> argparse.ArgumentParser:
                    help="clients give up a request still without its first token this many seconds after it arrived, "
                         "and the engine drops it, as vLLM aborts the request of a client that disconnected (default: "
                         "the scenario's client_timeout_s; none: they wait for ever); the table counts them")
-    e.add_argument("--episodes", type=int, default=1)
+    e.add_argument("--episodes", type=_count, default=1)
     e.add_argument("--steps", type=int, default=None, help="decisions per episode (default: the scenario's)")
-    e.add_argument("--seed", type=int, default=0, help="episode k uses seed + k, the same for every policy")
+    e.add_argument("--seed", type=_seed, default=0, help="episode k uses seed + k, the same for every policy")
     e.add_argument("--shield", action="store_true",
                    help="filter the baselines' actions through the safety shield too (a trained policy's always are)")
     _json_option(e, "every figure and time series")
@@ -722,7 +800,7 @@ def parser() -> argparse.ArgumentParser:
                    help="the scenario whose feature means stand in, one feature at a time (e.g. one it trained on)")
     x.add_argument("--action", default=None, help="explain only the decisions that took this action (hold, scale_up, "
                                                   "back_off, defrag, evict; default: every decision)")
-    x.add_argument("--seed", type=int, default=0, help="the episode's seed, the same for both scenarios")
+    x.add_argument("--seed", type=_seed, default=0, help="the episode's seed, the same for both scenarios")
     x.add_argument("--steps", type=int, default=None, help="decisions per episode (default: each scenario's)")
     x.add_argument("--top", type=int, default=10, help="features to print, most decisions changed first (default %(default)s)")
     _json_option(x, "every feature's figures")
@@ -731,8 +809,8 @@ def parser() -> argparse.ArgumentParser:
     w = sub.add_parser("sweep", help="every fixed factor, the rules, the peers and the oracle on a scenario: does it "
                                      "need a controller")
     w.add_argument("--scenario", required=True, help="scenario YAML or bundled name")
-    w.add_argument("--episodes", type=int, default=3)
-    w.add_argument("--seed", type=int, default=100, help="episode k uses seed + k (default: the training seeds 100..)")
+    w.add_argument("--episodes", type=_count, default=3)
+    w.add_argument("--seed", type=_seed, default=100, help="episode k uses seed + k (default: the training seeds 100..)")
     w.add_argument("--no-oracle", action="store_true", help="leave the (slow) oracle out")
     w.add_argument("--json", default=None, help="write every figure and the verdict to this JSON file")
     _jobs_option(w)
@@ -742,8 +820,8 @@ def parser() -> argparse.ArgumentParser:
                                          "with the share of headroom they capture")
     rs.add_argument("--policy", nargs="+", required=True, help="policy files (one per training seed)")
     rs.add_argument("--scenario", nargs="+", required=True, help="scenarios (YAML or bundled names)")
-    rs.add_argument("--episodes", type=int, default=3)
-    rs.add_argument("--seed", type=int, default=1000, help="episode k uses seed + k (default: held-out seeds 1000..)")
+    rs.add_argument("--episodes", type=_count, default=3)
+    rs.add_argument("--seed", type=_seed, default=1000, help="episode k uses seed + k (default: held-out seeds 1000..)")
     rs.add_argument("--no-oracle", action="store_true", help="leave the (slow) oracle out")
     rs.add_argument("--client-timeout", type=float, default=None, metavar="SECONDS",
                     help="clients give up a request still without its first token this long after its arrival "
@@ -768,8 +846,8 @@ def parser() -> argparse.ArgumentParser:
     t = sub.add_parser("train", help="train the DQN on a scenario; TensorBoard logs, checkpoints, exported policy")
     t.add_argument("--config", required=True, nargs="+", help="training YAML(s), or shipped names (steady: experiments/train/steady.yaml)")
     t.add_argument("--timesteps", type=int, default=None, help="override the config's timesteps")
-    t.add_argument("--seed", type=int, default=None, help="override the config's seed")
-    t.add_argument("--seeds", type=int, nargs="+", default=None,
+    t.add_argument("--seed", type=_seed, default=None, help="override the config's seed")
+    t.add_argument("--seeds", type=_seed, nargs="+", default=None,
                    help="train every config once per seed and print the spread over seeds")
     t.add_argument("--n-envs", type=int, default=None, help="environments in parallel (default: the config's n_envs; where it has none, one per core)")
     t.add_argument("--logdir", default="runs", help="TensorBoard and run directory root (default %(default)s)")
@@ -791,11 +869,11 @@ def parser() -> argparse.ArgumentParser:
 
     pr = sub.add_parser("profile", help="fit a cost model to the torch executor on this machine")
     pr.add_argument("--out", required=True, help="write the cost model and its fit report to this JSON file")
-    pr.add_argument("--device", default="cpu", help="cpu or cuda[:N] (default %(default)s)")
+    pr.add_argument("--device", type=_device, default="cpu", help="cpu or cuda[:N] (default %(default)s)")
     pr.add_argument("--repeats", type=int, default=7, help="timed runs per point, the median counts (default %(default)s)")
     pr.add_argument("--quick", action="store_true", help="a smaller grid (seconds, not tens of seconds)")
     pr.add_argument("--model-dir", default=None, help="local Hugging Face Llama, Mistral, Qwen2, Qwen3 or Phi-3 checkpoint (default: tiny seeded model)")
-    pr.add_argument("--seed", type=int, default=0)
+    pr.add_argument("--seed", type=_seed, default=0)
     pr.set_defaults(fn=cmd_profile)
     return p
 
@@ -808,6 +886,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if getattr(a, "json", None) not in (None, "-"):
             _writable("--json", a.json)
+        if getattr(a, "plot", None):
+            _writable("--plot", a.plot)
         with contextlib.redirect_stdout(sys.stderr) if quiet else contextlib.nullcontext():
             return a.fn(a)
     except (TraceError, ValueError, FileNotFoundError) as exc:

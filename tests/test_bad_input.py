@@ -179,3 +179,72 @@ def test_a_stacked_tensor_of_the_wrong_height_is_refused_by_name(tmp_path):
     with pytest.raises(CheckpointError, match=r"'model.layers.0.self_attn.qkv_proj.weight' has 32 rows, "
                                               r"config.json implies 48 \(16 \+ 16 \+ 16\)"):
         load_checkpoint(tmp_path)
+
+
+# ---- the command line: refused before anything runs, naming the option -------------------------
+def _cli_refusal(argv: list[str], capsys) -> tuple[str, str]:
+    try:
+        rc = main(argv)
+    except SystemExit as exc:  # argparse's own refusal
+        rc = exc.code
+    out, err = capsys.readouterr()
+    assert rc == 2, (out, err)
+    return out, err
+
+
+def _cli_cases(tmp: "Path") -> list[tuple[list[str], str]]:
+    from env.workloads import bundled_trace
+
+    azure, arxiv = str(bundled_trace("azure2023_conv.csv")), str(bundled_trace("arxiv_summarization_lengths_llama2tok.csv"))
+    (tmp / "afile").write_text("not a folder")
+    (tmp / "empty.pem").write_text("")
+    eval_ = ["eval", "--policy", "static:2", "--scenario", "steady"]
+    return [
+        (eval_ + ["--seed", "-1"], "argument --seed: a seed is an integer in 0..4294967295, got -1"),
+        (eval_ + ["--seed", str(2 ** 70)], "argument --seed: a seed is an integer in 0.."),
+        (eval_ + ["--episodes", "0"], "argument --episodes: expected a whole number > 0, got 0"),
+        (eval_ + ["--plot", str(tmp / "nowhere" / "x.png")], f"--plot {tmp / 'nowhere' / 'x.png'}: directory"),
+        (["eval", "--policy", "static:2", "--trace", arxiv, "--time-scale", "0"],
+         "argument --time-scale: expected a number > 0, got 0"),
+        (["replay", "--trace", azure, "--ttft-slo", "nan"], "argument --ttft-slo: expected a finite number, got nan"),
+        (["replay", "--trace", azure, "--tpot-slo", "-1"], "argument --tpot-slo: expected a number > 0, got -1"),
+        (["replay", "--trace", azure, "--downtime", "inf"], "argument --downtime: expected a finite number, got inf"),
+        (["replay", "--trace", azure, "--device", "foo"], "argument --device: expected cpu or cuda[:N], got 'foo'"),
+        (["replay", "--trace", azure, "--start", "99999999"], "after the trace's last arrival"),
+        (["replay", "--trace", azure, "--controller", "garbage"], "--controller garbage: expected unix:///path or HOST:PORT"),
+        (["replay", "--trace", azure, "--controller", "127.0.0.1:9", "--controller-ca", str(tmp / "empty.pem")],
+         f"--controller-ca {tmp / 'empty.pem'}: not a PEM file"),
+        (["serve", "--policy", "default", "--listen", "127.0.0.1:0", "--tls-cert", str(tmp / "nosuch.pem"),
+          "--tls-key", str(tmp / "nosuch.key")], f"--tls-cert {tmp / 'nosuch.pem'}: cannot be read"),
+        (["serve", "--policy", "default", "--listen", "127.0.0.1:0", "--max-policy-mib", str(10 ** 20)],
+         "--max-policy-mib must be in 1..4096"),
+        (["results", "--policy", "oracle", "--scenario", "steady", "--no-oracle"],
+         "--policy oracle: rlctl results sets trained policies"),
+        (["train", "--config", "steady", "--logdir", str(tmp / "afile")], "a file, not a folder"),
+        (["train", "--config", "steady", "--seeds", "1", "2", "--resume", str(tmp / "x.zip")],
+         "--resume continues one run: give one --config and no --seeds"),
+    ]
+
+
+@pytest.mark.parametrize("case", range(17))
+def test_a_bad_option_is_refused_before_anything_runs_naming_it(case, tmp_path, capsys):
+    cases = _cli_cases(tmp_path)
+    assert len(cases) == 17
+    argv, message = cases[case]
+    out, err = _cli_refusal(argv, capsys)
+    assert message in err
+    assert "Traceback" not in err and not out.strip()  # refused first: no table, no header
+
+
+def test_the_demo_refuses_its_options_before_its_first_table(tmp_path, capsys):
+    out, err = _cli_refusal(["demo", "--timesteps", "-1", "--logdir", str(tmp_path)], capsys)
+    assert "timesteps" in err and "demo:" not in out and not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("field, value", [("ttft_slo_s", float("nan")), ("tpot_slo_s", 0.0), ("ttft_slo_s", -5.0),
+                                          ("restart_downtime_s", float("inf")), ("restart_downtime_s", float("nan"))])
+def test_an_engine_config_refuses_a_target_or_downtime_that_is_not_a_finite_time(field, value):
+    from engine.config import EngineConfig
+
+    with pytest.raises(ValueError, match=f"{field} must be a finite number of seconds"):
+        EngineConfig(**{field: value})

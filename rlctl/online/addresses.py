@@ -54,3 +54,30 @@ def check_metrics_addr(addr: str, public: bool, option: str = "--metrics-addr") 
     if not public and not is_loopback_host(addr):
         raise ValueError(f"{option} {addr}: not a loopback address; the metrics would be served to the network, "
                          f"unauthenticated: add --metrics-public to mean it")
+
+
+def check_target(address: str, option: str = "--controller") -> None:
+    """Refuse a gRPC target that is neither ``unix:PATH`` nor ``[dns:///]HOST:PORT`` (a port in 1..65535)."""
+    if address.startswith("unix:"):
+        if not address[len("unix:"):].lstrip("/"):
+            raise ValueError(f"{option} {address}: a unix socket needs a path, e.g. unix:///tmp/rlctl.sock")
+        return
+    rest = address[len("dns:"):].lstrip("/") if address.startswith("dns:") else address
+    host, sep, port = rest.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) <= 65535 or any(c.isspace() for c in rest):
+        raise ValueError(f"{option} {address}: expected unix:///path or HOST:PORT (a port in 1..65535), "
+                         "e.g. 127.0.0.1:50051")
+
+
+def check_pem(path: str | None, option: str) -> None:
+    """Refuse a TLS file that is missing or holds no PEM block, naming the option, before anything runs."""
+    if path is None:
+        return
+    from pathlib import Path
+
+    try:
+        data = Path(path).read_bytes()
+    except OSError as exc:
+        raise ValueError(f"{option} {path}: cannot be read ({exc.strerror or exc})") from None
+    if b"-----BEGIN " not in data:
+        raise ValueError(f"{option} {path}: not a PEM file (no -----BEGIN line)")
