@@ -148,6 +148,9 @@ def make_policy(spec: str) -> Policy:
         factor, on_time, inner = unpark_spec(spec)
         return unpark(make_policy(inner), factor, on_time)
     path = find(spec, POLICIES, POLICY_SUFFIX)
+    if path.is_dir():
+        raise ValueError(f"policy {spec!r} is a folder; a policy is a file (*{POLICY_SUFFIX}), e.g. the "
+                         f"policy{POLICY_SUFFIX} rlctl train writes into its run folder")
     if path.is_file() or spec.endswith(POLICY_SUFFIX):
         policy = load_policy(path)  # a missing file: PolicyFileError naming the path
         if policy.header.get("node"):

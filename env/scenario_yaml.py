@@ -38,7 +38,8 @@ _REQUIRED = {"poisson": {"rate"}, "gamma": {"rate", "cv"}, "mmpp": {"rates", "me
 
 
 def _fail(where: str, path: str, problem: str) -> ScenarioError:
-    return ScenarioError(f"{where}: {path}: {problem}")
+    """``where: path: problem``; the document itself (``path`` empty) as ``where: the file: problem``."""
+    return ScenarioError(f"{where}: {path or 'the file'}: {problem}")
 
 
 def _number(where: str, path: str, value, integer: bool = False):

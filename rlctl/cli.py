@@ -849,7 +849,7 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("--seed", type=_seed, default=None, help="override the config's seed")
     t.add_argument("--seeds", type=_seed, nargs="+", default=None,
                    help="train every config once per seed and print the spread over seeds")
-    t.add_argument("--n-envs", type=int, default=None, help="environments in parallel (default: the config's n_envs; where it has none, one per core)")
+    t.add_argument("--n-envs", type=_count, default=None, help="environments in parallel (default: the config's n_envs; where it has none, one per core)")
     t.add_argument("--logdir", default="runs", help="TensorBoard and run directory root (default %(default)s)")
     t.add_argument("--resume", default=None, help="a checkpoint (.zip) of an earlier run to continue")
     t.add_argument("--init-policy", default=None,

@@ -189,5 +189,7 @@ def format_compare(out: dict, bar: float | None = None) -> str:
     if out["left_out"]:
         lines.append(f"left out (no reference goodput): {', '.join(out['left_out'])}")
     if bar is not None:
-        lines.append(f"bar {bar:g}x with no more OOMs: {'met' if verdict(out, bar) else 'not met'}")
+        lines.append(f"bar {bar:g}x with no more OOMs: " + (
+            "not judged: no case could be compared (every reference got no goodput)" if out["geometric_mean"] is None
+            else "met" if verdict(out, bar) else "not met"))
     return "\n".join(lines)

@@ -100,6 +100,9 @@ def format_explain(out: dict, top: int) -> str:
              f"reference: {out['reference']}: decisions {out['reference_decisions']}",
              f"{what} ({out['explained']}) that change when one feature is set to its mean on {out['reference']}:",
              f"{'feature':26s} {'mean':>7s} {'reference':>9s} {'changed':>8s}  to"]
+    if not out["explained"]:
+        return "\n".join(lines[:2] + [f"{what}: none in this episode, so nothing to explain (another --seed, or "
+                                       "another --action)"])
     for row in out["features"][:top]:
         to = ", ".join(f"{n} {a}" for a, n in row["to"].items()) or "-"
         lines.append(f"{row['feature']:26s} {row['mean']:7.3f} {row['reference_mean']:9.3f} {row['changed']:8d}  {to}")

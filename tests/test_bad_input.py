@@ -248,3 +248,11 @@ def test_an_engine_config_refuses_a_target_or_downtime_that_is_not_a_finite_time
 
     with pytest.raises(ValueError, match=f"{field} must be a finite number of seconds"):
         EngineConfig(**{field: value})
+
+
+def test_a_folder_named_as_a_policy_a_node_policy_benched_and_a_yaml_that_is_no_mapping_are_named(tmp_path, capsys):
+    out, err = _cli_refusal(["eval", "--policy", str(tmp_path), "--scenario", "steady"], capsys)
+    assert f"policy {str(tmp_path)!r} is a folder; a policy is a file (*.rlpolicy)" in err
+    (tmp_path / "list.yaml").write_text("- 1\n- 2\n")
+    out, err = _cli_refusal(["eval", "--policy", "static:2", "--scenario", str(tmp_path / "list.yaml")], capsys)
+    assert "the file: must be a mapping, got list" in err

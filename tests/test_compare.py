@@ -74,6 +74,9 @@ def test_a_policy_against_itself_is_one_and_the_bar_judges_the_mean_and_the_ooms
     assert verdict(out, 1.0) and not verdict(out, 1.001)
     more = {**out, "candidate_ooms": out["reference_ooms"] + 1}  # as good, but one more crash: not met
     assert not verdict(more, 1.0)
+    nothing = {**out, "geometric_mean": None, "left_out": ["long_outputs"]}  # no reference goodput anywhere
+    assert not verdict(nothing, 0.5)
+    assert "bar 0.5x with no more OOMs: not judged: no case could be compared" in format_compare(nothing, 0.5)
 
 
 def test_a_candidate_without_goodput_scores_zero_and_a_reference_without_it_has_no_ratio():

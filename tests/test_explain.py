@@ -112,3 +112,13 @@ def test_a_training_run_s_policy_file_is_named_by_its_path(tmp_path, capsys):
     # one scenario as its own reference, on one seed: the same episode, so the same means
     assert all(r["mean"] == r["reference_mean"] for r in out["features"])
     assert out["decisions"] == out["reference_decisions"]
+
+
+def test_an_action_never_taken_is_said_to_have_nothing_to_explain():
+    from rlctl.explain import format_explain
+
+    out = {"policy": "default", "scenario": "steady", "seed": 0, "decisions": {"hold": 3, "evict": 0},
+           "reference": "long_outputs", "reference_decisions": {"hold": 2}, "action": "evict", "explained": 0,
+           "features": [{"feature": "kv_used", "mean": 0.5, "reference_mean": 0.4, "changed": 0, "to": {}}]}
+    text = format_explain(out, top=5)
+    assert "its evict decisions: none in this episode, so nothing to explain" in text and "kv_used" not in text

@@ -177,7 +177,13 @@ def bench_sidecar(sizes: SidecarBenchSizes | None = None) -> dict:
     snaps, max_model_len = _bench_snapshots(sizes.snapshots)
     with tempfile.TemporaryDirectory(prefix="rlctl-bench-") as folder:
         policy = sizes.policy or _bench_policy_file(Path(folder))
-        served = load_served_policy(policy, Confinement(allow_baselines=True))
+        try:
+            served = load_served_policy(policy, Confinement(allow_baselines=True))
+        except ValueError as exc:
+            if "serve it with --node" in str(exc):  # the sidecar's words; the benchmark has no --node
+                raise ValueError(f"--policy {policy}: a node policy; rlctl bench sidecar measures one engine's "
+                                 "decisions (Decide), so give it one engine's policy") from None
+            raise
         threads = torch.get_num_threads()
         torch.set_num_threads(TORCH_THREADS)  # as rlctl serve runs it
         try:
