@@ -60,6 +60,16 @@ def _device(text: str) -> str:
     return text
 
 
+def _whole(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {text}")
+    return value
+
+
 def _count(text: str) -> int:
     try:
         value = int(text)
@@ -672,7 +682,7 @@ def cmd_train(a: argparse.Namespace) -> int:
         print(f"held-out evaluation ({cfg.eval_episodes} episodes, seeds {cfg.eval_seed}..):")
         print(format_table(out["results"], extra_rows=EVAL_ROWS + (_node_rows(out["results"]) if node else [])))
         print(f"run: {out['run']} ({out['timesteps']} steps, {out['wall_s']:.0f} s, {out['n_envs']} envs)\n"
-              f"policy: {out['policy']}\nreview: tensorboard --logdir {a.logdir}")
+              f"policy: {out['policy']}\nreview: tensorboard --logdir {Path(out['run']).parent}")
     if len(runs) > 1:
         table, data = compare(runs)
         print(table)
@@ -849,7 +859,7 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("--seed", type=_seed, default=None, help="override the config's seed")
     t.add_argument("--seeds", type=_seed, nargs="+", default=None,
                    help="train every config once per seed and print the spread over seeds")
-    t.add_argument("--n-envs", type=_count, default=None, help="environments in parallel (default: the config's n_envs; where it has none, one per core)")
+    t.add_argument("--n-envs", type=_whole, default=None, help="environments in parallel (default: the config's n_envs; 0, or a config without one: one per core)")
     t.add_argument("--logdir", default="runs", help="TensorBoard and run directory root (default %(default)s)")
     t.add_argument("--resume", default=None, help="a checkpoint (.zip) of an earlier run to continue")
     t.add_argument("--init-policy", default=None,

@@ -9,7 +9,7 @@ from engine.config import EngineConfig, ModelConfig
 from engine.engine import Engine
 from engine.executor import ProfiledExecutor
 from engine.metrics import summarize
-from env.workloads import ReplaySpec, build_requests, read_trace
+from env.workloads import ReplaySpec, TraceError, build_requests, read_trace
 from engine.request import Request
 
 
@@ -29,7 +29,15 @@ def build_engine(cfg: EngineConfig, overcommit: float, oom_mode: str, model_dir:
 
 
 def load_requests(trace: str | Path, spec: ReplaySpec) -> list[Request]:
-    return build_requests(read_trace(trace), spec)
+    """The requests a replay's window holds; a window that starts after the trace's last record is
+    refused, where a scenario's drawn window may simply be empty."""
+    records = read_trace(trace)
+    requests = build_requests(records, spec)
+    last = max((r.arrival_s for r in records.records if r.arrival_s is not None), default=None)
+    if not requests and spec.rate_rps is None and last is not None and spec.start_s > last:
+        raise TraceError(records.path, f"the window starts at {spec.start_s:g} s of trace time, after the "
+                                       f"trace's last arrival ({last:g} s)")
+    return requests
 
 
 def replay(requests: list[Request], engine: Engine, duration_s: float | None = None) -> dict:

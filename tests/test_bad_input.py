@@ -256,3 +256,14 @@ def test_a_folder_named_as_a_policy_a_node_policy_benched_and_a_yaml_that_is_no_
     (tmp_path / "list.yaml").write_text("- 1\n- 2\n")
     out, err = _cli_refusal(["eval", "--policy", "static:2", "--scenario", str(tmp_path / "list.yaml")], capsys)
     assert "the file: must be a mapping, got list" in err
+
+
+def test_a_controller_address_is_checked_as_a_grpc_target():
+    from rlctl.online.addresses import check_target
+
+    for ok in ("unix:///tmp/s.sock", "unix:rel.sock", "unix-abstract:rlctl", "127.0.0.1:50051", "[::1]:50051",
+               "dns:///sidecar.internal:443", "localhost:1"):
+        check_target(ok)
+    for bad in ("garbage", "unix:", "127.0.0.1", "127.0.0.1:0", "127.0.0.1:70000", ":50051", "a b:1"):
+        with pytest.raises(ValueError, match="--controller"):
+            check_target(bad)

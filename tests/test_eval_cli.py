@@ -59,8 +59,9 @@ def test_eval_refuses_a_bad_policy_or_trace_before_running_anything(tmp_path, ca
     assert "clairvoyant" in err.err and "eval:" not in err.out and not out.exists()
     assert main(["eval", "--trace", str(tmp_path / "missing.csv"), "--policy", "vllm"]) == 2
     assert "missing.csv" in capsys.readouterr().err
-    assert main(["eval", "--scenario", str(short_burst(tmp_path)), "--policy", "vllm", "--episodes", "0"]) == 2
-    assert "--episodes" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as refused:  # argparse's own refusal, before anything runs
+        main(["eval", "--scenario", str(short_burst(tmp_path)), "--policy", "vllm", "--episodes", "0"])
+    assert refused.value.code == 2 and "argument --episodes: expected a whole number > 0" in capsys.readouterr().err
 
 
 def test_json_dash_writes_the_document_alone_to_stdout_and_the_table_to_stderr(tmp_path, capsys):

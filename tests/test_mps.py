@@ -329,6 +329,32 @@ def test_sigterm_mid_replay_still_puts_the_daemons_default_back(fake_on_path, si
     assert "mps: restored: daemon-wide default pinned memory limit of device 0 set to 4G" in out
 
 
+def test_the_first_signal_ends_the_replay_a_second_waits_for_the_clean_up_and_an_ignored_one_stays_ignored():
+    import signal
+    import time
+
+    from rlctl.online.live import _terminate_by_exception
+
+    term, hup = signal.getsignal(signal.SIGTERM), signal.signal(signal.SIGHUP, signal.SIG_IGN)  # as under nohup
+    reached, cleaned = False, False
+    try:
+        with pytest.raises(SystemExit) as ended:
+            with _terminate_by_exception():
+                assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+                try:
+                    os.kill(os.getpid(), signal.SIGTERM)
+                    time.sleep(5)  # the handler raises before this ends
+                    reached = True
+                finally:
+                    os.kill(os.getpid(), signal.SIGTERM)  # a second one, during the clean-up: no exception
+                    time.sleep(0.01)
+                    cleaned = True
+        assert ended.value.code == 128 + signal.SIGTERM and cleaned and not reached
+        assert signal.getsignal(signal.SIGTERM) is term and signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGHUP, hup)
+
+
 def test_the_gpu_check_limits_its_own_two_clients_and_only_reads_the_daemons_defaults(fake_on_path):
     import torch
 

@@ -17,7 +17,7 @@ from env.workloads._checks import non_negative, positive, whole
 from env.workloads.arrivals import PoissonArrivals
 from engine.request import Request
 from env.workloads.sizing import MaxTokensRule, sized_request
-from env.workloads.traces import Trace, TraceError
+from env.workloads.traces import Trace
 
 log = logging.getLogger(__name__)
 
@@ -101,9 +101,6 @@ def build_requests(trace: Trace, spec: ReplaySpec) -> list[Request]:
     """
     log.info("%s: %s", trace.path.name, spec.describe())
     times = _trace_times(trace, spec)
-    if times and spec.start_s > max(times):
-        raise TraceError(trace.path, f"the window starts at {spec.start_s:g} s of trace time, after the trace's "
-                                     f"last arrival ({max(times):g} s)")
     end = math.inf if spec.duration_s is None else spec.start_s + spec.duration_s
     rows = [i for i, t in enumerate(times) if spec.start_s <= t < end]
     rows.sort(key=lambda i: (times[i], i))

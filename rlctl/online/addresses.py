@@ -58,10 +58,11 @@ def check_metrics_addr(addr: str, public: bool, option: str = "--metrics-addr") 
 
 def check_target(address: str, option: str = "--controller") -> None:
     """Refuse a gRPC target that is neither ``unix:PATH`` nor ``[dns:///]HOST:PORT`` (a port in 1..65535)."""
-    if address.startswith("unix:"):
-        if not address[len("unix:"):].lstrip("/"):
-            raise ValueError(f"{option} {address}: a unix socket needs a path, e.g. unix:///tmp/rlctl.sock")
-        return
+    for scheme in ("unix:", "unix-abstract:"):
+        if address.startswith(scheme):
+            if not address[len(scheme):].lstrip("/"):
+                raise ValueError(f"{option} {address}: a unix socket needs a path, e.g. unix:///tmp/rlctl.sock")
+            return
     rest = address[len("dns:"):].lstrip("/") if address.startswith("dns:") else address
     host, sep, port = rest.rpartition(":")
     if not sep or not host or not port.isdigit() or not 0 < int(port) <= 65535 or any(c.isspace() for c in rest):

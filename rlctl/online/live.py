@@ -312,15 +312,23 @@ def replay_live(requests: list[Request], engine: Engine, controller: LiveControl
 def _terminate_by_exception():
     """SIGTERM and SIGHUP end the replay as Ctrl-C does, by an exception (``SystemExit`` with the
     shell's status, 128 + the signal), so that ``steer``'s clean-up runs: the MPS default, which
-    outlives this process, is put back. Python's default for both ends the process on the spot."""
+    outlives this process, is put back. Python's default for both ends the process on the spot.
+    Only the first such signal raises, so that a second one cannot cut the clean-up short; a signal
+    this process ignores (SIGHUP under ``nohup``) stays ignored."""
     if threading.current_thread() is not threading.main_thread():  # only the main thread may set handlers
         yield
         return
+    raised = []
 
     def end(signum, _frame):
-        raise SystemExit(128 + signum)
+        if not raised:
+            raised.append(signum)
+            raise SystemExit(128 + signum)
 
-    previous = {sig: signal.signal(sig, end) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    for sig, handler in previous.items():
+        if handler is not signal.SIG_IGN:
+            signal.signal(sig, end)
     try:
         yield
     finally:
@@ -352,17 +360,17 @@ def steer(requests: list[Request], engine: Engine, address: str, decision_interv
     controller = LiveController(address, deadline_s, safe_factor, tls=tls, metrics=metrics, mps=mps,
                                 mps_device=mps_device or 0)
     restored: list = []
-    try:
-        with _terminate_by_exception():
+    with _terminate_by_exception():  # held through the clean-up too: a second signal cannot cut it short
+        try:
             figures = replay_live(requests, engine, controller, decision_interval_s)
-    finally:
-        controller.close()
-        if server is not None:
-            server.shutdown()
-            server.server_close()
-        if mps is not None:  # on an error too: the daemon outlives this process
-            restored = mps.restore()
-            for report in restored:
-                say(f"mps: {report.detail}")
+        finally:
+            controller.close()
+            if server is not None:
+                server.shutdown()
+                server.server_close()
+            if mps is not None:  # on an error too: the daemon outlives this process
+                restored = mps.restore()
+                for report in restored:
+                    say(f"mps: {report.detail}")
     return {**figures, **({"metrics_port": server.server_port} if server is not None else {}),
             **({"mps_restored": [r.to_dict() for r in restored]} if mps is not None else {})}
