@@ -408,14 +408,15 @@ def cmd_demo(a: argparse.Namespace) -> int:
 def cmd_serve(a: argparse.Namespace) -> int:
     from rlctl.online.addresses import check_pem
     from rlctl.online.confine import Confinement, policy_dir
-    from rlctl.online.sidecar import Fault, TLSFiles, serve
+    from rlctl.online.sidecar import Fault, TLSFiles, check_listen, serve
 
     if (a.tls_cert is None) != (a.tls_key is None) or (a.tls_client_ca and not a.tls_cert):
         raise ValueError("--tls-cert and --tls-key go together (and --tls-client-ca needs them)")
     metrics_addr = _check_metrics(a)
+    tls = TLSFiles(a.tls_cert, a.tls_key, a.tls_client_ca) if a.tls_cert else None
+    check_listen(a.listen, tls)  # where it may listen first, then whether its files can be read
     for path, option in ((a.tls_cert, "--tls-cert"), (a.tls_key, "--tls-key"), (a.tls_client_ca, "--tls-client-ca")):
         check_pem(path, option)
-    tls = TLSFiles(a.tls_cert, a.tls_key, a.tls_client_ca) if a.tls_cert else None
     fault = Fault(a.fault_delay_ms / 1000, a.fault_action) if a.fault_delay_ms or a.fault_action is not None else None
     if a.max_policy_mib is not None and not 1 <= a.max_policy_mib <= MAX_POLICY_MIB:
         raise ValueError(f"--max-policy-mib must be in 1..{MAX_POLICY_MIB}, got {a.max_policy_mib}")
