@@ -353,10 +353,13 @@ def cmd_replay(a: argparse.Namespace) -> int:
     if not a.controller:
         for given, option in ((a.metrics_port is not None, "--metrics-port"), (a.metrics_addr is not None,
                                                                                "--metrics-addr"),
-                              (a.metrics_public, "--metrics-public"), (a.mps_next_limit is not None, "--mps-next-limit")):
+                              (a.metrics_public, "--metrics-public"), (a.mps_next_limit is not None, "--mps-next-limit"),
+                              (a.controller_ca is not None, "--controller-ca"),
+                              (a.controller_cert is not None, "--controller-cert"),
+                              (a.controller_key is not None, "--controller-key")):
             if given:
                 raise ValueError(f"{option} belongs to the live loop: give --controller ADDR too "
-                                 "(a replay at fixed factors has no metrics endpoint and no actuators)")
+                                 "(a replay at fixed factors has no sidecar, metrics endpoint or actuators)")
     runs = _live_run(a) if a.controller else _replay_runs(a, a.trace, a.overcommit)
     print(format_table(runs, extra_rows=(LIVE_ROWS if a.controller else [])
                        + ([ABANDONED_ROW] if a.client_timeout is not None else [])))
@@ -707,8 +710,8 @@ def parser() -> argparse.ArgumentParser:
     c = r.add_argument_group("controller (a sidecar steering the engine: rlctl serve)")
     c.add_argument("--controller", default=None, metavar="ADDR",
                    help="the sidecar's address, unix:///path or HOST:PORT; --overcommit is then the safe factor")
-    c.add_argument("--decision-interval", type=float, default=2.0, help="engine seconds between decisions (default %(default)s)")
-    c.add_argument("--deadline-ms", type=float, default=200.0,
+    c.add_argument("--decision-interval", type=_positive, default=2.0, help="engine seconds between decisions (default %(default)s)")
+    c.add_argument("--deadline-ms", type=_positive, default=200.0,
                    help="wall-clock deadline of a decision; later, the safe factor holds (default %(default)s)")
     c.add_argument("--controller-ca", default=None, help="TLS: the CA (PEM) that signed the sidecar's certificate")
     c.add_argument("--controller-cert", default=None, help="mutual TLS: this client's certificate (PEM)")

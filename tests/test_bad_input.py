@@ -223,13 +223,16 @@ def _cli_cases(tmp: "Path") -> list[tuple[list[str], str]]:
         (["train", "--config", "steady", "--logdir", str(tmp / "afile")], "a file, not a folder"),
         (["train", "--config", "steady", "--seeds", "1", "2", "--resume", str(tmp / "x.zip")],
          "--resume continues one run: give one --config and no --seeds"),
+        (["replay", "--trace", azure, "--decision-interval", "0"], "argument --decision-interval: expected a number > 0"),
+        (["replay", "--trace", azure, "--controller-ca", str(tmp / "ca.pem")],
+         "--controller-ca belongs to the live loop: give --controller ADDR too"),
     ]
 
 
-@pytest.mark.parametrize("case", range(17))
+@pytest.mark.parametrize("case", range(19))
 def test_a_bad_option_is_refused_before_anything_runs_naming_it(case, tmp_path, capsys):
     cases = _cli_cases(tmp_path)
-    assert len(cases) == 17
+    assert len(cases) == 19
     argv, message = cases[case]
     out, err = _cli_refusal(argv, capsys)
     assert message in err
