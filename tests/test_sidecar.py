@@ -265,6 +265,28 @@ def test_localhost_is_bound_on_every_loopback_or_not_at_all():
     assert out.returncode == 2 and f"cannot listen on 127.0.0.1:{port}" in out.stderr
 
 
+def test_a_bind_that_fails_on_one_loopback_lets_go_of_the_other():
+    import asyncio
+    import socket
+
+    from rlctl.online.confine import Confinement
+    from rlctl.online.served import load_served_policy
+    from rlctl.online.sidecar import _usable, start_server
+
+    if not _usable("::1"):
+        pytest.skip("this host has no IPv6 loopback")
+    taken = socket.socket(socket.AF_INET6)  # the port held on ::1 by someone else; 127.0.0.1 free
+    taken.bind(("::1", 0))
+    taken.listen()
+    port = taken.getsockname()[1]
+    with taken:
+        confinement = Confinement(allow_baselines=True)
+        with pytest.raises(ValueError, match=rf"cannot listen on \[::1\]:{port}"):
+            asyncio.run(start_server(load_served_policy("watermark", confinement), f"localhost:{port}", confinement))
+    with socket.socket() as after:  # 127.0.0.1:port was bound first, and let go again
+        after.bind(("127.0.0.1", port))
+
+
 def test_cheap_decisions_run_on_the_event_loop_and_a_big_network_in_a_thread(tmp_path):
     from rlctl.online.confine import Confinement
     from agents.export import NUMPY_MAX_PARAMETERS

@@ -330,6 +330,28 @@ def _usable(address: str) -> bool:
     return True
 
 
+def _free_on_all(listen: str, addresses: list[str], port: int) -> int:
+    """``port`` (for 0: one free on the first address) if no socket listens on it at any of
+    ``addresses``; else ``ValueError`` naming where it is taken."""
+    def probe(address: str, at: int) -> int | None:
+        family = socket.AF_INET6 if ":" in address else socket.AF_INET
+        with socket.socket(family, socket.SOCK_STREAM) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as gRPC binds: a listener refuses it
+            try:
+                s.bind((address, at))
+            except OSError:
+                return None
+            return s.getsockname()[1]
+
+    for address in addresses:
+        got = probe(address, port)
+        if got is None:
+            shown = f"[{address}]" if ":" in address else address
+            raise ValueError(f"--listen {listen}: cannot listen on {shown}:{port} (the port is taken there)")
+        port = port or got
+    return port
+
+
 def _bind(server, listen: str, tls: TLSFiles | None) -> str:
     """Bind ``listen`` on every address it names, or on none: a host name is resolved here and each
     of its addresses bound on one port, so that a port taken on one of them (``localhost`` is both
@@ -354,6 +376,8 @@ def _bind(server, listen: str, tls: TLSFiles | None) -> str:
             addresses = [a for a in dict.fromkeys(named) if _usable(a)]
             if not addresses:
                 raise ValueError(f"--listen {listen}: none of the addresses {bare} resolves to is this host's")
+        if len(addresses) > 1:  # look before binding any: gRPC lets go of a bound port only once started
+            port = _free_on_all(listen, addresses, int(port))
         targets = [f"[{a}]" if ":" in a else a for a in addresses]
     chosen = None
     for target in targets:
