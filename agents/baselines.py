@@ -92,6 +92,20 @@ class SGLang(Policy):
 
 
 @dataclass
+class SGLangCode(Policy):
+    """``sglang`` with SGLang's own retract (``EngineConfig.sglang_retract: sglang``), read against
+    its code: the request with the fewest outputs is retracted, requeued at the back, and the ratio
+    re-estimated from those still running (README, "How close vllm and sglang are")."""
+
+    name: str = "sglang_code"
+    engine_overrides: dict = field(default_factory=lambda: {"admission": "sglang", "oom_mode": "preempt",
+                                                            "sglang_retract": "sglang"})
+
+    def act(self, obs: np.ndarray) -> int:
+        return HOLD
+
+
+@dataclass
 class Random(Policy):
     name: str = "random"
     engine_overrides: dict = field(default_factory=dict)

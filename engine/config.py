@@ -224,6 +224,12 @@ class EngineConfig:
     sglang_min_new_token_ratio_factor: float = 0.14  # SGLANG_MIN_NEW_TOKEN_RATIO_FACTOR (of the initial ratio)
     sglang_new_token_ratio_decay_steps: int = 600    # SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS
     sglang_clip_max_new_tokens: int = 4096           # SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION
+    # what a retract does: "reset" (issue 9's rule: the newest request, requeued at the front, the
+    # ratio back to its initial value) or "sglang" (SGLang's retract_decode: the request with the
+    # fewest output tokens, then the longest prompt, requeued at the back, and the ratio
+    # re-estimated from those still running as min(1, (generated + steps x running) / (max_tokens + 1)))
+    sglang_retract: str = "reset"
+    sglang_retract_decode_steps: int = 20            # SGLANG_RETRACT_DECODE_STEPS
 
     def __post_init__(self) -> None:
         for name in ("block_size", "num_blocks", "segment_blocks", "max_num_seqs",
@@ -255,6 +261,10 @@ class EngineConfig:
             raise ValueError("sglang_init_new_token_ratio and sglang_min_new_token_ratio_factor must be in (0, 1]")
         if self.sglang_new_token_ratio_decay_steps <= 0 or self.sglang_clip_max_new_tokens <= 0:
             raise ValueError("sglang_new_token_ratio_decay_steps and sglang_clip_max_new_tokens must be > 0")
+        if self.sglang_retract not in ("reset", "sglang"):
+            raise ValueError(f"sglang_retract must be 'reset' or 'sglang', got {self.sglang_retract!r}")
+        if self.sglang_retract_decode_steps < 0:
+            raise ValueError(f"sglang_retract_decode_steps must be >= 0, got {self.sglang_retract_decode_steps}")
 
     def pinned(self, factor: float) -> "EngineConfig":
         """This configuration at a fixed ``factor``, its range widened to admit it (a static policy)."""

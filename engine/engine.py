@@ -219,8 +219,15 @@ class Engine:
                     self._crash()
                     return None
                 admit = False
+                if self.scheduler.ratio is not None and isinstance(exc, NeedBlocks) \
+                        and self.config.sglang_retract == "sglang":
+                    if not self._preempt_newest(retract=True):  # SGLang's own retract_decode
+                        return []
+                    self.scheduler.ratio.estimate_after_retract(self.scheduler.running,
+                                                                self.config.sglang_retract_decode_steps)
+                    continue
                 if self.scheduler.ratio is not None and isinstance(exc, NeedBlocks):
-                    self.scheduler.ratio.reset()  # SGLang retracts, then reserves as at the start
+                    self.scheduler.ratio.reset()  # issue 9's rule: retract the newest, reserve as at the start
                 if not self._preempt_newest():
                     return []
 
@@ -235,8 +242,8 @@ class Engine:
         self.clock += self.executor.timed(schedule, "host")
         return box[0]
 
-    def _preempt_newest(self) -> bool:
-        lost = self.scheduler.preempt_newest()
+    def _preempt_newest(self, retract: bool = False) -> bool:
+        lost = self.scheduler.retract_fewest_outputs() if retract else self.scheduler.preempt_newest()
         if lost is None:
             return False
         self.counters.recomputed_tokens += lost

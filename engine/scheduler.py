@@ -68,6 +68,12 @@ class NewTokenRatio:
     def reset(self) -> None:
         self.value = self.init
 
+    def estimate_after_retract(self, running: list[Sequence], steps: int) -> None:
+        """SGLang's ratio after a retract, from the sequences still running: what they generated
+        plus ``steps`` more each, over what they declared (unclipped), at most 1."""
+        generated = sum(s.num_generated for s in running) + steps * len(running)
+        self.value = min(1.0, generated / (sum(s.request.max_tokens for s in running) + 1))
+
     def future(self, seq: Sequence) -> int:
         """Tokens ``seq`` may still generate, clipped."""
         return min(seq.request.max_tokens - seq.num_generated, self.clip)
@@ -312,14 +318,27 @@ class Scheduler:
 
     def preempt_newest(self) -> int | None:
         """vLLM's preemption: the newest running sequence frees its blocks and waits to be
-        recomputed. The tokens whose KV it lost, or None when nothing runs."""
+        recomputed, first in the queue. The tokens whose KV it lost, or None when nothing runs."""
         if not self.running:
             return None
-        seq = max(self.running, key=lambda s: s.admit_order)
+        return self._preempt(max(self.running, key=lambda s: s.admit_order), front=True)
+
+    def retract_fewest_outputs(self) -> int | None:
+        """SGLang's retract (``ScheduleBatch.retract_decode``): the running sequence with the fewest
+        output tokens (of those, the longest prompt) frees its blocks and waits to be recomputed,
+        last in the queue. The tokens whose KV it lost, or None when nothing runs."""
+        if not self.running:
+            return None
+        return self._preempt(min(self.running, key=lambda s: (s.num_generated, -s.request.prompt_len)), front=False)
+
+    def _preempt(self, seq: Sequence, front: bool) -> int:
         lost = seq.num_computed
         self.running.remove(seq)
         self.kv.free(seq.block_table)
         self.requeue(seq)
+        if not front:
+            self.waiting.remove(seq)
+            self.waiting.append(seq)
         seq.record.preemptions += 1
         return lost
 

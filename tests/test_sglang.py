@@ -62,3 +62,35 @@ def test_running_out_of_blocks_retracts_the_newest_and_resets_the_ratio():
     while eng.step():
         pass
     assert len(eng.completed) == 3
+
+
+def test_sglangs_own_retract_takes_the_fewest_outputs_requeues_at_the_back_and_re_estimates_the_ratio():
+    eng = sglang_engine(num_blocks=16, sglang_new_token_ratio_decay_steps=5, sglang_retract="sglang")
+    for i in range(3):
+        eng.submit(Request(f"r{i}", 0.0, 40 - 10 * i, 200, 200))  # r2 has the shortest prompt
+    before = {}
+    while eng.counters.preemptions == 0:
+        before = {s.request.request_id: (s.num_generated, -s.request.prompt_len) for s in eng.scheduler.running}
+        assert eng.step()
+    (victim,) = [s for s in eng.scheduler.waiting if s.record.preemptions]
+    # the fewest outputs when the retract was made (of those, the longest prompt), not the newest
+    assert victim.request.request_id == min(before, key=before.get)
+    assert eng.scheduler.waiting[-1] is victim  # last in the queue
+    running = eng.scheduler.running
+    ratio = eng.scheduler.ratio  # re-estimated while scheduling, then one decode's decay
+    estimate = min(1.0, (sum(s.num_generated - 1 for s in running) + 20 * len(running))
+                   / (sum(s.request.max_tokens for s in running) + 1))
+    assert ratio.value == pytest.approx(max(estimate - ratio.step, ratio.min))
+    while eng.step():
+        pass
+    assert len(eng.completed) == 3
+
+
+def test_the_retract_rule_is_checked_and_sglang_code_names_sglangs_own():
+    from agents.spec import make_policy
+
+    with pytest.raises(ValueError, match="sglang_retract must be 'reset' or 'sglang'"):
+        EngineConfig(sglang_retract="oldest")
+    assert make_policy("sglang_code").engine_overrides == {"admission": "sglang", "oom_mode": "preempt",
+                                                           "sglang_retract": "sglang"}
+    assert make_policy("sglang").engine_overrides == {"admission": "sglang", "oom_mode": "preempt"}
