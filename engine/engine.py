@@ -219,16 +219,8 @@ class Engine:
                     self._crash()
                     return None
                 admit = False
-                if self.scheduler.ratio is not None and isinstance(exc, NeedBlocks) \
-                        and self.config.sglang_retract == "sglang":
-                    if not self._preempt_newest(retract=True):  # SGLang's own retract_decode
-                        return []
-                    self.scheduler.ratio.estimate_after_retract(self.scheduler.running,
-                                                                self.config.sglang_retract_decode_steps)
-                    continue
-                if self.scheduler.ratio is not None and isinstance(exc, NeedBlocks):
-                    self.scheduler.ratio.reset()  # issue 9's rule: retract the newest, reserve as at the start
-                if not self._preempt_newest():
+                sglang = self.scheduler.ratio is not None and isinstance(exc, NeedBlocks)
+                if not (self._retract() if sglang else self._preempt_newest()):
                     return []
 
     def _timed_schedule(self, admit: bool = True) -> list[Work] | None:
@@ -242,8 +234,24 @@ class Engine:
         self.clock += self.executor.timed(schedule, "host")
         return box[0]
 
-    def _preempt_newest(self, retract: bool = False) -> bool:
-        lost = self.scheduler.retract_fewest_outputs() if retract else self.scheduler.preempt_newest()
+    def _retract(self) -> bool:
+        """SGLang's answer to a decode that finds no free block (``EngineConfig.sglang_retract``):
+        issue 9's rule (the ratio back to its start, the newest recomputed) or SGLang's code's (the
+        fewest outputs recomputed, the ratio re-estimated from those still running)."""
+        ratio = self.scheduler.ratio
+        if self.config.sglang_retract == "reset":
+            ratio.reset()
+            return self._preempt_newest()
+        if not self._count_preemption(self.scheduler.retract_fewest_outputs()):
+            return False
+        ratio.estimate_after_retract(self.scheduler.running, self.config.sglang_retract_decode_steps)
+        return True
+
+    def _preempt_newest(self) -> bool:
+        return self._count_preemption(self.scheduler.preempt_newest())
+
+    def _count_preemption(self, lost: int | None) -> bool:
+        """Count a preemption that lost ``lost`` tokens' KV; False when none was made (None)."""
         if lost is None:
             return False
         self.counters.recomputed_tokens += lost

@@ -308,13 +308,13 @@ class Scheduler:
         return held + ratio * future > self.kv.num_blocks * self.kv.pool.block_size
 
     # ---- leaving the running queue ---------------------------------------------------------------
-    def requeue(self, seq: Sequence) -> None:
-        """Put a sequence whose KV is gone back at the front of the queue, to be recomputed."""
+    def requeue(self, seq: Sequence, front: bool = True) -> None:
+        """Put a sequence whose KV is gone back in the queue, at the front (or the back), to be recomputed."""
         seq.num_computed = 0
         seq.block_table = []
         seq.host_kv = None
         seq.status = Status.WAITING
-        self.waiting.appendleft(seq)
+        (self.waiting.appendleft if front else self.waiting.append)(seq)
 
     def preempt_newest(self) -> int | None:
         """vLLM's preemption: the newest running sequence frees its blocks and waits to be
@@ -335,10 +335,7 @@ class Scheduler:
         lost = seq.num_computed
         self.running.remove(seq)
         self.kv.free(seq.block_table)
-        self.requeue(seq)
-        if not front:
-            self.waiting.remove(seq)
-            self.waiting.append(seq)
+        self.requeue(seq, front)
         seq.record.preemptions += 1
         return lost
 

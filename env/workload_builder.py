@@ -44,7 +44,7 @@ def trace_span(w: TraceWorkload) -> float:
     """Trace seconds the workload's trace covers (arrival times, or rows / rate for length-only traces)."""
     t = _trace(trace_path(w.trace))
     if t.has_arrivals:
-        return max(r.arrival_s for r in t.records)
+        return t.last_arrival_s
     return len(t.records) / w.rate_rps
 
 

@@ -35,14 +35,28 @@ def _factor(text: str) -> float:
 MAX_SEED = 2 ** 32 - 1  # numpy's and gymnasium's seeds: an episode k of a run uses seed + k
 
 
-def _seed(text: str) -> int:
+def _integer(text: str, low: int, high: int | None = None, what: str = "expected a whole number") -> int:
+    """``text`` as an integer in ``low..high`` (no ``high``: at least ``low``), else argparse's refusal."""
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"a seed is an integer, got {text!r}") from None
-    if not 0 <= value <= MAX_SEED:
-        raise argparse.ArgumentTypeError(f"a seed is an integer in 0..{MAX_SEED}, got {text}")
+        raise argparse.ArgumentTypeError(f"{what}, got {text!r}") from None
+    if value < low or (high is not None and value > high):
+        bound = f"in {low}..{high}" if high is not None else f">= {low}" if low <= 0 else f"> {low - 1}"
+        raise argparse.ArgumentTypeError(f"{what} {bound}, got {text}")
     return value
+
+
+def _seed(text: str) -> int:
+    return _integer(text, 0, MAX_SEED, what="a seed is an integer")
+
+
+def _whole(text: str) -> int:
+    return _integer(text, 0)
+
+
+def _count(text: str) -> int:
+    return _integer(text, 1)
 
 
 def _device(text: str) -> str:
@@ -58,26 +72,6 @@ def _device(text: str) -> str:
     if device.type == "cuda" and not torch.cuda.is_available():
         raise argparse.ArgumentTypeError(f"{text}: CUDA is not available (this torch: {torch.__version__})")
     return text
-
-
-def _whole(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {text}")
-    return value
-
-
-def _count(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a whole number > 0, got {text}")
-    return value
 
 
 def _finite(text: str) -> float:

@@ -33,10 +33,9 @@ def load_requests(trace: str | Path, spec: ReplaySpec) -> list[Request]:
     refused, where a scenario's drawn window may simply be empty."""
     records = read_trace(trace)
     requests = build_requests(records, spec)
-    last = max((r.arrival_s for r in records.records if r.arrival_s is not None), default=None)
-    if not requests and spec.rate_rps is None and last is not None and spec.start_s > last:
+    if not requests and records.has_arrivals and spec.start_s > records.last_arrival_s:
         raise TraceError(records.path, f"the window starts at {spec.start_s:g} s of trace time, after the "
-                                       f"trace's last arrival ({last:g} s)")
+                                       f"trace's last arrival ({records.last_arrival_s:g} s)")
     return requests
 
 

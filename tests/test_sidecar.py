@@ -271,9 +271,9 @@ def test_a_bind_that_fails_on_one_loopback_lets_go_of_the_other():
 
     from rlctl.online.confine import Confinement
     from rlctl.online.served import load_served_policy
-    from rlctl.online.sidecar import _usable, start_server
+    from rlctl.online.sidecar import _bindable, start_server
 
-    if not _usable("::1"):
+    if _bindable("::1") is None:
         pytest.skip("this host has no IPv6 loopback")
     taken = socket.socket(socket.AF_INET6)  # the port held on ::1 by someone else; 127.0.0.1 free
     taken.bind(("::1", 0))

@@ -62,6 +62,11 @@ class Trace:
     def has_arrivals(self) -> bool:
         return self.format != "lengths"
 
+    @property
+    def last_arrival_s(self) -> float:
+        """The last record's arrival, in the trace's own seconds (a trace with arrival times)."""
+        return max(r.arrival_s for r in self.records)
+
     def __len__(self) -> int:
         return len(self.records)
 

@@ -319,32 +319,25 @@ def _refuse_taken_socket(listen: str) -> None:
     raise ValueError(f"--listen {listen}: another process is listening on {path}; stop it or choose another path")
 
 
-def _usable(address: str) -> bool:
-    """Whether this host can bind ``address`` at all (``localhost`` may name ::1 where IPv6 is off)."""
+def _bindable(address: str, port: int = 0) -> int | None:
+    """The port a plain socket binds on ``address`` (``port``, or any for 0) as gRPC binds, with
+    SO_REUSEADDR, so that only a listener refuses it; None where it cannot (the port taken there,
+    or an address this host cannot bind, as ``localhost``'s ::1 where IPv6 is off)."""
     family = socket.AF_INET6 if ":" in address else socket.AF_INET
-    try:
-        with socket.socket(family, socket.SOCK_STREAM) as probe:
-            probe.bind((address, 0))
-    except OSError:
-        return False
-    return True
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((address, port))
+        except OSError:
+            return None
+        return probe.getsockname()[1]
 
 
 def _free_on_all(listen: str, addresses: list[str], port: int) -> int:
     """``port`` (for 0: one free on the first address) if no socket listens on it at any of
     ``addresses``; else ``ValueError`` naming where it is taken."""
-    def probe(address: str, at: int) -> int | None:
-        family = socket.AF_INET6 if ":" in address else socket.AF_INET
-        with socket.socket(family, socket.SOCK_STREAM) as s:
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as gRPC binds: a listener refuses it
-            try:
-                s.bind((address, at))
-            except OSError:
-                return None
-            return s.getsockname()[1]
-
     for address in addresses:
-        got = probe(address, port)
+        got = _bindable(address, port)
         if got is None:
             shown = f"[{address}]" if ":" in address else address
             raise ValueError(f"--listen {listen}: cannot listen on {shown}:{port} (the port is taken there)")
@@ -373,7 +366,7 @@ def _bind(server, listen: str, tls: TLSFiles | None) -> str:
             except OSError as exc:
                 raise ValueError(f"--listen {listen}: cannot resolve {bare} ({exc})") from None
             named = [info[4][0] for info in infos] + (["127.0.0.1", "::1"] if bare == "localhost" else [])
-            addresses = [a for a in dict.fromkeys(named) if _usable(a)]
+            addresses = [a for a in dict.fromkeys(named) if _bindable(a) is not None]
             if not addresses:
                 raise ValueError(f"--listen {listen}: none of the addresses {bare} resolves to is this host's")
         if len(addresses) > 1:  # look before binding any: gRPC lets go of a bound port only once started
