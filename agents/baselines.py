@@ -93,13 +93,14 @@ class SGLang(Policy):
 
 @dataclass
 class SGLangCode(Policy):
-    """``sglang`` with SGLang's own retract (``EngineConfig.sglang_retract: sglang``), read against
-    its code: the request with the fewest outputs is retracted, requeued at the back, and the ratio
-    re-estimated from those still running (README, "How close vllm and sglang are")."""
+    """``sglang`` as SGLang's code has it (``EngineConfig.sglang_rule: code``): the request being
+    admitted charged its clipped future in full; a retract takes the request with the fewest
+    outputs, requeues it at the back and re-estimates the ratio from those still running; the ratio
+    reset when the engine falls idle (README, "How close vllm and sglang are")."""
 
     name: str = "sglang_code"
     engine_overrides: dict = field(default_factory=lambda: {"admission": "sglang", "oom_mode": "preempt",
-                                                            "sglang_retract": "sglang"})
+                                                            "sglang_rule": "code"})
 
     def act(self, obs: np.ndarray) -> int:
         return HOLD

@@ -224,11 +224,15 @@ class EngineConfig:
     sglang_min_new_token_ratio_factor: float = 0.14  # SGLANG_MIN_NEW_TOKEN_RATIO_FACTOR (of the initial ratio)
     sglang_new_token_ratio_decay_steps: int = 600    # SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS
     sglang_clip_max_new_tokens: int = 4096           # SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION
-    # what a retract does: "reset" (issue 9's rule: the newest request, requeued at the front, the
-    # ratio back to its initial value) or "sglang" (SGLang's retract_decode: the request with the
-    # fewest output tokens, then the longest prompt, requeued at the back, and the ratio
-    # re-estimated from those still running as min(1, (generated + steps x running) / (max_tokens + 1)))
-    sglang_retract: str = "reset"
+    # which SGLang: "spec" (issue 9's rule: every request, new or running, charged the ratio of
+    # what it may still generate; a retract takes the newest, requeued at the front, and puts the
+    # ratio back to its initial value) or "code" (SGLang's PrefillAdder and retract_decode: the
+    # request being admitted, and those admitted before it in the same iteration, charged their
+    # clipped future in full; a retract takes the fewest output tokens, then the longest prompt,
+    # requeued at the back, with the ratio re-estimated from those still running as
+    # min(1, (generated + steps x running) / (max_tokens + 1)); the ratio back to its initial
+    # value whenever the engine falls idle)
+    sglang_rule: str = "spec"
     sglang_retract_decode_steps: int = 20            # SGLANG_RETRACT_DECODE_STEPS
 
     def __post_init__(self) -> None:
@@ -261,8 +265,8 @@ class EngineConfig:
             raise ValueError("sglang_init_new_token_ratio and sglang_min_new_token_ratio_factor must be in (0, 1]")
         if self.sglang_new_token_ratio_decay_steps <= 0 or self.sglang_clip_max_new_tokens <= 0:
             raise ValueError("sglang_new_token_ratio_decay_steps and sglang_clip_max_new_tokens must be > 0")
-        if self.sglang_retract not in ("reset", "sglang"):
-            raise ValueError(f"sglang_retract must be 'reset' or 'sglang', got {self.sglang_retract!r}")
+        if self.sglang_rule not in ("spec", "code"):
+            raise ValueError(f"sglang_rule must be 'spec' or 'code', got {self.sglang_rule!r}")
         if self.sglang_retract_decode_steps < 0:
             raise ValueError(f"sglang_retract_decode_steps must be >= 0, got {self.sglang_retract_decode_steps}")
 

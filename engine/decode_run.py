@@ -56,13 +56,13 @@ def _sglang_held(engine, k: int) -> int:
     decayed j - 1 more times (the same sums, in the same arithmetic, as the scheduler's)."""
     s = engine.scheduler
     ratio, head = s.ratio, s.waiting[0]
-    held, _ = s.sglang_books()
+    held, _, _ = s.sglang_books()
     nd = len(s.running)
     remaining = np.array([q.request.max_tokens - q.num_generated for q in s.running], dtype=np.int64)
     value = ratio.value
     for j in range(k):
         future = int(np.minimum(remaining - j, ratio.clip).sum())
-        if not s.sglang_over_at(held + nd * j + len(head), future + ratio.future(head), value):
+        if not s.sglang_over_at(s.sglang_with((held + nd * j, future, 0), head), value):
             return j
         value = max(value - ratio.step, ratio.min)
     return k

@@ -82,7 +82,8 @@ class Engine:
         self.kv = KVCache(self.pool, cfg.host_bytes)
         self.sessions = Sessions(self.kv, self.counters, self.max_model_len)
         ratio = NewTokenRatio(cfg.sglang_init_new_token_ratio, cfg.sglang_min_new_token_ratio_factor,
-                              cfg.sglang_new_token_ratio_decay_steps, cfg.sglang_clip_max_new_tokens)
+                              cfg.sglang_new_token_ratio_decay_steps, cfg.sglang_clip_max_new_tokens,
+                              full_new=cfg.sglang_rule == "code")
         self.scheduler = Scheduler(self.kv, self.sessions, cfg.max_num_seqs, cfg.max_num_batched_tokens,
                                    ratio if cfg.admission == "sglang" else None)
         self.executor.bind(self.model, self.pool)
@@ -235,11 +236,11 @@ class Engine:
         return box[0]
 
     def _retract(self) -> bool:
-        """SGLang's answer to a decode that finds no free block (``EngineConfig.sglang_retract``):
+        """SGLang's answer to a decode that finds no free block (``EngineConfig.sglang_rule``):
         issue 9's rule (the ratio back to its start, the newest recomputed) or SGLang's code's (the
         fewest outputs recomputed, the ratio re-estimated from those still running)."""
         ratio = self.scheduler.ratio
-        if self.config.sglang_retract == "reset":
+        if self.config.sglang_rule == "spec":
             ratio.reset()
             return self._preempt_newest()
         if not self._count_preemption(self.scheduler.retract_fewest_outputs()):
@@ -329,6 +330,8 @@ class Engine:
         if not s.busy():
             if s.next_arrival() is None:
                 return False
+            if s.ratio is not None and self.config.sglang_rule == "code":
+                s.ratio.reset()  # SGLang's scheduler, idle, puts its ratio back
             self.clock = max(self.clock, s.next_arrival())
             s.arrive(self.clock)
         self._abandon()

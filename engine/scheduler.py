@@ -52,12 +52,14 @@ def batch_tokens(work: list[Work]) -> BatchShape:
 class NewTokenRatio:
     """SGLang's adaptive reservation. A request is admitted while the tokens held by the running
     requests and the new one, plus ``value`` x the tokens they may still generate (each clipped at
-    ``clip``), fit the KV capacity. ``value`` starts at ``init``, falls linearly to ``init x
-    min_factor`` over ``decay_steps`` decode iterations, and goes back to ``init`` whenever a
-    decode iteration finds no free block and retracts requests."""
+    ``clip``), fit the KV capacity; with ``full_new`` (SGLang's code) the new request, and those
+    admitted before it in the same iteration, are charged their clipped future in full instead.
+    ``value`` starts at ``init``, falls linearly to ``init x min_factor`` over ``decay_steps``
+    decode iterations, and goes back to ``init`` whenever a decode iteration finds no free block
+    and retracts requests."""
 
-    def __init__(self, init: float, min_factor: float, decay_steps: int, clip: int) -> None:
-        self.init, self.clip = init, clip
+    def __init__(self, init: float, min_factor: float, decay_steps: int, clip: int, full_new: bool = False) -> None:
+        self.init, self.clip, self.full_new = init, clip, full_new
         self.min = init * min_factor
         self.step = (init - self.min) / decay_steps
         self.value = init
@@ -261,7 +263,7 @@ class Scheduler:
             return work  # nothing new is admitted while admitted work waits on the host (or nothing waits)
         limit = overcommit * self.kv.num_blocks
         reserved = self.reserved_blocks()
-        held, future = self.sglang_books() if self.ratio is not None else (0, 0)
+        books = self.sglang_books() if self.ratio is not None else None
         available = None  # free and reclaimable blocks, counted when a request first meets the headroom
         for seq in list(self.waiting):
             if len(self.running) >= self.max_num_seqs or budget <= 0:
@@ -272,7 +274,7 @@ class Scheduler:
             if self.running or self.swapped:
                 if self.ratio is None and reserved + seq.peak_blocks > limit:
                     break
-                if self.ratio is not None and self.sglang_over(held + len(seq), future + self.ratio.future(seq)):
+                if self.ratio is not None and self.sglang_over_at(self.sglang_with(books, seq), self.ratio.value):
                     break
                 if headroom:
                     if available is None:
@@ -289,23 +291,30 @@ class Scheduler:
             if available is not None:
                 available -= seq.blocks_for(len(seq))
             if self.ratio is not None:
-                held, future = held + len(seq), future + self.ratio.future(seq)
+                books = self.sglang_with(books, seq)
             n = min(seq.num_uncomputed, budget)
             work.append(Work(seq, n))
             budget -= n
         return work
 
-    def sglang_books(self) -> tuple[int, int]:
-        """(tokens the running sequences hold, tokens they may still generate, clipped): the two
-        sums of SGLang's admission rule."""
-        return sum(len(q) for q in self.running), sum(self.ratio.future(q) for q in self.running)
+    def sglang_books(self) -> tuple[int, int, int]:
+        """SGLang's admission books over the running sequences: the tokens they hold, the tokens
+        they may still generate (clipped), both weighed by the ratio, and the tokens charged in
+        full (none yet: only a request admitted in this iteration is, under SGLang's code)."""
+        return sum(len(q) for q in self.running), sum(self.ratio.future(q) for q in self.running), 0
 
-    def sglang_over(self, held: int, future: int) -> bool:
-        """Whether ``held`` tokens plus the ratio of ``future`` ones exceed the KV capacity."""
-        return self.sglang_over_at(held, future, self.ratio.value)
+    def sglang_with(self, books: tuple[int, int, int], seq: Sequence) -> tuple[int, int, int]:
+        """The books with ``seq`` admitted: its future at the ratio (issue 9's rule) or, with its
+        prompt, in full (SGLang's code, ``NewTokenRatio.full_new``)."""
+        held, future, full = books
+        if self.ratio.full_new:
+            return held, future, full + len(seq) + self.ratio.future(seq)
+        return held + len(seq), future + self.ratio.future(seq), full
 
-    def sglang_over_at(self, held: int, future: int, ratio: float) -> bool:
-        return held + ratio * future > self.kv.num_blocks * self.kv.pool.block_size
+    def sglang_over_at(self, books: tuple[int, int, int], ratio: float) -> bool:
+        """Whether ``books`` at ``ratio`` exceed the KV capacity."""
+        held, future, full = books
+        return held + ratio * future + full > self.kv.num_blocks * self.kv.pool.block_size
 
     # ---- leaving the running queue ---------------------------------------------------------------
     def requeue(self, seq: Sequence, front: bool = True) -> None:

@@ -64,7 +64,8 @@ COST = CostModel(fixed_s=2e-3, per_token_s=3e-5, per_context_token_s=4e-8, per_a
 
 @settings(max_examples=60, deadline=None)
 @given(st.integers(0, 2**31), st.sampled_from(["crash", "preempt"]), st.sampled_from([1.0, 1.5, 2.5]),
-       st.integers(8, 96), st.floats(0.0, 0.9), st.sampled_from(["overcommit", "sglang"]), st.sampled_from([0.0, 0.15]),
+       st.integers(8, 96), st.floats(0.0, 0.9), st.sampled_from(["overcommit", "sglang", "sglang:code"]),
+       st.sampled_from([0.0, 0.15]),
        st.sampled_from([None, 0.4, 1.5]))
 def test_random_engines_keep_the_same_books(seed, mode, factor, num_blocks, tenant_share, admission, headroom, timeout):
     rng = np.random.default_rng(seed)
@@ -77,7 +78,8 @@ def test_random_engines_keep_the_same_books(seed, mode, factor, num_blocks, tena
     def books(fast: bool):
         cfg = EngineConfig(num_blocks=num_blocks, segment_blocks=4, max_num_seqs=12, max_num_batched_tokens=256,
                            max_model_len=min(1024, num_blocks * 16), oom_mode=mode, restart_downtime_s=0.3,
-                           overcommit_max=3.0, overcommit=factor, admission=admission,
+                           overcommit_max=3.0, overcommit=factor, admission=admission.split(":")[0],
+                           sglang_rule="code" if admission == "sglang:code" else "spec",
                            sglang_new_token_ratio_decay_steps=40, client_timeout_s=timeout)
         eng = Engine(ModelConfig(), cfg, executor=ProfiledExecutor(COST), fast_forward=fast)
         eng.set_admit_headroom(headroom)

@@ -47,8 +47,44 @@ def test_admission_counts_the_ratio_of_what_may_still_be_generated():
     # admitted while held + 0.7 x remaining fits: 100 + 0.7 x 600 = 520 each, so one alone (the
     # head always), and a second would need 1,040 > 1,024
     assert len(eng.scheduler.running) == 1
-    held, future = eng.scheduler.sglang_books()
-    assert held == 101 and future == 599  # the prefill produced the first token
+    held, future, full = eng.scheduler.sglang_books()
+    assert (held, future, full) == (101, 599, 0)  # the prefill produced the first token
+
+
+def test_sglangs_code_charges_the_request_it_admits_in_full():
+    # 128 blocks x 16 = 2,048 tokens. Each request: 100 prompt tokens, max_tokens 600. At the ratio
+    # (issue 9's rule) each counts 100 + 0.7 x 600 = 520: three fit (1,560), four (2,080) do not.
+    # SGLang's code charges each one admitted in this iteration 100 + 600 in full: two (1,400)
+    # fit, three (2,100) do not.
+    counts = {}
+    for rule in ("spec", "code"):
+        eng = sglang_engine(num_blocks=128, sglang_rule=rule)
+        for i in range(5):
+            eng.submit(Request(f"r{i}", 0.0, 100, 600, 600))
+        eng.step()
+        counts[rule] = len(eng.scheduler.running)
+        if rule == "code":  # once running, they are weighed at the ratio: the next iteration admits more
+            held, future, full = eng.scheduler.sglang_books()
+            assert full == 0 and held + 0.7 * future + 700 <= 2048
+            eng.step()
+            assert len(eng.scheduler.running) == 3
+    assert counts == {"spec": 3, "code": 2}
+
+
+def test_sglangs_code_resets_the_ratio_when_idle_and_issue_9s_rule_does_not():
+    values = {}
+    for rule in ("spec", "code"):
+        eng = sglang_engine(sglang_rule=rule, sglang_new_token_ratio_decay_steps=50)
+        eng.submit(Request("a", 0.0, 8, 30, 30))
+        eng.submit(Request("b", 100.0, 8, 30, 30))
+        while not eng.completed:
+            eng.step()
+        decayed = eng.scheduler.ratio.value
+        eng.step()  # idle until b arrives, then b's prefill (which does not decode: no decay)
+        values[rule] = (decayed, eng.scheduler.ratio.value)
+    step = (0.7 - 0.098) / 50
+    assert values["spec"][0] == values["code"][0] == pytest.approx(0.7 - 29 * step)
+    assert values["spec"][1] == values["spec"][0] and values["code"][1] == 0.7
 
 
 def test_running_out_of_blocks_retracts_the_newest_and_resets_the_ratio():
@@ -65,7 +101,8 @@ def test_running_out_of_blocks_retracts_the_newest_and_resets_the_ratio():
 
 
 def test_sglangs_own_retract_takes_the_fewest_outputs_requeues_at_the_back_and_re_estimates_the_ratio():
-    eng = sglang_engine(num_blocks=16, sglang_new_token_ratio_decay_steps=5, sglang_retract="sglang")
+    eng = sglang_engine(num_blocks=16, sglang_new_token_ratio_decay_steps=5, sglang_rule="code",
+                        sglang_clip_max_new_tokens=16)  # a short clip: the full charge lets all three in
     for i in range(3):
         eng.submit(Request(f"r{i}", 0.0, 40 - 10 * i, 200, 200))  # r2 has the shortest prompt
     before = {}
@@ -86,11 +123,11 @@ def test_sglangs_own_retract_takes_the_fewest_outputs_requeues_at_the_back_and_r
     assert len(eng.completed) == 3
 
 
-def test_the_retract_rule_is_checked_and_sglang_code_names_sglangs_own():
+def test_the_rule_is_checked_and_sglang_code_names_sglangs_own():
     from agents.spec import make_policy
 
-    with pytest.raises(ValueError, match="sglang_retract must be 'reset' or 'sglang'"):
-        EngineConfig(sglang_retract="oldest")
+    with pytest.raises(ValueError, match="sglang_rule must be 'spec' or 'code'"):
+        EngineConfig(sglang_rule="sglang")
     assert make_policy("sglang_code").engine_overrides == {"admission": "sglang", "oom_mode": "preempt",
-                                                           "sglang_retract": "sglang"}
+                                                           "sglang_rule": "code"}
     assert make_policy("sglang").engine_overrides == {"admission": "sglang", "oom_mode": "preempt"}
