@@ -228,10 +228,11 @@ class EngineConfig:
     # what it may still generate; a retract takes the newest, requeued at the front, and puts the
     # ratio back to its initial value) or "code" (SGLang's PrefillAdder and retract_decode: the
     # request being admitted, and those admitted before it in the same iteration, charged their
-    # clipped future in full; a retract takes the fewest output tokens, then the longest prompt,
-    # requeued at the back, with the ratio re-estimated from those still running as
-    # min(1, (generated + steps x running) / (max_tokens + 1)); the ratio back to its initial
-    # value whenever the engine falls idle)
+    # clipped future in full, and a sum that reaches the capacity refused; a retract takes the
+    # fewest output tokens, then the longest prompt, requeued at the back, with the ratio
+    # re-estimated from those still running as min(1, (generated + steps x running) /
+    # (max_tokens + 1)) and not decayed in that iteration; the ratio back to its initial value
+    # whenever the engine falls idle)
     sglang_rule: str = "spec"
     sglang_retract_decode_steps: int = 20            # SGLANG_RETRACT_DECODE_STEPS
 

@@ -62,7 +62,7 @@ def _sglang_held(engine, k: int) -> int:
     value = ratio.value
     for j in range(k):
         future = int(np.minimum(remaining - j, ratio.clip).sum())
-        if not s.sglang_over_at(s.sglang_with((held + nd * j, future, 0), head), value):
+        if not s.sglang_over((held + nd * j, future, 0), head, value):
             return j
         value = max(value - ratio.step, ratio.min)
     return k

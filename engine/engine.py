@@ -235,6 +235,12 @@ class Engine:
         self.clock += self.executor.timed(schedule, "host")
         return box[0]
 
+    def _idle(self) -> None:
+        """An iteration with nothing to run: SGLang's scheduler puts its ratio back to its start
+        (``EngineConfig.sglang_rule: code``; issue 9's rule does not)."""
+        if self.scheduler.ratio is not None and self.config.sglang_rule == "code":
+            self.scheduler.ratio.reset()
+
     def _retract(self) -> bool:
         """SGLang's answer to a decode that finds no free block (``EngineConfig.sglang_rule``):
         issue 9's rule (the ratio back to its start, the newest recomputed) or SGLang's code's (the
@@ -326,12 +332,12 @@ class Engine:
             self.clock = max(self.clock, self.down_until)
             self.down_until = None
         s = self.scheduler
+        retracts = self.counters.preemptions
         s.arrive(self.clock)
         if not s.busy():
+            self._idle()
             if s.next_arrival() is None:
                 return False
-            if s.ratio is not None and self.config.sglang_rule == "code":
-                s.ratio.reset()  # SGLang's scheduler, idle, puts its ratio back
             self.clock = max(self.clock, s.next_arrival())
             s.arrive(self.clock)
         self._abandon()
@@ -340,6 +346,7 @@ class Engine:
             if work is None:
                 return True
             if not work:  # the device has no room for anything now (a co-tenant holds it): wait
+                self._idle()
                 self._wait()
                 return True
             try:
@@ -358,8 +365,9 @@ class Engine:
         self._apply(work, next_tokens)
         num_tokens = sum(w.num_tokens for w in work)
         decodes = sum(1 for w in work if w.num_tokens == 1 and w.produces_token)
-        if decodes and self.scheduler.ratio is not None:
-            self.scheduler.ratio.decay()
+        # SGLang's code sets the ratio in a decode batch that retracted and decays it in the others
+        if decodes and s.ratio is not None and (self.config.sglang_rule == "spec" or self.counters.preemptions == retracts):
+            s.ratio.decay()
         self.counters.iterations += 1
         self.counters.prefill_tokens += num_tokens - decodes
         self.iterations.append(self.clock, duration, decodes, num_tokens - decodes, self.kv.blocks.usage(),
@@ -407,6 +415,7 @@ class Engine:
                     break
                 nxt = s.next_arrival()
                 if not s.busy() and nxt is not None and nxt >= until:
+                    self._idle()
                     self.clock = until
                     break
             if self.fast_forward and max_iterations is None:

@@ -54,9 +54,10 @@ class NewTokenRatio:
     requests and the new one, plus ``value`` x the tokens they may still generate (each clipped at
     ``clip``), fit the KV capacity; with ``full_new`` (SGLang's code) the new request, and those
     admitted before it in the same iteration, are charged their clipped future in full instead.
-    ``value`` starts at ``init``, falls linearly to ``init x min_factor`` over ``decay_steps``
-    decode iterations, and goes back to ``init`` whenever a decode iteration finds no free block
-    and retracts requests."""
+    ``value`` starts at ``init`` and falls linearly to ``init x min_factor`` over ``decay_steps``
+    decode iterations. When a decode iteration finds no free block and retracts a request, it goes
+    back to ``init`` (issue 9's rule) or is re-estimated from the requests still running
+    (``estimate_after_retract``, SGLang's code, which also puts it back to ``init`` when idle)."""
 
     def __init__(self, init: float, min_factor: float, decay_steps: int, clip: int, full_new: bool = False) -> None:
         self.init, self.clip, self.full_new = init, clip, full_new
@@ -72,7 +73,12 @@ class NewTokenRatio:
 
     def estimate_after_retract(self, running: list[Sequence], steps: int) -> None:
         """SGLang's ratio after a retract, from the sequences still running: what they generated
-        plus ``steps`` more each, over what they declared (unclipped), at most 1."""
+        plus ``steps`` more each, over what they declared (unclipped), at most 1. With none left
+        running (SGLang never retracts its last request; rlctl's engine must, when a co-tenant
+        holds the memory it needs) there is nothing to estimate from, and the ratio starts again."""
+        if not running:
+            self.reset()
+            return
         generated = sum(s.num_generated for s in running) + steps * len(running)
         self.value = min(1.0, generated / (sum(s.request.max_tokens for s in running) + 1))
 
@@ -274,7 +280,7 @@ class Scheduler:
             if self.running or self.swapped:
                 if self.ratio is None and reserved + seq.peak_blocks > limit:
                     break
-                if self.ratio is not None and self.sglang_over_at(self.sglang_with(books, seq), self.ratio.value):
+                if self.ratio is not None and self.sglang_over(books, seq, self.ratio.value):
                     break
                 if headroom:
                     if available is None:
@@ -303,18 +309,25 @@ class Scheduler:
         full (none yet: only a request admitted in this iteration is, under SGLang's code)."""
         return sum(len(q) for q in self.running), sum(self.ratio.future(q) for q in self.running), 0
 
+    def sglang_over(self, books: tuple[int, int, int], seq: Sequence, ratio: float) -> bool:
+        """Whether admitting ``seq`` on top of ``books`` breaks SGLang's rule at ``ratio``. Issue 9's
+        rule weighs its future at the ratio and admits while the sum fits the KV capacity; SGLang's
+        code (``NewTokenRatio.full_new``, ``PrefillAdder.add_one_req``) charges its prompt and the
+        tokens it may still generate (clipped) in full, and refuses a sum that reaches the capacity."""
+        held, future, full = books
+        capacity = self.kv.num_blocks * self.kv.pool.block_size
+        if self.ratio.full_new:
+            return held + ratio * future + full + len(seq) + self.ratio.future(seq) >= capacity
+        return held + len(seq) + ratio * (future + self.ratio.future(seq)) + full > capacity
+
     def sglang_with(self, books: tuple[int, int, int], seq: Sequence) -> tuple[int, int, int]:
         """The books with ``seq`` admitted: its future at the ratio (issue 9's rule) or, with its
-        prompt, in full (SGLang's code, ``NewTokenRatio.full_new``)."""
+        prompt, in full (SGLang's code, which books its declared ``max_tokens``, clipped, for the
+        rest of the iteration; from the next one on it runs and is weighed at the ratio)."""
         held, future, full = books
         if self.ratio.full_new:
-            return held, future, full + len(seq) + self.ratio.future(seq)
+            return held, future, full + len(seq) + min(seq.request.max_tokens, self.ratio.clip)
         return held + len(seq), future + self.ratio.future(seq), full
-
-    def sglang_over_at(self, books: tuple[int, int, int], ratio: float) -> bool:
-        """Whether ``books`` at ``ratio`` exceed the KV capacity."""
-        held, future, full = books
-        return held + ratio * future + full > self.kv.num_blocks * self.kv.pool.block_size
 
     # ---- leaving the running queue ---------------------------------------------------------------
     def requeue(self, seq: Sequence, front: bool = True) -> None:

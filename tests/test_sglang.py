@@ -17,7 +17,7 @@ COST = CostModel(fixed_s=1e-3, per_token_s=1e-5, per_context_token_s=1e-7, copy_
 
 def sglang_engine(**kw) -> Engine:
     cfg = EngineConfig(num_blocks=kw.pop("num_blocks", 64), max_num_seqs=32, max_num_batched_tokens=512,
-                       max_model_len=1024, oom_mode="preempt", admission="sglang", **kw)
+                       max_model_len=kw.pop("max_model_len", 1024), oom_mode="preempt", admission="sglang", **kw)
     return Engine(ModelConfig(), cfg, executor=ProfiledExecutor(COST))
 
 
@@ -71,6 +71,35 @@ def test_sglangs_code_charges_the_request_it_admits_in_full():
     assert counts == {"spec": 3, "code": 2}
 
 
+def test_sglangs_code_refuses_a_request_that_reaches_the_capacity_and_books_its_declared_tokens():
+    # 128 blocks x 16 = 2,048 tokens. The head is admitted whatever the rule and booked 100 + 600;
+    # a second of 148 + 1,200 reaches 2,048 exactly: SGLang refuses it (``>=``), one token less fits.
+    for max_tokens, admitted in ((1200, 1), (1199, 2)):
+        eng = sglang_engine(num_blocks=128, max_model_len=2048, sglang_rule="code")
+        eng.submit(Request("a", 0.0, 100, 600, 600))
+        eng.submit(Request("b", 0.0, 148, max_tokens, max_tokens))
+        eng.step()
+        assert len(eng.scheduler.running) == admitted
+    # a request admitted in the iteration is booked its declared max_tokens (clipped), not what
+    # it has left, as SGLang's _select_prefill_admission books it; issue 9's rule books what is left
+    seq = eng.scheduler.running[0]
+    for _ in range(5):
+        eng.step()
+    assert seq.num_generated == 6
+    assert eng.scheduler.sglang_with((0, 0, 0), seq) == (0, 0, len(seq) + 600)
+    spec = sglang_engine(num_blocks=128, max_model_len=2048)
+    assert spec.scheduler.sglang_with((0, 0, 0), seq) == (len(seq), 594, 0)
+
+
+def test_a_retract_that_leaves_nothing_running_starts_the_ratio_again():
+    # SGLang never retracts its last request; rlctl's engine must when a co-tenant holds the
+    # memory it needs, and then there is nothing to re-estimate the ratio from
+    ratio = sglang_engine(sglang_rule="code").scheduler.ratio
+    ratio.value = 0.2
+    ratio.estimate_after_retract([], 20)
+    assert ratio.value == ratio.init
+
+
 def test_sglangs_code_resets_the_ratio_when_idle_and_issue_9s_rule_does_not():
     values = {}
     for rule in ("spec", "code"):
@@ -85,6 +114,13 @@ def test_sglangs_code_resets_the_ratio_when_idle_and_issue_9s_rule_does_not():
     step = (0.7 - 0.098) / 50
     assert values["spec"][0] == values["code"][0] == pytest.approx(0.7 - 29 * step)
     assert values["spec"][1] == values["spec"][0] and values["code"][1] == 0.7
+    # idle up to a time limit (``run(until=...)``), with nothing to step, is idle too
+    for rule, expected in (("spec", 0.7 - 29 * step), ("code", 0.7)):
+        eng = sglang_engine(sglang_rule=rule, sglang_new_token_ratio_decay_steps=50)
+        eng.submit(Request("a", 0.0, 8, 30, 30))
+        eng.submit(Request("b", 100.0, 8, 30, 30))
+        eng.run(until=50.0)
+        assert eng.completed and eng.clock == 50.0 and eng.scheduler.ratio.value == pytest.approx(expected)
 
 
 def test_running_out_of_blocks_retracts_the_newest_and_resets_the_ratio():
@@ -114,10 +150,12 @@ def test_sglangs_own_retract_takes_the_fewest_outputs_requeues_at_the_back_and_r
     assert victim.request.request_id == min(before, key=before.get)
     assert eng.scheduler.waiting[-1] is victim  # last in the queue
     running = eng.scheduler.running
-    ratio = eng.scheduler.ratio  # re-estimated while scheduling, then one decode's decay
+    ratio = eng.scheduler.ratio  # re-estimated while scheduling; SGLang's code does not decay it in that batch
     estimate = min(1.0, (sum(s.num_generated - 1 for s in running) + 20 * len(running))
                    / (sum(s.request.max_tokens for s in running) + 1))
-    assert ratio.value == pytest.approx(max(estimate - ratio.step, ratio.min))
+    assert ratio.value == pytest.approx(estimate)
+    assert eng.step() and eng.counters.preemptions == 1
+    assert ratio.value == pytest.approx(max(estimate - ratio.step, ratio.min))  # the next decode batch decays it
     while eng.step():
         pass
     assert len(eng.completed) == 3
