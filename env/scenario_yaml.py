@@ -180,7 +180,9 @@ def scenario_from_dict(data: dict, where: str = "scenario") -> Scenario:
 def load_scenario(path: str | Path) -> Scenario:
     """Read a scenario YAML file; a bundled name (``burst``) reads ``experiments/scenarios/burst.yaml``."""
     p = find(path, SCENARIOS, ".yaml")
-    data = read_yaml(p, f"scenario: {path}: no such file (bundled: {', '.join(bundled_scenarios())})")
+    if not p.exists():  # naming the bundled ones reads every file: only when the message is needed
+        raise ScenarioError(f"scenario: {path}: no such file (bundled: {', '.join(bundled_scenarios())})")
+    data = read_yaml(p, f"scenario: {path}: no such file")
     if isinstance(data, dict) and "tenants" in data:
         raise ScenarioError(f"{p}: a node scenario (several engines on one GPU): it runs in rlctl/SharedGPU-v0 "
                             "(env/shared_gpu_env.py)")
