@@ -112,12 +112,13 @@ def test_a_drawn_length_goes_past_what_was_generated_and_never_past_max_tokens()
 
 
 def test_the_lookahead_scores_on_drawn_lengths_and_leaves_the_engine_as_it_was():
-    sc = replace(load_scenario("long_outputs"), max_steps=40)
+    sc = replace(load_scenario("long_outputs"), max_steps=20)
     env = OvercommitEnv(sc)
     lookahead = make_policy("lookahead")
     assert lookahead.name == "lookahead" and lookahead.samples == 2
     run_episode(env, lookahead, seed=3)  # through its decisions: requests finished, some running
     engine = env.engine
+    assert engine.completed and engine.scheduler.running
     truth = {q.id: q.stop_at for q in engine.scheduler.unfinished() + [p[2] for p in engine.scheduler.pending]}
     before = summarize(engine)
     copies = lookahead.futures()
@@ -138,7 +139,7 @@ def test_the_lookahead_scores_on_drawn_lengths_and_leaves_the_engine_as_it_was()
 def test_lookahead_n_draws_n_futures_and_is_a_reference_not_a_trained_policy():
     from agents.spec import is_reference, is_trained
 
-    sc = replace(load_scenario("long_outputs"), max_steps=20)
+    sc = replace(load_scenario("long_outputs"), max_steps=6)
     env = OvercommitEnv(sc)
     eight = make_policy("lookahead:8")
     assert eight.name == "lookahead:8" and eight.samples == 8
