@@ -71,7 +71,7 @@ def eval_scenario(scenario: str | None, trace: str | None, time_scale: float | N
     from engine.roofline import deployment as find_deployment
     from env.scenario import TraceWorkload
     from env.scenario_yaml import load_scenario
-    from env.workload_builder import check_workload, load_trace
+    from env.workload_builder import check_workload, load_trace, trace_span
     from rlctl.load import trace_load
 
     if rate_scale is not None:
@@ -110,6 +110,13 @@ def eval_scenario(scenario: str | None, trace: str | None, time_scale: float | N
         if steps <= 0:
             raise ValueError(f"--steps must be > 0, got {steps}")
         sc = dataclasses.replace(sc, max_steps=steps)
+    if trace is not None:
+        scale, span = sc.workload.time_scale, trace_span(sc.workload)
+        if span < sc.episode_s * scale:  # the window runs past the trace's last arrival
+            say(f"note: {trace}'s arrivals span {span:g} s of trace time, the first {span / scale:.4g} s of each "
+                f"{sc.episode_s:g} s episode at time scale {scale:.4g}; after that none arrives and the engine "
+                "only drains" + (f", so the episode as a whole runs below {load:g}x" if load else "")
+                + f" (--steps {max(int(span / scale // sc.decision_interval_s), 1)} keeps the episode within it)")
     return sc
 
 

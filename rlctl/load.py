@@ -16,6 +16,7 @@ The line it prints states each of these, so a result names the load it was measu
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -35,6 +36,9 @@ class Load:
     batch: int
     sustainable_rps: float
     load: float
+    clipped: int = 0  # of the trace's ``requests`` prompts, those longer than the deployment's context
+    requests: int = 0
+    context: int = 0  # the deployment's max_model_len
 
     @property
     def time_scale(self) -> float:
@@ -44,13 +48,15 @@ class Load:
         return (f"load: {trace} asks {self.trace_rps:.3g} req/s of trace time (prompt {self.mean_prompt:.0f}, "
                 f"output {self.mean_output:.0f} tokens on average); {deployment} sustains {self.sustainable_rps:.3g} "
                 f"req/s ({self.batch} decoding together); time scale {self.time_scale:.4g} puts it at "
-                f"{self.load:g}x that")
+                f"{self.load:g}x that" + (f"; {self.clipped} of the trace's {self.requests} prompts are longer than "
+                                          f"{deployment}'s context ({self.context} tokens) and are cut to fit it, "
+                                          "where an engine would refuse them" if self.clipped else ""))
 
 
 def trace_load(trace: str, deployment: Deployment, max_tokens: str, load: float) -> Load:
     """The demand of ``trace`` and what ``deployment`` sustains of it (see the module docstring)."""
-    if not load > 0:
-        raise ValueError(f"--load must be > 0 (a multiple of what the deployment sustains), got {load}")
+    if not (load > 0 and math.isfinite(load)):
+        raise ValueError(f"--load must be a finite number > 0 (a multiple of what the deployment sustains), got {load}")
     t = load_trace(trace)
     cfg = deployment.engine_config()
     mml = max_model_len(deployment.model, cfg)
@@ -60,7 +66,10 @@ def trace_load(trace: str, deployment: Deployment, max_tokens: str, load: float)
                         for r, p in zip(t.records, prompts)], dtype=float)
     if t.has_arrivals:
         times = [r.arrival_s for r in t.records]
-        rps = (len(times) - 1) / max(max(times) - min(times), 1e-9)
+        if max(times) <= min(times):
+            raise ValueError(f"--load needs a trace whose arrivals span some time to read its rate from: {trace}'s "
+                             f"{len(times)} request(s) all arrive at {min(times):g} s; give --time-scale instead")
+        rps = (len(times) - 1) / (max(times) - min(times))
     else:
         rps = 1.0
     p, o = float(prompts.mean()), float(outputs.mean())
@@ -72,4 +81,5 @@ def trace_load(trace: str, deployment: Deployment, max_tokens: str, load: float)
     chunk = int(min(p, cfg.max_num_batched_tokens))
     prefill = cost.iteration_s(BatchShape(chunk, chunk, chunk * (chunk + 1) // 2)) * p / max(chunk, 1)
     sustainable = 1.0 / (prefill + o * decode / batch)
-    return Load(rps, p, o, batch, sustainable, load)
+    clipped = sum(1 for r in t.records if r.prompt_len > mml - 1)
+    return Load(rps, p, o, batch, sustainable, load, clipped, len(t.records), mml)

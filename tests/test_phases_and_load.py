@@ -53,7 +53,8 @@ def test_eval_puts_a_held_out_trace_at_a_load_and_says_how(capsys):
                  "--policy", "static:1.0", "--steps", "3"]) == 0
     out = capsys.readouterr().out
     assert "load: arxiv_summarization_lengths_llama2tok.csv asks" in out and "puts it at 1.2x that" in out
-    for bad, message in ((["--load", "0"], "--load must be > 0"), (["--load", "1", "--time-scale", "2"], "not both"),
+    for bad, message in ((["--load", "0"], "--load must be a finite number > 0"),
+                         (["--load", "inf"], "--load must be a finite number > 0"), (["--load", "1", "--time-scale", "2"], "not both"),
                          (["--load", "1", "--deployment", "gpu9000"], "unknown deployment 'gpu9000'")):
         assert main(["eval", "--trace", "azure2023_conv.csv", "--policy", "static:1.0", "--steps", "2", *bad]) == 2
         assert message in capsys.readouterr().err
@@ -98,3 +99,29 @@ def test_an_environment_that_starts_behind_has_its_backlog_waiting_and_without_o
         Backlog(share=0.0)
     with pytest.raises(ValueError, match="backlog kv"):
         Backlog(kv=(2.0, 1.0))
+
+
+def _azure(path, rows):
+    """An Azure-format trace: (seconds after the first arrival, prompt tokens, output tokens) per row."""
+    lines = ["TIMESTAMP,ContextTokens,GeneratedTokens"]
+    lines += [f"2023-11-16 18:{15 + int(t) // 60:02d}:{int(t) % 60:02d}.{round(t % 1 * 1e7):07d},{p},{o}" for t, p, o in rows]
+    path.write_text("\n".join(lines) + "\n")
+    return str(path)
+
+
+def test_a_trace_put_at_a_load_says_what_it_cannot_keep(tmp_path, capsys):
+    base = ["eval", "--policy", "static:1.0", "--episodes", "1", "--deployment", "llama3-8b-l40s", "--load", "1.2"]
+    # no rate to read: one request, or all at one time
+    for name, rows in (("one", [(0.0, 300, 40)]), ("same", [(1.5, 300, 40)] * 3)):
+        assert main([*base, "--trace", _azure(tmp_path / f"{name}.csv", rows), "--steps", "2"]) == 2
+        assert "--load needs a trace whose arrivals span some time" in capsys.readouterr().err
+    # twenty requests over ten seconds: the episode outlasts them, and the line says so and how to keep within
+    short = _azure(tmp_path / "short.csv", [(i * 0.5, 300, 40) for i in range(20)] + [(10.0, 200_000, 40)] * 2)
+    assert main([*base, "--trace", short, "--steps", "40"]) == 0
+    out = capsys.readouterr().out
+    assert "2 of the trace's 22 prompts are longer than llama3-8b-l40s's context" in out
+    assert "only drains, so the episode as a whole runs below 1.2x" in out
+    steps = int(out.split("(--steps ")[1].split(" ")[0])
+    assert 1 <= steps < 40
+    assert main([*base, "--trace", short, "--steps", str(steps)]) == 0
+    assert "only drains" not in capsys.readouterr().out

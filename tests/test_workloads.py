@@ -482,3 +482,11 @@ def test_bad_generator_arguments_are_named(change, name):
     )
     with pytest.raises(ValueError, match=name):
         generate_sessions(**{**arguments, **change})
+
+
+def test_a_whole_token_count_written_with_a_point_reads_as_in_json(tmp_path):
+    csv = read_trace(write(tmp_path, "pandas.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+                                                   "2023-11-16 18:00:00,1000.0,12.\n"))
+    jsonl = read_trace(write(tmp_path, "pandas.jsonl", mooncake_line(0, 1000.0, 12.0)))
+    assert [(r.prompt_len, r.output_len) for r in csv.records] == [(1000, 12)]
+    assert [(r.prompt_len, r.output_len) for r in jsonl.records] == [(1000, 12)]

@@ -157,11 +157,12 @@ def _fields(path: Path, number: int, fields: list[str], header: list[str]) -> li
 
 
 def _count(path: Path, number: int, name: str, value: object) -> int:
-    """A token count: a non-negative integer, as text (CSV) or a JSON number."""
+    """A token count: a non-negative integer, as text (CSV) or a JSON number; a whole number written
+    with a point (``1000.0``, as a data frame writes a column with a gap) too, in either."""
     if value == "":
         raise TraceError(path, f"missing field {name}: empty value", number)
-    if isinstance(value, str) and re.fullmatch(r"[+-]?[0-9]+", value):
-        value = int(value)
+    if isinstance(value, str) and (whole := re.fullmatch(r"([+-]?[0-9]+)(?:\.0*)?", value)):
+        value = int(whole.group(1))
     elif isinstance(value, float) and value.is_integer():
         value = int(value)
     if isinstance(value, bool) or not isinstance(value, int):
