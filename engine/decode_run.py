@@ -89,7 +89,8 @@ def decode_run(engine, until: float | None) -> int:
     s, kv, pool, dev = engine.scheduler, engine.kv, engine.pool, engine.device
     running = s.running
     if (engine.down_until is not None or not running or s.swapped or pool.materialize
-            or not hasattr(engine.executor.cost, "iterations_s")):
+            or not hasattr(engine.executor.cost, "iterations_s")
+            or (s.ratio is not None and s.ratio.set_by_retract)):  # its next decode does not decay: step it
         return 0
     nxt = s.next_arrival()
     if nxt is not None and nxt <= engine.clock:

@@ -332,7 +332,6 @@ class Engine:
             self.clock = max(self.clock, self.down_until)
             self.down_until = None
         s = self.scheduler
-        retracts = self.counters.preemptions
         s.arrive(self.clock)
         if not s.busy():
             self._idle()
@@ -365,9 +364,8 @@ class Engine:
         self._apply(work, next_tokens)
         num_tokens = sum(w.num_tokens for w in work)
         decodes = sum(1 for w in work if w.num_tokens == 1 and w.produces_token)
-        # SGLang's code sets the ratio in a decode batch that retracted and decays it in the others
-        if decodes and s.ratio is not None and (self.config.sglang_rule == "spec" or self.counters.preemptions == retracts):
-            s.ratio.decay()
+        if decodes and s.ratio is not None:
+            s.ratio.decode_batch()
         self.counters.iterations += 1
         self.counters.prefill_tokens += num_tokens - decodes
         self.iterations.append(self.clock, duration, decodes, num_tokens - decodes, self.kv.blocks.usage(),

@@ -64,6 +64,14 @@ class NewTokenRatio:
         self.min = init * min_factor
         self.step = (init - self.min) / decay_steps
         self.value = init
+        self.set_by_retract = False  # SGLang's code sets it in the decode batch that retracts, and decays it in the others
+
+    def decode_batch(self) -> None:
+        """One decode iteration: the ratio decays, unless a retract set it in this one."""
+        if self.set_by_retract:
+            self.set_by_retract = False
+        else:
+            self.decay()
 
     def decay(self) -> None:
         self.value = max(self.value - self.step, self.min)
@@ -76,6 +84,7 @@ class NewTokenRatio:
         plus ``steps`` more each, over what they declared (unclipped), at most 1. With none left
         running (SGLang never retracts its last request; rlctl's engine must, when a co-tenant
         holds the memory it needs) there is nothing to estimate from, and the ratio starts again."""
+        self.set_by_retract = True
         if not running:
             self.reset()
             return

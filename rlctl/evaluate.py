@@ -71,7 +71,7 @@ def eval_scenario(scenario: str | None, trace: str | None, time_scale: float | N
     from engine.roofline import deployment as find_deployment
     from env.scenario import TraceWorkload
     from env.scenario_yaml import load_scenario
-    from env.workload_builder import check_workload, load_trace, trace_span
+    from env.workload_builder import check_workload, load_trace
     from rlctl.load import trace_load
 
     if rate_scale is not None:
@@ -110,14 +110,28 @@ def eval_scenario(scenario: str | None, trace: str | None, time_scale: float | N
         if steps <= 0:
             raise ValueError(f"--steps must be > 0, got {steps}")
         sc = dataclasses.replace(sc, max_steps=steps)
-    if trace is not None:
-        scale, span = sc.workload.time_scale, trace_span(sc.workload)
-        if span < sc.episode_s * scale:  # the window runs past the trace's last arrival
-            say(f"note: {trace}'s arrivals span {span:g} s of trace time, the first {span / scale:.4g} s of each "
-                f"{sc.episode_s:g} s episode at time scale {scale:.4g}; after that none arrives and the engine "
-                "only drains" + (f", so the episode as a whole runs below {load:g}x" if load else "")
-                + f" (--steps {max(int(span / scale // sc.decision_interval_s), 1)} keeps the episode within it)")
+    if trace is not None and (note := trace_outlasted(sc, trace, load)):
+        say(note)
     return sc
+
+
+def trace_outlasted(sc, trace: str, load: float | None) -> str:
+    """A note where the episode runs past the trace's last arrival (none arrives after it, so the
+    load it was put at does not hold for the episode), with the ``--steps`` that keeps within it;
+    empty where it does not."""
+    from env.workload_builder import trace_span
+
+    scale, span = sc.workload.time_scale, trace_span(sc.workload)
+    if span >= sc.episode_s * scale:
+        return ""
+    steps = int(span / scale // sc.decision_interval_s)
+    while steps and dataclasses.replace(sc, max_steps=steps).episode_s * scale > span:
+        steps -= 1  # the same arithmetic as the check above, whatever the rounding
+    keep = (f"--steps {steps} keeps the episode within it" if steps else
+            f"they end within the first {sc.decision_interval_s:g} s step, so no episode stays within them")
+    return (f"note: {trace}'s arrivals span {span:g} s of trace time, the first {span / scale:.4g} s of each "
+            f"{sc.episode_s:g} s episode at time scale {scale:.4g}; after that none arrives and the engine only "
+            f"drains" + (f", so the episode as a whole runs below {load:g}x" if load else "") + f" ({keep})")
 
 
 def with_client_timeout(sc, timeout: float):

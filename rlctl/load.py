@@ -36,7 +36,7 @@ class Load:
     batch: int
     sustainable_rps: float
     load: float
-    clipped: int = 0  # of the trace's ``requests`` prompts, those longer than the deployment's context
+    clipped: int = 0  # of the trace's ``requests`` prompts, those that leave no room for an output in the context
     requests: int = 0
     context: int = 0  # the deployment's max_model_len
 
@@ -48,9 +48,9 @@ class Load:
         return (f"load: {trace} asks {self.trace_rps:.3g} req/s of trace time (prompt {self.mean_prompt:.0f}, "
                 f"output {self.mean_output:.0f} tokens on average); {deployment} sustains {self.sustainable_rps:.3g} "
                 f"req/s ({self.batch} decoding together); time scale {self.time_scale:.4g} puts it at "
-                f"{self.load:g}x that" + (f"; {self.clipped} of the trace's {self.requests} prompts are longer than "
-                                          f"{deployment}'s context ({self.context} tokens) and are cut to fit it, "
-                                          "where an engine would refuse them" if self.clipped else ""))
+                f"{self.load:g}x that" + (f"; {self.clipped} of the trace's {self.requests} prompts leave no room for "
+                                          f"an output in {deployment}'s context ({self.context} tokens) and are cut "
+                                          f"to {self.context - 1}, where an engine would refuse them" if self.clipped else ""))
 
 
 def trace_load(trace: str, deployment: Deployment, max_tokens: str, load: float) -> Load:

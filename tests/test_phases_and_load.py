@@ -119,9 +119,16 @@ def test_a_trace_put_at_a_load_says_what_it_cannot_keep(tmp_path, capsys):
     short = _azure(tmp_path / "short.csv", [(i * 0.5, 300, 40) for i in range(20)] + [(10.0, 200_000, 40)] * 2)
     assert main([*base, "--trace", short, "--steps", "40"]) == 0
     out = capsys.readouterr().out
-    assert "2 of the trace's 22 prompts are longer than llama3-8b-l40s's context" in out
+    assert "2 of the trace's 22 prompts leave no room for an output in llama3-8b-l40s's context" in out
     assert "only drains, so the episode as a whole runs below 1.2x" in out
     steps = int(out.split("(--steps ")[1].split(" ")[0])
     assert 1 <= steps < 40
     assert main([*base, "--trace", short, "--steps", str(steps)]) == 0
     assert "only drains" not in capsys.readouterr().out
+    assert main([*base, "--trace", short, "--steps", str(steps + 1)]) == 0  # the most that does
+    assert "only drains" in capsys.readouterr().out
+    # arrivals over in less than a step: no --steps keeps within them, and the note does not offer one
+    brief = _azure(tmp_path / "brief.csv", [(0.0, 300, 40), (0.5, 300, 40)])
+    assert main([*base, "--trace", brief, "--steps", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "within the first 2 s step, so no episode stays within them" in out and "(--steps" not in out
