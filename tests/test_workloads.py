@@ -490,3 +490,21 @@ def test_a_whole_token_count_written_with_a_point_reads_as_in_json(tmp_path):
     jsonl = read_trace(write(tmp_path, "pandas.jsonl", mooncake_line(0, 1000.0, 12.0)))
     assert [(r.prompt_len, r.output_len) for r in csv.records] == [(1000, 12)]
     assert [(r.prompt_len, r.output_len) for r in jsonl.records] == [(1000, 12)]
+
+
+def test_a_gzip_compressed_trace_reads_as_the_plain_one(tmp_path):
+    import gzip
+
+    text = "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:00:00,40,5\n2023-11-16 18:00:02,30,6\n"
+    plain = read_trace(write(tmp_path, "t.csv", text))
+    packed = tmp_path / "t.csv.gz"
+    packed.write_bytes(gzip.compress(text.encode()))
+    assert read_trace(packed).records == plain.records and read_trace(packed).format == "azure"
+    # told by its first bytes, not its name; request ids name the trace without the .gz
+    (tmp_path / "named-plain.csv").write_bytes(packed.read_bytes())
+    assert read_trace(tmp_path / "named-plain.csv").records == plain.records
+    assert [r.request_id for r in build_requests(read_trace(packed), ReplaySpec("fixed:100"))] == ["t-0", "t-1"]
+    cut = tmp_path / "cut.csv.gz"
+    cut.write_bytes(packed.read_bytes()[:-12])
+    with pytest.raises(TraceError, match=r"cut\.csv\.gz: a gzip file that does not decompress"):
+        read_trace(cut)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 import numpy as np
 
@@ -106,7 +107,7 @@ def build_requests(trace: Trace, spec: ReplaySpec) -> list[Request]:
     rows.sort(key=lambda i: (times[i], i))
     rows = rows[: spec.limit]
 
-    rule, stem, requests = spec.max_tokens_rule(), trace.path.stem, []
+    rule, stem, requests = spec.max_tokens_rule(), Path(trace.path.name.removesuffix(".gz")).stem, []
     for row in rows:
         record = trace.records[row]
         request = sized_request(

@@ -1,5 +1,5 @@
 """Readers for request traces: Azure LLM inference CSV, BurstGPT CSV, Mooncake JSONL and
-length-only CSV.
+length-only CSV, each plain or gzip-compressed (told by the file's first bytes, not its name).
 
 Any file of these formats reads, not just the bundled ones, so a reader checks every line and a
 bad one fails the whole read with the file and line in the message: a silently skipped row would
@@ -8,10 +8,12 @@ change the workload a result was measured on.
 from __future__ import annotations
 
 import csv
+import gzip
 import json
 import math
 import os
 import re
+import zlib
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -120,14 +122,20 @@ def read_trace(path: str | os.PathLike) -> Trace:
 def _read_lines(path: Path) -> list[str]:
     """The file's lines, line ends kept (the CSV reader needs them inside quoted fields)."""
     try:
-        with open(path, encoding="utf-8-sig", newline="") as f:  # -sig: a spreadsheet's byte-order mark
+        with open(path, "rb") as f:
+            packed = f.read(2) == b"\x1f\x8b"  # gzip's magic number
+        opener = gzip.open if packed else open
+        with opener(path, "rt", encoding="utf-8-sig", newline="") as f:  # -sig: a spreadsheet's byte-order mark
             return f.readlines()
     except FileNotFoundError:
         raise TraceError(path, "no such file") from None
     except IsADirectoryError:
         raise TraceError(path, "is a directory, not a trace file") from None
     except UnicodeDecodeError as e:
-        raise TraceError(path, f"not UTF-8 text ({e.reason} at byte {e.start})") from None
+        where = "once decompressed " if packed else ""
+        raise TraceError(path, f"not UTF-8 text {where}({e.reason} at byte {e.start})") from None
+    except (gzip.BadGzipFile, EOFError, zlib.error) as e:  # a damaged or cut-short archive
+        raise TraceError(path, f"a gzip file that does not decompress ({e or type(e).__name__})") from None
 
 
 def _csv_rows(path: Path, lines: list[str]) -> list[tuple[int, list[str]]]:
