@@ -327,7 +327,7 @@ class Scheduler:
         capacity = self.kv.num_blocks * self.kv.pool.block_size
         if self.ratio.full_new:
             return held + ratio * future + full + len(seq) + self.ratio.future(seq) >= capacity
-        return held + len(seq) + ratio * (future + self.ratio.future(seq)) + full > capacity
+        return held + len(seq) + ratio * (future + self.ratio.future(seq)) > capacity  # ``full`` stays 0 here
 
     def sglang_with(self, books: tuple[int, int, int], seq: Sequence) -> tuple[int, int, int]:
         """The books with ``seq`` admitted: its future at the ratio (issue 9's rule) or, with its

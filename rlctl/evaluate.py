@@ -125,8 +125,8 @@ def trace_outlasted(sc, trace: str, load: float | None) -> str:
     if span >= sc.episode_s * scale:
         return ""
     steps = int(span / scale // sc.decision_interval_s)
-    while steps and dataclasses.replace(sc, max_steps=steps).episode_s * scale > span:
-        steps -= 1  # the same arithmetic as the check above, whatever the rounding
+    while steps and sc.decision_interval_s * steps * scale > span:
+        steps -= 1  # the check's own arithmetic (``Scenario.episode_s``), whatever the rounding
     keep = (f"--steps {steps} keeps the episode within it" if steps else
             f"they end within the first {sc.decision_interval_s:g} s step, so no episode stays within them")
     return (f"note: {trace}'s arrivals span {span:g} s of trace time, the first {span / scale:.4g} s of each "
