@@ -113,6 +113,22 @@ def test_small_sidecar_bench_reports_latency_and_ratios_for_every_transport(poli
         SidecarBenchSizes(decisions=0)
 
 
+def test_sidecar_bench_refuses_a_node_policy_naming_what_it_measures(capsys):
+    """The benchmark times one engine's Decide: a node policy is refused before any server starts, and a
+    one-engine policy's own loading error (here, a missing file) is passed on as the sidecar words it."""
+    from rlctl.bench import SidecarBenchSizes
+    from rlctl.cli import main
+
+    node = REPO / "experiments/policies/node_reasoning_trio.rlpolicy"
+    with pytest.raises(ValueError, match="a node policy; rlctl bench sidecar measures one engine's decisions"):
+        run_bench("sidecar", SidecarBenchSizes(policy=str(node), snapshots=2, decisions=2, warmup=1))
+    assert main(["bench", "sidecar", "--policy", str(node)]) == 2
+    assert "a node policy" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="nope.rlpolicy") as missing:
+        run_bench("sidecar", SidecarBenchSizes(policy="nope.rlpolicy", snapshots=2, decisions=2, warmup=1))
+    assert "node" not in str(missing.value)
+
+
 def test_bench_json_is_a_path_or_dash_like_every_other_json_option(tmp_path, monkeypatch, capsys):
     import rlctl.bench
     from rlctl.cli import main

@@ -37,7 +37,7 @@ from rlctl.online.confine import Confinement
 from rlctl.online.live import open_channel, wait_serving
 from rlctl.online.messages import snapshot_message
 from rlctl.online.proto import controller_pb2_grpc as pb_grpc
-from rlctl.online.served import load_served_policy
+from rlctl.online.served import WrongScope, load_served_policy
 from rlctl.online.sidecar import TORCH_THREADS
 from rlctl.replay import build_engine, load_requests
 
@@ -179,8 +179,8 @@ def bench_sidecar(sizes: SidecarBenchSizes | None = None) -> dict:
         policy = sizes.policy or _bench_policy_file(Path(folder))
         try:
             served = load_served_policy(policy, Confinement(allow_baselines=True))
-        except ValueError as exc:
-            if "serve it with --node" in str(exc):  # the sidecar's words; the benchmark has no --node
+        except WrongScope as exc:
+            if exc.node_policy:  # the benchmark has no --node
                 raise ValueError(f"--policy {policy}: a node policy; rlctl bench sidecar measures one engine's "
                                  "decisions (Decide), so give it one engine's policy") from None
             raise

@@ -47,6 +47,14 @@ class NodeMismatch(ValueError):
     """A node's engines are not the ones its node policy was trained on."""
 
 
+class WrongScope(ValueError):
+    """A policy served for one engine that was trained for a node (``node_policy``), or the reverse."""
+
+    def __init__(self, message: str, node_policy: bool) -> None:
+        super().__init__(message)
+        self.node_policy = node_policy
+
+
 MAX_ENGINES = 1024  # engines a stateful policy keeps state for; the one asked least recently is forgotten past it
 
 
@@ -285,8 +293,9 @@ def _checked(spec: str, policy: Policy, node: bool = False, shield: Shield = Shi
                          "not a node's: serve it without --node")
     trained = (base.header.get("node") or {}).get("engines") if isinstance(base, ExportedPolicy) else None
     if isinstance(base, ExportedPolicy) and node != (trained is not None):
-        raise ValueError(f"policy {spec}: trained for a node of engines {trained}: serve it with --node" if trained else
-                         f"policy {spec}: trained for one engine, not for a node: serve it without --node")
+        raise WrongScope(f"policy {spec}: trained for a node of engines {trained}: serve it with --node" if trained else
+                         f"policy {spec}: trained for one engine, not for a node: serve it without --node",
+                         node_policy=trained is not None)
     if node:
         if policy.engine_overrides:
             raise ValueError(f"policy {spec}: it pins engine settings a running node cannot take from a sidecar "
