@@ -597,8 +597,7 @@ def cmd_sweep(a: argparse.Namespace) -> int:
     out = sweep(load_scenario(a.scenario), a.episodes, a.seed, oracle=not a.no_oracle, jobs=a.jobs)
     print(format_sweep(out))
     if a.json:
-        with open(a.json, "w") as f:
-            json.dump(out, f, indent=2, default=str)
+        _write_json(a, out)
     return 0
 
 
@@ -627,8 +626,7 @@ def cmd_results(a: argparse.Namespace) -> int:
         print()
         out.append(r)
     if a.json:
-        with open(a.json, "w") as f:
-            json.dump(out, f, indent=2, default=str)
+        _write_json(a, out)
     return 0
 
 
@@ -820,7 +818,7 @@ def parser() -> argparse.ArgumentParser:
     w.add_argument("--episodes", type=_count, default=3)
     w.add_argument("--seed", type=_seed, default=100, help="episode k uses seed + k (default: the training seeds 100..)")
     w.add_argument("--no-oracle", action="store_true", help="leave the (slow) oracle out")
-    w.add_argument("--json", default=None, help="write every figure and the verdict to this JSON file")
+    _json_option(w, "every figure and the verdict")
     _jobs_option(w)
     w.set_defaults(fn=cmd_sweep)
 
@@ -834,7 +832,7 @@ def parser() -> argparse.ArgumentParser:
     rs.add_argument("--client-timeout", type=float, default=None, metavar="SECONDS",
                     help="clients give up a request still without its first token this long after its arrival "
                          "(as rlctl eval --client-timeout; none: they wait for ever); the table counts them")
-    rs.add_argument("--json", default=None, help="write every figure to this JSON file")
+    _json_option(rs, "every figure")
     _jobs_option(rs)
     rs.set_defaults(fn=cmd_results)
 

@@ -116,6 +116,14 @@ def format_actuators(figures: dict) -> str:
     return "\n".join(lines)
 
 
+def _spread(values: list) -> dict:
+    """Mean and std over the runs that have the figure (None where a run has none: no request got a
+    first token, so it has no TTFT); ``runs`` counts them."""
+    have = [v for v in values if v is not None]
+    return {"mean": float(np.mean(have)) if have else None, "std": float(np.std(have)) if have else None,
+            "runs": len(have), "values": values}
+
+
 def compare(runs: list[tuple[str, object, dict]]) -> tuple[str, dict]:
     """One row per config: the held-out figures of its runs, mean +- std over seeds, and the
     baselines of the first run (the same held-out episodes for every run). A config's row and its
@@ -131,8 +139,7 @@ def compare(runs: list[tuple[str, object, dict]]) -> tuple[str, dict]:
         figures = {k: [out["results"]["dqn"][k] for _, out in mine] for k in keys}
         seeds = [cfg.seed for cfg, _ in mine]
         data[label] = {"config": path, "seeds": seeds, "runs": [out["run"] for _, out in mine],
-                       **{k: {"mean": float(np.mean(v)), "std": float(np.std(v)), "values": v}
-                          for k, v in figures.items()}}
+                       **{k: _spread(v) for k, v in figures.items()}}
         rows.append((label, f"{','.join(map(str, seeds))}", figures))
     first = runs[0][2]["results"]
     for name, r in first.items():
@@ -140,10 +147,11 @@ def compare(runs: list[tuple[str, object, dict]]) -> tuple[str, dict]:
             rows.append((name, "-", {k: [r[k]] for k in keys}))
             data[name] = {k: r[k] for k in keys}
 
-    def cell(values: list[float], pct: bool = False) -> str:
-        scale = 100 if pct else 1
-        m, sd = scale * float(np.mean(values)), scale * float(np.std(values))
-        return f"{m:.1f}" + (f" +- {sd:.1f}" if len(values) > 1 else "")
+    def cell(values: list, pct: bool = False) -> str:
+        spread, scale = _spread(values), 100 if pct else 1
+        if spread["mean"] is None:
+            return "-"  # no run has the figure (a TTFT where no request got its first token)
+        return f"{scale * spread['mean']:.1f}" + (f" +- {scale * spread['std']:.1f}" if spread["runs"] > 1 else "")
 
     header = ["policy", "seeds", "goodput tok/s", "tokens/s", "KV util %", "KV p99 %", "OOMs", "TTFT p99 s", "reward"]
     lines = [header]

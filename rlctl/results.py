@@ -79,9 +79,8 @@ def results(scenario: Scenario, policy_files: list[str], episodes: int, seed: in
     baseline = run_evals(entries + [(shielded, True)] + [(p, True) for p in trained], scenario, episodes, seed, jobs)
     dqn = [baseline.pop(p.name) for p in trained]
     rows = {"dqn": {k: [d[k] for d in dqn] for k in FIGURES}}
-    # each weight's actions an episode: what it did, beside what it got
-    actions = {f: {a: float(np.mean([e["actions"].get(a, 0) for e in d["episodes"]])) for a in ACTIONS}
-               for f, d in zip(policy_files, dqn)}
+    # each weight's actions an episode, in the order of ``policies`` (a file given twice is two weights)
+    actions = [{a: float(np.mean([e["actions"].get(a, 0) for e in d["episodes"]])) for a in ACTIONS} for d in dqn]
     for name, r in baseline.items():
         rows[name] = {k: [r[k]] for k in FIGURES}
     best = max(incumbents(scenario), key=lambda n: baseline[n]["goodput_tokens_per_s"])
@@ -134,14 +133,15 @@ def format_results(out: dict) -> str:
                      f"{_cell(r['ttft_p99_s'])} | {_cell(r['slo_attainment'], pct=True)} | {cell} |"
                      + (f" {_cell(r['requests_abandoned'], digits=0)} |" if extra else ""))
     over = ", ".join(f"{n} {x:.2f}x" for n, x in out["dqn_over"].items() if x is not None)
-    lines += ["", f"dqn's goodput over: {over}"]
+    lines += ["", f"dqn's goodput over: {over or '- (no incumbent has goodput)'}"]
     vs = out.get("dqn_over_best")
     if vs and vs["interval_95"]:
         lo, hi = vs["interval_95"]
         lines.append(f"dqn over the best incumbent ({out['best_incumbent']}): {vs['ratio']:.3f}x, 95 % interval "
                      f"{lo:.3f}x to {hi:.3f}x (paired bootstrap over its {vs['episodes']} episodes)")
-    for k, (f, acts) in enumerate(out.get("dqn_actions", {}).items()):
+    for k, (f, acts) in enumerate(zip(out.get("policies", []), out.get("dqn_actions", []))):
         by_weight = ", ".join(f"{v:.0f} {a}" for a, v in acts.items())
         goodput, slo = out["rows"]["dqn"]["goodput_tokens_per_s"][k], out["rows"]["dqn"]["slo_attainment"][k]
-        lines.append(f"dqn {k} ({f}): {goodput:.1f} tok/s, SLO {100 * slo:.1f} %; actions an episode: {by_weight}")
+        lines.append(f"dqn {k} ({f}): {goodput:.1f} tok/s, SLO {_cell([slo], pct=True)} %; "
+                     f"actions an episode: {by_weight}")
     return "\n".join(lines)

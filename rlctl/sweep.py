@@ -81,10 +81,13 @@ def format_sweep(out: dict) -> str:
                      f"{100 * r['kv_util_mean']:>7.1f}%")
     lines.append(f"best fixed factor: {v['best_static']}; best policy: {v['best_policy']}; best incumbent: "
                  f"{v['best_incumbent']}")
-    lines.append(f"memory-bound: {v['memory_bound']} (vllm keeps the KV {100 * v['vllm_kv_util']:.0f} % used; "
-                 f"static:1.0 gets {v['static1_share_of_best']:.2f}x the best goodput)")
+    share = v["static1_share_of_best"]
+    share = "no policy has goodput" if share is None else f"static:1.0 gets {share:.2f}x the best goodput"
+    lines.append(f"memory-bound: {v['memory_bound']} (vllm keeps the KV {100 * v['vllm_kv_util']:.0f} % used; {share})")
     if "oracle_over_incumbent" in v:
-        lines.append(f"oracle / best incumbent: {v['oracle_over_incumbent']:.2f}x")
+        over = v["oracle_over_incumbent"]
+        lines.append("oracle / best incumbent: " + ("- (the best incumbent has no goodput)" if over is None
+                                                    else f"{over:.2f}x"))
     for name, p in out.get("phases", {}).items():
         lines.append(f"phase {name} alone: best fixed factor {p['best_static']}")
     if "best_static_moves_between_phases" in v:

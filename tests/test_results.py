@@ -4,12 +4,15 @@ taken over both; a preempting engine adds the peers; the policy's ratio to the b
 with a paired interval over the episodes."""
 from __future__ import annotations
 
+import json
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from env.scenario_yaml import load_scenario
+from experiments import SCENARIOS
 from rlctl.results import SHIELDED, format_results, incumbents, paired_ratio_interval, results
 
 
@@ -27,7 +30,7 @@ def test_a_crashing_engines_incumbents_include_the_shielded_tuned_factor():
     table = format_results(out)
     assert tuned + SHIELDED in table
     # each weight's own figures and actions, from the same run: 40 decisions an episode
-    acts = out["dqn_actions"]["default"]
+    acts = out["dqn_actions"][0]
     assert set(acts) == {"hold", "scale_up", "back_off", "defrag", "evict"} and sum(acts.values()) == 40
     assert 0 <= rows["dqn"]["slo_attainment"][0] <= 1
     line = next(x for x in table.splitlines() if x.startswith("dqn 0 (default): "))
@@ -107,3 +110,23 @@ def test_with_clients_that_give_up_the_table_counts_the_requests_they_gave_up(tm
     assert "given up" not in format_results(dict(out, client_timeout_s=None))  # clients that wait: no column
     assert main(["results", "--policy", "default", "--scenario", "long_outputs", "--client-timeout", "0"]) == 2
     assert "--client-timeout must be a finite number of seconds > 0, got 0" in capsys.readouterr().err
+
+
+def test_an_episode_too_short_for_any_answer_prints_and_writes_its_figures(tmp_path, capsys, monkeypatch):
+    """Three decisions of long outputs: no request finishes, so SLO attainment and TTFT have no value.
+    The table prints them as '-' (it raised a TypeError after the work was done, and the JSON was lost);
+    the same file given twice is two weights, each with its line; --json - is standard output."""
+    from rlctl.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    short = tmp_path / "short.yaml"
+    short.write_text((SCENARIOS / "long_outputs.yaml").read_text().replace("max_steps: 150",
+                                                                                           "max_steps: 3"))
+    assert main(["results", "--policy", "default", "default", "--scenario", str(short), "--episodes", "1",
+                 "--no-oracle", "--json", "-"]) == 0
+    out, err = capsys.readouterr()
+    data = json.loads(out)
+    assert data[0]["rows"]["dqn"]["slo_attainment"] == [None, None] and len(data[0]["dqn_actions"]) == 2
+    assert "dqn 0 (default): 0.0 tok/s, SLO - %" in err and "dqn 1 (default): 0.0 tok/s, SLO - %" in err
+    assert "dqn's goodput over: - (no incumbent has goodput)" in err
+    assert not Path("-").exists()

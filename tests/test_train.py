@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -473,3 +474,26 @@ def test_the_backlog_experiment_is_the_default_with_half_its_episodes_starting_b
     assert load_train_config("default_backlog") == dataclasses.replace(
         load_train_config("default"), name="default_backlog", blind=("expected_ratio",),
         backlog=Backlog(share=0.5, kv=(0.5, 2.0)))
+
+
+def test_the_seeds_table_takes_a_figure_only_over_the_runs_that_have_it():
+    """A run whose held-out episodes gave no request its first token has no TTFT (None): the table and
+    comparison.json take the mean over the runs that have one (np.mean over a None raised a TypeError
+    after every run had trained, and comparison.json was lost), and '-' where none has."""
+    from types import SimpleNamespace
+
+    from rlctl.report import compare
+
+    def figures(goodput, ttft):
+        return {"goodput_tokens_per_s": goodput, "tokens_per_s": goodput, "kv_util_mean": 0.5, "kv_util_p99": 0.9,
+                "oom_events": 0.0, "ttft_p99_s": ttft, "episode_reward": 1.0}
+
+    runs = [("a.yaml", SimpleNamespace(seed=0), {"run": "runs/a", "results": {"dqn": figures(10.0, 2.0),
+                                                                              "vllm": figures(0.0, None)}}),
+            ("a.yaml", SimpleNamespace(seed=1), {"run": "runs/a_2", "results": {"dqn": figures(20.0, None),
+                                                                                "vllm": figures(0.0, None)}})]
+    text, data = compare(runs)
+    assert data["dqn a"]["ttft_p99_s"] == {"mean": 2.0, "std": 0.0, "runs": 1, "values": [2.0, None]}
+    assert data["dqn a"]["goodput_tokens_per_s"]["mean"] == 15.0
+    dqn, vllm = (next(line for line in text.splitlines() if line.startswith(k)) for k in ("dqn a", "vllm"))
+    assert re.split(r"\s{2,}", dqn)[-2] == "2.0" and re.split(r"\s{2,}", vllm)[-2] == "-"  # the TTFT column
