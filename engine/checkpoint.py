@@ -27,6 +27,7 @@ from engine.model import LlamaModel
 MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "mixtral", "qwen2_moe", "qwen3_moe")
 FUSED = {"self_attn.qkv_proj.weight": ("q_proj", "k_proj", "v_proj"), "mlp.gate_up_proj.weight": ("gate_proj", "up_proj")}
 MOE_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe")
+BITS = (2, 3, 4, 8)  # the quantised weights' bits a checkpoint may declare (AWQ's and GPTQ's ``bits``)
 # where a layer's experts are stored, and one expert's (gate, up, down) projections there: Mixtral's
 # names, or Qwen-MoE's
 EXPERT_LAYOUTS = {"block_sparse_moe": ("w1", "w3", "w2"), "mlp": ("gate_proj", "up_proj", "down_proj")}
@@ -60,6 +61,17 @@ def _rope(cfg: dict, path: Path) -> tuple[float, RopeScaling | None]:
         raise CheckpointError(f"{path}: {exc}") from exc
 
 
+def _int(cfg: dict, key: str, default: int | None = None) -> int:
+    """``cfg[key]`` as a whole number (``default`` where absent): 32.0 reads as 32, and 32.5, "32" or
+    true are refused naming the field, rather than cut to a whole number or read as one."""
+    value = cfg[key] if default is None else cfg.get(key, default)
+    if value is None and default is not None:
+        value = default
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not float(value).is_integer():
+        raise ValueError(f"{key} must be a whole number, got {value!r}")
+    return int(value)
+
+
 def read_config(directory: str | Path) -> ModelConfig:
     path = Path(directory) / "config.json"
     if not Path(directory).is_dir():
@@ -70,17 +82,26 @@ def read_config(directory: str | Path) -> ModelConfig:
         cfg = json.loads(path.read_text())
     except json.JSONDecodeError as exc:
         raise CheckpointError(f"{path}: not valid JSON ({exc})") from exc
+    except (OSError, UnicodeDecodeError) as exc:
+        raise CheckpointError(f"{path}: cannot be read ({exc})") from exc
+    if not isinstance(cfg, dict):
+        raise CheckpointError(f"{path}: must hold a JSON object (a model's configuration), got {type(cfg).__name__}")
     if cfg.get("model_type") not in MODEL_TYPES:
         raise CheckpointError(f"{path}: model_type {cfg.get('model_type')!r} is not one of {', '.join(MODEL_TYPES)}")
     theta, scaling = _rope(cfg, path)
     try:
-        heads = int(cfg["num_attention_heads"])
-        head_dim = int(cfg.get("head_dim") or int(cfg["hidden_size"]) // heads)
+        heads, hidden = _int(cfg, "num_attention_heads"), _int(cfg, "hidden_size")
+        if heads <= 0:
+            raise ValueError(f"num_attention_heads must be > 0, got {heads}")
+        head_dim = hidden // heads if cfg.get("head_dim") is None else _int(cfg, "head_dim")
+        if head_dim <= 0:
+            raise ValueError(f"head_dim must be > 0, got {head_dim}")
         mc = ModelConfig(
-            vocab_size=int(cfg["vocab_size"]), hidden_size=int(cfg["hidden_size"]),
-            intermediate_size=int(cfg["intermediate_size"]), num_layers=int(cfg["num_hidden_layers"]),
-            num_heads=heads, num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
-            max_position=int(cfg.get("max_position_embeddings", 2048)), rope_theta=theta,
+            vocab_size=_int(cfg, "vocab_size"), hidden_size=hidden,
+            intermediate_size=_int(cfg, "intermediate_size"), num_layers=_int(cfg, "num_hidden_layers"),
+            num_heads=heads, num_kv_heads=heads if cfg.get("num_key_value_heads") is None
+            else _int(cfg, "num_key_value_heads"),
+            max_position=_int(cfg, "max_position_embeddings", 2048), rope_theta=theta,
             rope_scaling=scaling,
             rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
@@ -88,7 +109,7 @@ def read_config(directory: str | Path) -> ModelConfig:
                       or (cfg["model_type"] == "qwen2_moe" and bool(cfg.get("qkv_bias", True)))),
             o_bias=bool(cfg.get("attention_bias")),
             qk_norm=cfg["model_type"] in ("qwen3", "qwen3_moe"),
-            explicit_head_dim=None if head_dim * heads == int(cfg["hidden_size"]) else head_dim,
+            explicit_head_dim=None if head_dim * heads == hidden else head_dim,
             dtype=str(cfg.get("dtype") or cfg.get("torch_dtype") or "float32"))
     except KeyError as exc:
         raise CheckpointError(f"{path}: missing field {exc.args[0]!r}") from exc
@@ -96,7 +117,10 @@ def read_config(directory: str | Path) -> ModelConfig:
         raise CheckpointError(f"{path}: {exc}") from exc
     if cfg["model_type"] in MOE_TYPES:
         mc = _experts(cfg, mc, path)
-    window = cfg.get("sliding_window") if _slides(cfg, mc.num_layers) else None
+    try:
+        window = cfg.get("sliding_window") if _slides(cfg, mc.num_layers) else None
+    except (TypeError, ValueError) as exc:
+        raise CheckpointError(f"{path}: {exc}") from exc
     if window is not None and (not isinstance(window, (int, float)) or window < mc.max_position):
         raise CheckpointError(f"{path}: sliding_window {window!r} is below max_position_embeddings {mc.max_position}: "
                               "sliding-window attention is not supported")
@@ -114,21 +138,21 @@ def _experts(cfg: dict, mc: ModelConfig, path: Path) -> ModelConfig:
     """``mc`` with the mixture of experts ``cfg`` describes (Mixtral's or Qwen-MoE's fields)."""
     mixtral = cfg["model_type"] == "mixtral"
     try:
-        experts = int(cfg.get("num_local_experts") or cfg.get("num_experts") or 0)
+        experts = _int(cfg, "num_local_experts" if cfg.get("num_local_experts") else "num_experts", 0)
         if experts <= 0:
             raise CheckpointError(f"{path}: a {cfg['model_type']} checkpoint needs num_experts (or num_local_experts) > 0")
         dense = ()
         if not mixtral:  # Qwen-MoE: mlp_only_layers, and only every decoder_sparse_step-th layer sparse
-            step = int(cfg.get("decoder_sparse_step", 1))
+            step = _int(cfg, "decoder_sparse_step", 1)
             if step <= 0:
                 raise CheckpointError(f"{path}: decoder_sparse_step must be > 0, got {step}")
             only = {int(i) for i in cfg.get("mlp_only_layers") or []}
             dense = tuple(i for i in range(mc.num_layers) if i in only or (i + 1) % step)
-        return replace(mc, num_experts=experts, experts_per_token=int(cfg["num_experts_per_tok"]),
-                       moe_intermediate_size=int(cfg["intermediate_size"] if mixtral else cfg["moe_intermediate_size"]),
+        return replace(mc, num_experts=experts, experts_per_token=_int(cfg, "num_experts_per_tok"),
+                       moe_intermediate_size=_int(cfg, "intermediate_size" if mixtral else "moe_intermediate_size"),
                        norm_topk_prob=True if mixtral else bool(cfg.get("norm_topk_prob", False)),
                        moe_float32_weights=mixtral, dense_layers=dense,
-                       shared_expert_intermediate_size=int(cfg["shared_expert_intermediate_size"])
+                       shared_expert_intermediate_size=_int(cfg, "shared_expert_intermediate_size")
                        if cfg["model_type"] == "qwen2_moe" else 0)
     except CheckpointError:
         raise
@@ -191,9 +215,14 @@ def weight_bits(directory: str | Path) -> int | None:
     q = json.loads(path.read_text()).get("quantization_config")
     if not q:
         return None
+    if not isinstance(q, dict):
+        raise CheckpointError(f"{path}: quantization_config must be an object, got {q!r}")
     method = q.get("quant_method")
-    if isinstance(q.get("bits"), int):
-        return q["bits"]
+    if "bits" in q:
+        if isinstance(q["bits"], bool) or q["bits"] not in BITS:
+            raise CheckpointError(f"{path}: quantization_config.bits must be one of {', '.join(map(str, BITS))}, "
+                                  f"got {q['bits']!r}")
+        return int(q["bits"])
     if method == "fp8":
         return 8
     if method == "bitsandbytes" and (q.get("load_in_4bit") or q.get("load_in_8bit")):
@@ -206,9 +235,11 @@ def _slides(cfg: dict, num_layers: int) -> bool:
     set; Qwen2's and Qwen3's only with ``use_sliding_window``, and then from layer ``max_window_layers`` on;
     transformers 5 also writes each layer's kind in ``layer_types``."""
     if "layer_types" in cfg:
+        if not isinstance(cfg["layer_types"] or [], list):
+            raise ValueError(f"layer_types must be a list, got {cfg['layer_types']!r}")
         return any(kind != "full_attention" for kind in cfg["layer_types"] or [])
     if cfg["model_type"] in ("qwen2", "qwen3", "qwen2_moe", "qwen3_moe"):
-        return bool(cfg.get("use_sliding_window")) and int(cfg.get("max_window_layers", 0)) < num_layers
+        return bool(cfg.get("use_sliding_window")) and _int(cfg, "max_window_layers", 0) < num_layers
     return True
 
 

@@ -58,12 +58,34 @@ def test_quantised_weights_leave_the_kv_more_room(tmp_path):
      "cannot hold one 32768-token sequence"),  # a 72B-sized model on a 24 GB GPU
     ({**QWEN25_7B, "quantization_config": {"quant_method": "hqq"}}, "h100", "quant_method 'hqq' and no 'bits'"),
     ({**QWEN25_7B, "model_type": "gemma"}, "h100", "model_type 'gemma' is not one of"),
+    # a field's type or value the config.json holds wrongly is named, never cut to a whole number or
+    # taken for absent, and never a traceback (a review found each)
+    ({**QWEN25_7B, "quantization_config": "awq"}, "h100", "quantization_config must be an object, got 'awq'"),
+    ({**QWEN25_7B, "quantization_config": {"quant_method": "gptq", "bits": 5}}, "h100",
+     "config.json: quantization_config.bits must be one of 2, 3, 4, 8, got 5"),
+    ({**QWEN25_7B, "num_attention_heads": 28.5}, "h100", "config.json: num_attention_heads must be a whole number, got 28.5"),
+    ({**QWEN25_7B, "num_hidden_layers": "28"}, "h100", "num_hidden_layers must be a whole number, got '28'"),
+    ({**QWEN25_7B, "head_dim": 0}, "h100", "config.json: head_dim must be > 0, got 0"),
+    ({**QWEN25_7B, "use_sliding_window": True, "max_window_layers": "abc"}, "h100",
+     "config.json: max_window_layers must be a whole number, got 'abc'"),
+    ({**QWEN25_7B, "layer_types": "full_attention"}, "h100", "config.json: layer_types must be a list"),
 ])
 def test_a_checkpoint_deployment_that_cannot_be_served_is_refused_by_name(tmp_path, config, gpu, match):
     name = f"{checkpoint(tmp_path, 'ck', config)}@{gpu}"
     with pytest.raises(ValueError, match=match) as err:
         deployment(name)
     assert name in str(err.value)  # the deployment the message is about
+
+
+def test_a_config_json_that_is_not_an_object_is_refused_by_name(tmp_path):
+    directory = tmp_path / "list"
+    directory.mkdir()
+    (directory / "config.json").write_text("[1, 2, 3]")
+    with pytest.raises(ValueError, match="config.json: must hold a JSON object .*, got list"):
+        deployment(f"{directory}@h100")
+    (directory / "config.json").write_bytes(b"\xff\xfe\x00garbage")
+    with pytest.raises(ValueError, match="config.json: cannot be read"):
+        deployment(f"{directory}@l40s")
 
 
 def test_a_deployment_not_found_names_the_shipped_checkpoints():
