@@ -132,7 +132,7 @@ def test_a_tenant_made_to_grow_runs_the_device_out_and_no_request_is_lost(tmp_pa
 
 def test_the_node_protocol_is_checked_on_both_sides(tmp_path):
     node_address, one_address = f"unix://{tmp_path}/node.sock", f"unix://{tmp_path}/one.sock"
-    node_sidecar = Sidecar(node_address, "watermark", "--node", allow_baselines=True)
+    node_sidecar = Sidecar(node_address, "watermark", "--node", allow_baselines=True, metrics=True)
     one_sidecar = Sidecar(one_address, "watermark")
     env = SharedGPUEnv(chat_pair(tmp_path))
     env.reset(seed=0)
@@ -152,13 +152,26 @@ def test_the_node_protocol_is_checked_on_both_sides(tmp_path):
                                    "engines[0].snapshot.alloc_ratio"),
                                   (lambda m: setattr(m, "device_free_bytes", m.device_capacity_bytes + 1),
                                    "device_free_bytes"),
-                                  (lambda m: m.ClearField("engines"), "engines")):
+                                  (lambda m: m.ClearField("engines"), "engines"),
+                                  (lambda m: m.engines.extend([m.engines[0]] * 64), "engines")):
                 bad = pb.NodeSnapshot()
                 bad.CopyFrom(msg)
                 change(bad)
                 with pytest.raises(grpc.RpcError) as exc:
                     stub.DecideNode(bad, timeout=10)
                 assert exc.value.code() == grpc.StatusCode.INVALID_ARGUMENT and field in exc.value.details(), field
+            for k in range(3):  # engines named by the client: the metrics count by action and field, not by name
+                other = pb.NodeSnapshot()
+                other.CopyFrom(msg)
+                for i, es in enumerate(other.engines):
+                    es.snapshot.engine_id = f"engine-{k}-{i}"
+                stub.DecideNode(other, timeout=10)
+        labels = {dict(k[1]).get("action") for k, v in node_sidecar.metrics().items()
+                  if k[0] == "rlctl_sidecar_decisions_total" and v}
+        assert labels and all(a == "hold" or a.startswith("node:") for a in labels), labels
+        fields = {dict(k[1])["field"] for k, v in node_sidecar.metrics().items()
+                  if k[0] == "rlctl_sidecar_invalid_requests_total" and v}
+        assert {"engines[].mps_limit_bytes", "engines[].snapshot.alloc_ratio", "engines"} <= fields, fields
         with grpc.insecure_channel(one_address) as ch:  # a node's call to one engine's sidecar
             with pytest.raises(grpc.RpcError) as exc:
                 pb_grpc.ControllerStub(ch).DecideNode(msg, timeout=10)

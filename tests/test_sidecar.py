@@ -151,10 +151,15 @@ def test_a_decision_is_checked_before_the_engine_applies_it():
     assert "unknown action id 9" in check_decision(pb.Decision(seq=4, action=9, overcommit=1.2), 4)
     assert "expected 4" in check_decision(pb.Decision(seq=3, action=0, action_name="hold", overcommit=1.0), 4)
     assert "names it" in check_decision(pb.Decision(seq=4, action=0, action_name="evict", overcommit=1.0), 4)
-    assert "finite" in check_decision(pb.Decision(seq=4, action=0, action_name="hold", overcommit=float("nan")), 4)
-    for share in (1.0, -0.1, float("nan")):
+    assert "not a factor > 0" in check_decision(pb.Decision(seq=4, action=0, action_name="hold",
+                                                            overcommit=float("nan")), 4)
+    # inf is a factor (no reservation): a snapshot carries it, and a hold echoes it back
+    assert check_decision(pb.Decision(seq=4, action=0, action_name="hold", overcommit=float("inf")), 4) is None
+    # a headroom past the most the shield asks (0.5) would throttle admission: a wrong sidecar's, refused
+    for share in (0.51, 0.99, 1.0, -0.1, float("nan")):
         bad = pb.Decision(seq=4, action=0, action_name="hold", overcommit=1.0, admit_headroom=share)
         assert "admission headroom" in check_decision(bad, 4)
+    assert check_decision(pb.Decision(seq=4, action=0, action_name="hold", overcommit=1.0, admit_headroom=0.5), 4) is None
 
 
 def test_the_decision_carries_the_shields_admission_headroom_and_the_engine_takes_it(sidecars, tmp_path):
@@ -446,7 +451,10 @@ def make_pki(folder: Path) -> dict[str, Path]:
     return p
 
 
-def test_health_turns_not_serving_when_the_sidecar_shuts_down(sidecars, tmp_path):
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGHUP"])
+def test_health_turns_not_serving_when_the_sidecar_shuts_down(sidecars, tmp_path, sig):
+    """SIGTERM, and SIGHUP as a closed terminal sends it (it killed the sidecar without a graceful stop,
+    leaving its socket file behind)."""
     import signal
 
     s = sidecars(f"unix://{tmp_path}/s.sock", "watermark")
@@ -454,7 +462,7 @@ def test_health_turns_not_serving_when_the_sidecar_shuts_down(sidecars, tmp_path
     with open_channel(s.address) as ch:
         watch = health_pb2_grpc.HealthStub(ch).Watch(health_pb2.HealthCheckRequest(), timeout=30)
         seen.append(next(watch).status)
-        s.proc.send_signal(signal.SIGTERM)
+        s.proc.send_signal(getattr(signal, sig))
         try:
             for answer in watch:
                 seen.append(answer.status)
@@ -463,6 +471,7 @@ def test_health_turns_not_serving_when_the_sidecar_shuts_down(sidecars, tmp_path
     assert seen[:2] == [health_pb2.HealthCheckResponse.SERVING, health_pb2.HealthCheckResponse.NOT_SERVING]
     assert s.proc.wait(timeout=30) == 0
     assert "shutting down" in s.proc.stdout.read()
+    assert not (tmp_path / "s.sock").exists()
 
 
 # ---- faults ------------------------------------------------------------------------------------
@@ -562,6 +571,21 @@ def test_malformed_snapshots_get_invalid_argument_naming_the_field_and_are_count
     for field in cases:
         key = ("rlctl_sidecar_invalid_requests_total", (("field", field),))
         assert after[key] - before.get(key, 0) == 1
+
+
+def test_an_engine_id_longer_than_the_bound_is_refused_and_a_long_one_taken(watermark_sidecar):
+    """A stateful policy keeps state per engine id: a peer sending megabyte ids grew the sidecar by
+    4 MB an id. Past 128 bytes an id is INVALID_ARGUMENT naming the field; 128 bytes are taken."""
+    from rlctl.online.messages import MAX_ENGINE_ID
+
+    s = watermark_sidecar
+    with open_channel(s.address) as ch:
+        stub = s.stub(ch)
+        with pytest.raises(grpc.RpcError) as err:
+            stub.Decide(snapshot_message(a_snapshot(), 2048, "é" * MAX_ENGINE_ID), timeout=5)  # 256 bytes
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert err.value.details() == f"snapshot.engine_id must be at most {MAX_ENGINE_ID} bytes, got 256"
+        assert stub.Decide(snapshot_message(a_snapshot(), 2048, "e" * MAX_ENGINE_ID), timeout=5).action_name
 
 
 def test_serve_refuses_a_file_that_is_not_a_policy(tmp_path):

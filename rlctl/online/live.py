@@ -2,7 +2,8 @@
 
 Every ``decision_interval_s`` of engine time the engine's snapshot goes to the sidecar (``Decide``
 with a deadline), and the decision that comes back is checked (the snapshot's sequence number,
-a known action id and name, a finite factor > 0) and applied by ``engine.control.run_interval``,
+a known action id and name, a factor > 0, an admission headroom no larger than the shield asks)
+and applied by ``engine.control.run_interval``,
 the loop the environment runs too: the same action, the same effect, online and offline.
 
 A deadline miss, a lost connection, an RPC error, a decision that fails the check, or anything
@@ -59,6 +60,7 @@ from typing import Callable
 
 import grpc
 
+from agents.shield import MAX_HEADROOM
 from engine.engine import Engine
 from engine.metrics import summarize
 from engine.control import ACTIONS, HOLD, run_interval
@@ -129,10 +131,11 @@ def check_decision(d: pb.Decision, seq: int) -> str | None:
         return f"unknown action id {d.action} (known: 0..{len(ACTIONS) - 1}, {', '.join(ACTIONS)})"
     if d.action_name != ACTIONS[d.action]:
         return f"action {d.action} is {ACTIONS[d.action]!r}, the decision names it {d.action_name!r}"
-    if not (math.isfinite(d.overcommit) and d.overcommit > 0):
-        return f"overcommit factor {d.overcommit} is not a finite factor > 0"
-    if not 0 <= d.admit_headroom < 1:
-        return f"admission headroom {d.admit_headroom} is not a share in [0, 1)"
+    if not d.overcommit > 0:  # NaN fails too; inf (no reservation) is a factor, as a snapshot carries it
+        return f"overcommit factor {d.overcommit} is not a factor > 0 (inf: no reservation)"
+    if not 0 <= d.admit_headroom <= MAX_HEADROOM:
+        return (f"admission headroom {d.admit_headroom} is not a share in [0, {MAX_HEADROOM:g}] (the most the "
+                "safety shield asks: past it the KV would be kept half empty)")
     return None
 
 
@@ -248,7 +251,7 @@ class LiveController:
             return None
         if d.overcommit != snap.overcommit:  # a policy that pins its factor (check_decision: finite, > 0)
             self._quota.apply(d.overcommit)
-        if d.admit_headroom != engine.admit_headroom:  # the shield's (check_decision: in [0, 1))
+        if d.admit_headroom != engine.admit_headroom:  # the shield's (check_decision: in [0, MAX_HEADROOM])
             self._quota.apply_headroom(d.admit_headroom)
         self._tally(d, d.action_name)
         return d

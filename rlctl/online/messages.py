@@ -27,6 +27,9 @@ COUNTS = ("queue_len", "swapped", "running", "kv_blocks_used", "kv_blocks_total"
 HISTOGRAMS = ("queue_hist", "running_hist")                                       # BINS shares in [0, 1], sum 0 or 1
 OTHER = ("overcommit", "restarting", "preempt_mode")                              # > 0 (inf: no reservation); flags
 _FIELDS = tuple(f.name for f in dataclasses.fields(Snapshot))  # once: dataclasses.fields() costs microseconds a call
+# The longest engine id taken (UTF-8 bytes): a stateful policy keeps state per id, and a metric may count
+# by one, so a peer must not make the sidecar hold megabytes for each (a UUID and a host name fit)
+MAX_ENGINE_ID = 128
 
 
 class SnapshotError(ValueError):
@@ -47,6 +50,8 @@ def snapshot_from_message(m: pb.Snapshot) -> tuple[Snapshot, int]:
     """The ``Snapshot`` and ``max_model_len`` a message carries, checked; ``SnapshotError`` names the first bad field."""
     if m.max_model_len <= 0:
         raise SnapshotError("max_model_len", f"must be > 0 (the engine's context length), got {m.max_model_len}")
+    if len(m.engine_id.encode()) > MAX_ENGINE_ID:
+        raise SnapshotError("engine_id", f"must be at most {MAX_ENGINE_ID} bytes, got {len(m.engine_id.encode())}")
     v = {name: getattr(m, name) for name in _FIELDS}  # each field read from the message once
     for name in RATIOS:
         x = v[name]

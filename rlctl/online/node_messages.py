@@ -17,6 +17,9 @@ from engine.snapshot import Snapshot
 from rlctl.online.messages import SnapshotError, snapshot_from_message, snapshot_message
 from rlctl.online.proto import controller_pb2 as pb
 
+# engines on one GPU: MPS serves at most 48 clients a device (Volta and later), so no real node lists more
+MAX_NODE_ENGINES = 64
+
 
 @dataclass(frozen=True)
 class NodeState:
@@ -55,6 +58,8 @@ def node_state_from_message(m: pb.NodeSnapshot) -> NodeState:
                                                  f"got {m.device_free_bytes}")
     if not m.engines:
         raise SnapshotError("engines", "must list the node's engines, got none")
+    if len(m.engines) > MAX_NODE_ENGINES:
+        raise SnapshotError("engines", f"lists {len(m.engines)} engines; a node holds at most {MAX_NODE_ENGINES}")
     snapshots, limits, held, shares = {}, {}, {}, {}
     for i, es in enumerate(m.engines):
         where = f"engines[{i}]"

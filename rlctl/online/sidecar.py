@@ -34,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import math
+import re
 import signal
 import socket
 import threading
@@ -146,6 +147,9 @@ class ControllerService(pb_grpc.ControllerServicer):
     def __init__(self, served: ServedPolicy, metrics: SidecarMetrics, pool: ThreadPoolExecutor,
                  confinement: Confinement, fault: Fault | None = None, shield: Shield = Shield()) -> None:
         self._served, self.metrics, self.pool, self.fault = served, metrics, pool, fault or Fault()
+        # reloads load and check a file off the event loop one at a time, on a thread of their own: however
+        # many are asked at once, they queue there and never take a decision's thread
+        self.reloader = ThreadPoolExecutor(1, "reload")
         self.confinement, self.shield = confinement, shield  # a reloaded policy is served behind the same shield
         self._lock = threading.Lock()
         metrics.serving(served)
@@ -206,8 +210,8 @@ class ControllerService(pb_grpc.ControllerServicer):
                                 f"{self.current().spec}: ask it with Decide (a node policy is served with --node)")
         try:
             state = node_state_from_message(request)
-        except SnapshotError as exc:
-            self.metrics.invalid.labels(field=exc.field).inc()
+        except SnapshotError as exc:  # counted by the field, not by which engine: labels stay few
+            self.metrics.invalid.labels(field=re.sub(r"\[\d+\]", "[]", exc.field)).inc()
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         served = self.current()
         chosen, action = await self._act(served, state, context)
@@ -217,7 +221,9 @@ class ControllerService(pb_grpc.ControllerServicer):
         name = names[action] if 0 <= action < len(names) else f"unknown:{action}"
         engine, _, what = name.partition(":") if 0 < action < len(names) else ("", "", "")
         overridden = action != chosen and self.fault.action is None
-        self.metrics.decisions.labels(action=name).inc()
+        # counted by what it does (hold, an engine action, unknown), not by engine: the engines' names come
+        # from the client, and a label per name would grow the metrics without bound
+        self.metrics.decisions.labels(action=f"node:{what}" if what else name.partition(":")[0]).inc()
         if overridden:
             self.metrics.shield_overrides.inc()
         self.metrics.latency.observe(time.perf_counter() - t0)
@@ -258,8 +264,9 @@ class ControllerService(pb_grpc.ControllerServicer):
 
     async def ReloadPolicy(self, request, context):
         try:
-            new = await asyncio.get_running_loop().run_in_executor(self.pool, reload_served_policy, request.policy,
-                                                                   self.confinement, self.node, self.shield)
+            new = await asyncio.get_running_loop().run_in_executor(self.reloader, reload_served_policy,
+                                                                   request.policy, self.confinement, self.node,
+                                                                   self.shield)
         except Exception as exc:  # whatever the cause, the old policy keeps serving and the caller learns why
             self.metrics.reloads.labels(result="failed").inc()
             code = next((c for kind, c in _RELOAD_REFUSALS if isinstance(exc, kind)), grpc.StatusCode.INVALID_ARGUMENT)
@@ -442,8 +449,9 @@ async def _serve(served, listen, confinement, metrics_port, metrics_addr, tls, f
                                                                   shield)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # a closed terminal stops it as cleanly,
+        if signal.getsignal(sig) is not signal.SIG_IGN:  # but a SIGHUP ignored (under nohup) stays ignored
+            loop.add_signal_handler(sig, stop.set)
     say(f"serving {'node policy ' if service.node else ''}{served.spec} ({served.kind}, {served.policy_hash[:12]}) on {bound}"
         f"{' with mutual TLS' if tls and tls.client_ca else ' with TLS' if tls else ''}; health SERVING"
         + (f"; metrics on http://{url_host(metrics_addr)}:{http.server_port}/metrics" if http else "")
@@ -454,5 +462,6 @@ async def _serve(served, listen, confinement, metrics_port, metrics_addr, tls, f
     await health_servicer.enter_graceful_shutdown()
     await server.stop(grace=1.0)
     service.pool.shutdown(wait=False, cancel_futures=True)
+    service.reloader.shutdown(wait=False, cancel_futures=True)
     if http is not None:
         http.shutdown()
