@@ -712,11 +712,12 @@ def parser() -> argparse.ArgumentParser:
                     "interval while the replay runs,")
     c.add_argument("--mps-next-limit", nargs="?", const="0", default=None, metavar="DEVICE",
                    help="set the NVIDIA MPS control daemon's default pinned-memory limit on DEVICE (ordinal or UUID, "
-                        "default 0) to what this engine needs. The default is daemon-wide: every MPS client started "
-                        "on this host afterwards gets it, not only the next engine process; a running one keeps its "
-                        "limit. The previous default is restored when the replay ends, on an error or SIGTERM too; where "
-                        "no default is set, or it cannot be read, nothing is changed, as it could not be put back "
-                        "(with --controller)")
+                        "default 0) to what this engine needs. The default is daemon-wide: every MPS server started "
+                        "on this host afterwards takes it, not only the next engine's; a process joining its user's "
+                        "running server takes that server's limit instead, and a running one keeps its limit. The "
+                        "previous default is restored as the daemon shows it (in whole GiB from 1 GiB) when the replay "
+                        "ends, on an error, SIGTERM or SIGHUP too, not after a SIGKILL; where no default is set, or it "
+                        "cannot be read, nothing is changed, as it could not be put back (with --controller)")
     c.add_argument("--node", default=None, metavar="SCENARIO",
                    help="run a node scenario's engines (several on one GPU, its own workloads; --seed picks the draw) "
                         "steered live by the node sidecar at --controller (rlctl serve --node)")

@@ -111,7 +111,9 @@ def test_set_default_writes_one_command_then_reads_it_back(fake):
     assert report.applied
     assert report.value == {"requested": "2G", "requested_bytes": 2 * GiB, "read_back_bytes": 2 * GiB}
     assert "read back 2.00 GiB" in report.detail
-    assert "clients started from now on" in report.detail and "the next engine process" in report.detail
+    # what a default reaches (nvidia-cuda-mps-control(1)): the servers started next, not a running one's clients
+    assert "the MPS servers started from now on" in report.detail
+    assert "joins that server and takes the server's limit" in report.detail
     assert "a running engine keeps the limit it started with" in report.detail
 
 
@@ -128,6 +130,7 @@ def test_server_limits_name_the_server_and_the_device(fake):
     assert fake.stdin() == ["set_device_pinned_mem_limit 4242 1 900M\n", "get_device_pinned_mem_limit 4242 1\n"]
     assert report.applied and report.value["read_back_bytes"] == 900 * MiB
     assert "MPS server 4242 on device 1" in report.detail and "clients started from now on" in report.detail
+    assert "the next engine process of that server's user takes it" in report.detail
     got = mps.get_server(4242, 0)
     assert fake.stdin()[-1] == "get_device_pinned_mem_limit 4242 0\n"
     assert got.applied and got.value == 900 * MiB and "900M" in got.detail
@@ -230,7 +233,7 @@ def test_apply_for_an_engine_asks_for_its_weights_workspace_and_kv_plus_a_margin
     report = MPSLimit(str(fake.binary)).apply_for(engine, margin_bytes=512 * MiB)
     want = format_limit(engine_memory_bytes(engine) + 512 * MiB)
     assert fake.stdin() == ["get_default_device_pinned_mem_limit 0\n", f"set_default_device_pinned_mem_limit 0 {want}\n",
-                            "get_default_device_pinned_mem_limit 0\n"]
+                            "get_default_device_pinned_mem_limit 0\n", "get_server_list\n"]
     assert report.applied and "daemon-wide default pinned memory limit of device 0" in report.detail
 
 
@@ -241,12 +244,30 @@ def test_apply_reads_the_default_it_replaces_once_and_restore_puts_it_back(fake)
     (report,) = mps.restore()
     assert fake.stdin() == [
         "get_default_device_pinned_mem_limit 0\n",
-        "set_default_device_pinned_mem_limit 0 2G\n", "get_default_device_pinned_mem_limit 0\n",
-        "set_default_device_pinned_mem_limit 0 3G\n", "get_default_device_pinned_mem_limit 0\n",
+        "set_default_device_pinned_mem_limit 0 2G\n", "get_default_device_pinned_mem_limit 0\n", "get_server_list\n",
+        "set_default_device_pinned_mem_limit 0 3G\n", "get_default_device_pinned_mem_limit 0\n", "get_server_list\n",
         "set_default_device_pinned_mem_limit 0 4G\n", "get_default_device_pinned_mem_limit 0\n"]
-    assert report.applied and report.detail.startswith("restored: daemon-wide default") and "4.00 GiB" in report.detail
+    assert report.applied and report.detail.startswith("restored (as the daemon showed it before): daemon-wide "
+                                                       "default") and "4.00 GiB" in report.detail
     assert json.loads((fake.dir / "state.json").read_text())["defaults"]["0"] == 4096  # as it was
-    assert mps.restore() == [] and len(fake.calls()) == 7  # restored once, nothing left to do
+    assert mps.restore() == [] and len(fake.calls()) == 9  # restored once, nothing left to do
+
+
+def test_apply_names_the_servers_running_and_that_a_default_between_whole_gib_comes_back_rounded(tmp_path):
+    """A server running (4242) keeps its clients, a new engine process of its user among them, at its own
+    limit: the report says so. The daemon shows 1044 MiB as 1G, so restore can only put 1G back: said too."""
+    fake = Fake(tmp_path, defaults={"0": 1044})
+    mps = MPSLimit(str(fake.binary))
+    report = mps.apply(2 * GiB)
+    assert report.applied and "get_server_list\n" in fake.stdin()
+    assert "MPS servers running now: 4242, so an engine process of their users" in report.detail
+    assert "showed 1.00 GiB" in report.detail and "put back rounded down" in report.detail
+    (restored,) = mps.restore()
+    assert restored.applied and json.loads((tmp_path / "state.json").read_text())["defaults"]["0"] == 1024
+    (tmp_path / "none").mkdir()
+    quiet = Fake(tmp_path / "none", servers=[], defaults={"0": 4096 + 512})
+    report = MPSLimit(str(quiet.binary)).apply(2 * GiB)  # shown as 4G: the same caveat; no server: no notice
+    assert report.applied and "MPS servers running now" not in report.detail and "rounded down" in report.detail
 
 
 def test_a_default_that_could_not_be_put_back_is_never_changed(tmp_path):
@@ -294,10 +315,12 @@ def test_mps_next_limit_says_it_is_daemon_wide_and_restores_the_default_when_the
     assert fake_on_path.stdin() == [
         "get_default_device_pinned_mem_limit 0\n",                                     # what it replaces
         f"set_default_device_pinned_mem_limit 0 {need}\n", "get_default_device_pinned_mem_limit 0\n",
+        "get_server_list\n",                                                          # who would not take it
         "set_default_device_pinned_mem_limit 0 4G\n", "get_default_device_pinned_mem_limit 0\n"]  # restored
     assert json.loads((fake_on_path.dir / "state.json").read_text())["defaults"]["0"] == 4096
-    assert "daemon-wide: every MPS client started on this host from now on gets it" in out
-    assert "mps: restored: daemon-wide default pinned memory limit of device 0 set to 4G" in out
+    assert "daemon-wide: every MPS server started on this host from now on takes it" in out
+    assert ("mps: restored (as the daemon showed it before): daemon-wide default pinned memory limit of device 0 "
+            "set to 4G") in out
 
 
 def test_sigterm_mid_replay_still_puts_the_daemons_default_back(fake_on_path, sidecars, tmp_path):
@@ -326,7 +349,8 @@ def test_sigterm_mid_replay_still_puts_the_daemons_default_back(fake_on_path, si
     assert fake_on_path.stdin()[-2:] == ["set_default_device_pinned_mem_limit 0 4G\n",
                                          "get_default_device_pinned_mem_limit 0\n"]  # restored
     assert json.loads((fake_on_path.dir / "state.json").read_text())["defaults"]["0"] == 4096
-    assert "mps: restored: daemon-wide default pinned memory limit of device 0 set to 4G" in out
+    assert ("mps: restored (as the daemon showed it before): daemon-wide default pinned memory limit of device 0 "
+            "set to 4G") in out
 
 
 def test_the_first_signal_ends_the_replay_a_second_waits_for_the_clean_up_and_an_ignored_one_stays_ignored():

@@ -358,8 +358,10 @@ def steer(requests: list[Request], engine: Engine, address: str, decision_interv
     mps = MPSLimit() if mps_device is not None else None
     if mps is not None:
         say(f"mps: --mps-next-limit sets the MPS control daemon's default pinned-memory limit on device {mps_device}, "
-            "daemon-wide: every MPS client started on this host from now on gets it, not only the next engine; "
-            "the default it replaces is restored when the replay ends; where none is set, none is set now")
+            "daemon-wide: every MPS server started on this host from now on takes it, not only the next "
+            "engine's (a process joining its user's running server takes that server's limit instead); the default "
+            "it replaces is restored as the daemon shows it when the replay ends (not after a SIGKILL); where none "
+            "is set, none is set now")
     controller = LiveController(address, deadline_s, safe_factor, tls=tls, metrics=metrics, mps=mps,
                                 mps_device=mps_device or 0)
     restored: list = []

@@ -19,9 +19,13 @@ the MPS servers started next, a server's limit the clients that server starts ne
 ``MPSLimit`` keeps the limit that the next engine process should start with in step with the
 policy; it never resizes a running engine, and every report says so.
 
-The default is daemon-wide: every MPS client started on the host afterwards gets it, not only the
-next engine. ``apply`` reads the default it replaces, and ``restore`` puts it back (``rlctl
-replay --mps-next-limit`` does when the replay ends, on an error or a SIGTERM too). Where no
+The default is daemon-wide: every MPS server started on the host afterwards takes it, not only
+the next engine's; and an engine process whose user's server already runs joins that server and
+takes the server's limit, not the default (each report names the servers running). ``apply`` reads
+the default it replaces, and ``restore`` puts it back as the daemon showed it (``rlctl replay
+--mps-next-limit`` does when the replay ends, on an error, a SIGTERM or a SIGHUP too; a SIGKILL or a
+lost host leaves the new default in place). The daemon shows a default of 1 GiB or more in whole
+GiB, so one set between whole GiB comes back rounded down, and the report says so. Where no
 default is set (no command clears one again) or it cannot be read, ``apply`` changes nothing. A client can also carry a
 limit of its own, in its environment (``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=2G``), which touches no
 one else: the GPU check (tests/gpu/checks.py) tests MPS that way.
@@ -37,8 +41,13 @@ from rlctl.online.actuators import ActuatorReport, engine_memory_bytes
 
 DEFAULT_BINARY = "nvidia-cuda-mps-control"
 NOT_AVAILABLE = "MPS is not available"
-NEXT_CLIENTS = ("MPS applies it only to clients started from now on: the next engine process starts "
-                "with it, a running engine keeps the limit it started with")
+# what a limit reaches, by where it is set (nvidia-cuda-mps-control(1)): a process of a user whose MPS
+# server runs joins that server, so the default reaches it only through a server started later
+NEXT_CLIENTS = {"default": "MPS applies it only to the MPS servers started from now on and their clients: an "
+                           "engine process started while its user's server runs joins that server and takes the "
+                           "server's limit, and a running engine keeps the limit it started with",
+                "server": "MPS applies it only to clients started from now on: the next engine process of that "
+                          "server's user takes it, and a running engine keeps the limit it started with"}
 MiB, GiB = 1 << 20, 1 << 30
 _UNITS = {"": 1, "K": 1 << 10, "M": MiB, "G": GiB, "T": 1 << 40}
 _LIMIT = re.compile(r"(\d+)\s*([KMGT]?)(?:I?B)?", re.IGNORECASE)
@@ -156,7 +165,7 @@ class MPSLimit:
         shown = "no limit" if nbytes == 0 else f"{answer} ({_gib(nbytes)})"
         return ActuatorReport(self.name, True, f"{what}: {shown}", nbytes)
 
-    def _set(self, set_command: str, get_command: str, what: str, nbytes: int) -> ActuatorReport:
+    def _set(self, set_command: str, get_command: str, what: str, nbytes: int, reaches: str) -> ActuatorReport:
         value = format_limit(nbytes)
         reason, answer = self._run(f"{set_command} {value}")
         if reason:
@@ -170,7 +179,7 @@ class MPSLimit:
         detail = f"{what} set to {value}, read back {_gib(read.value)}"
         if read.value != parse_limit(value):
             detail += " (the daemon shows it coarser than it was set)"
-        return ActuatorReport(self.name, True, f"{detail}; {NEXT_CLIENTS}", {
+        return ActuatorReport(self.name, True, f"{detail}; {NEXT_CLIENTS[reaches]}", {
             "requested": value, "requested_bytes": parse_limit(value), "read_back_bytes": read.value})
 
     def get_default(self, device: int | str = 0) -> ActuatorReport:
@@ -182,7 +191,7 @@ class MPSLimit:
         started next on this host."""
         dev = self._device(device)
         return self._set(f"set_default_device_pinned_mem_limit {dev}", f"get_default_device_pinned_mem_limit {dev}",
-                         f"daemon-wide default pinned memory limit of device {dev}", nbytes)
+                         f"daemon-wide default pinned memory limit of device {dev}", nbytes, "default")
 
     def get_server(self, server_pid: int, device: int | str = 0) -> ActuatorReport:
         pid, dev = self._pid(server_pid), self._device(device)
@@ -193,7 +202,7 @@ class MPSLimit:
         """The limit on ``device`` for the clients that MPS server ``server_pid`` starts next."""
         pid, dev = self._pid(server_pid), self._device(device)
         return self._set(f"set_device_pinned_mem_limit {pid} {dev}", f"get_device_pinned_mem_limit {pid} {dev}",
-                         f"pinned memory limit of MPS server {pid} on device {dev}", nbytes)
+                         f"pinned memory limit of MPS server {pid} on device {dev}", nbytes, "server")
 
     # ---- the policy's side ----------------------------------------------------------------------
     def apply(self, nbytes: int, device: int | str = 0) -> ActuatorReport:
@@ -215,6 +224,15 @@ class MPSLimit:
         report = self.set_default(nbytes, dev)
         if before is not None and report.applied:
             self._replaced[dev] = before
+        servers = self.server_pids() if report.applied else []
+        if servers:  # the default does not reach a process that joins one of these
+            report = dataclasses.replace(report, detail=f"{report.detail}; MPS servers running now: "
+                                         f"{', '.join(map(str, servers))}, so an engine process of their users "
+                                         "started before they exit joins one and does not take this default")
+        if before is not None and report.applied and before.value >= GiB and before.value % GiB == 0:
+            report = dataclasses.replace(report, detail=f"{report.detail}; the default it replaced showed "
+                                         f"{_gib(before.value)}, and the daemon shows a default of 1 GiB or more in "
+                                         "whole GiB: one set between whole GiB is put back rounded down to that")
         return report
 
     def restore(self) -> list[ActuatorReport]:
@@ -223,7 +241,8 @@ class MPSLimit:
         reports = []
         for dev, before in self._replaced.items():  # each a limit read back (apply changes no other)
             report = self.set_default(before.value, dev)
-            reports.append(dataclasses.replace(report, detail=f"restored: {report.detail}"))
+            reports.append(dataclasses.replace(report, detail=f"restored (as the daemon showed it before): "
+                                                              f"{report.detail}"))
         self._replaced.clear()
         return reports
 
