@@ -17,7 +17,7 @@ import yaml
 from engine.roofline import deployment
 from env.scenario import Distribution, GeneratorWorkload, PhasedWorkload, Scenario, ScenarioError, TraceWorkload
 from experiments import SCENARIOS, bundled, find
-from env.workload_builder import check_workload
+from env.workload_builder import check_distribution, check_workload, trace_span
 from env.workloads.sizing import MaxTokensRule
 
 _RANGES = {  # field -> (low, high, low inclusive)
@@ -132,7 +132,12 @@ def _distribution(value, where: str, path: str) -> Distribution:
             raise _fail(where, f"{path}.{key}", f"unknown key for {kind} (known: {', '.join(sorted(table[kind]))})")
     for key in _REQUIRED[kind] - set(params):
         raise _fail(where, f"{path}.{key}", f"is required for {kind}")
-    return Distribution(kind, params)
+    d = Distribution(kind, params)
+    try:
+        check_distribution(d)
+    except (ValueError, FileNotFoundError) as exc:  # the distribution names the key: "mean must be > 0"
+        raise _fail(where, path, str(exc)) from None
+    return d
 
 
 def _check(s: Scenario, where: str) -> Scenario:
@@ -167,10 +172,15 @@ def check_workload_fields(w, where: str, path: str = "workload") -> None:
         unknown = set(w.sessions) - {"mean_turns", "mean_think_s", "first_prompt"}
         if unknown:
             raise _fail(where, f"{path}.sessions.{sorted(unknown)[0]}", "unknown key (known: mean_turns, mean_think_s, first_prompt)")
+        if w.sessions.get("first_prompt") is not None:  # a length distribution, checked as every other one
+            _distribution(w.sessions["first_prompt"], where, f"{path}.sessions.first_prompt")
     try:
         check_workload(w)
     except (ValueError, FileNotFoundError) as exc:
         raise _fail(where, path, str(exc)) from None
+    if isinstance(w, TraceWorkload) and w.starts is not None and w.starts[0] >= trace_span(w):
+        raise _fail(where, f"{path}.starts", f"its windows start at {w.starts[0]:g} s or later, where {w.trace} has "
+                                             f"no request left (it spans {trace_span(w):g} s of trace time)")
 
 
 def scenario_from_dict(data: dict, where: str = "scenario") -> Scenario:
@@ -199,6 +209,10 @@ def read_yaml(path: Path, missing: str):
         return yaml.safe_load(path.read_text())
     except yaml.YAMLError as exc:
         raise ScenarioError(f"{path}: not valid YAML ({exc})") from None
+    except IsADirectoryError:
+        raise ScenarioError(f"{path}: a directory, not a YAML file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ScenarioError(f"{path}: cannot be read as a YAML file ({exc})") from None
 
 
 def bundled_scenarios(node: bool = False) -> list[str]:

@@ -18,6 +18,7 @@ from env.workloads import (
     EmpiricalLengths, GammaArrivals, LogNormalLengths, MarkovModulatedArrivals, ParetoLengths, PoissonArrivals,
     ReplaySpec, Request, Trace, build_requests, bundled_trace, generate, generate_phases, generate_sessions,
     read_trace)
+from env.workloads._checks import positive
 
 def trace_path(name: str) -> Path:
     """A bundled trace by file name, or a path."""
@@ -48,24 +49,39 @@ def trace_span(w: TraceWorkload) -> float:
     return len(t.records) / w.rate_rps
 
 
+# Each value goes to its distribution as written: the distribution checks it and names it ("mean must be
+# > 0"), where a conversion here would read "fast" as a float's error and a low of 1.5 as 1.
 def _arrivals(d: Distribution):
     p = d.params
     if d.kind == "poisson":
-        return PoissonArrivals(float(p["rate"]))
+        return PoissonArrivals(p["rate"])
     if d.kind == "gamma":
-        return GammaArrivals(float(p["rate"]), float(p["cv"]))
-    return MarkovModulatedArrivals(tuple(map(float, p["rates"])), tuple(map(float, p["mean_dwell_s"])))
+        return GammaArrivals(p["rate"], p["cv"])
+    return MarkovModulatedArrivals(_numbers(p, "rates"), _numbers(p, "mean_dwell_s"))
+
+
+def _numbers(p: dict, key: str) -> tuple:
+    if not isinstance(p[key], list):
+        raise ValueError(f"{key} must be a list of numbers, one a state, got {p[key]!r}")
+    return tuple(p[key])
 
 
 def _lengths(d: Distribution):
     p = d.params
     if d.kind == "lognormal":
-        return LogNormalLengths(float(p["mean"]), float(p["sigma"]), int(p.get("low", 1)), p.get("high"))
+        return LogNormalLengths(p["mean"], p["sigma"], p.get("low", 1), p.get("high"))
     if d.kind == "pareto":
-        return ParetoLengths(float(p["alpha"]), int(p["low"]), int(p["high"]))
+        return ParetoLengths(p["alpha"], p["low"], p["high"])
+    if not isinstance(p["trace"], str) or not p["trace"]:
+        raise ValueError(f"trace must name a trace file, got {p['trace']!r}")
     if p["column"] not in ("prompt", "output"):
         raise ValueError(f"column must be prompt or output, got {p['column']!r}")
     return _empirical(trace_path(p["trace"]), p["column"])
+
+
+def check_distribution(d: Distribution) -> None:
+    """Build ``d`` once, so that a bad value fails at load naming its key (``ValueError``)."""
+    (_arrivals if d.kind in ("poisson", "gamma", "mmpp") else _lengths)(d)
 
 
 @lru_cache(maxsize=16)
@@ -103,6 +119,9 @@ def check_workload(w: Workload) -> None:
         if "mean_turns" not in s or "mean_think_s" not in s:
             raise ValueError("sessions needs mean_turns and mean_think_s")
         _first_prompt(s)
+        if positive("sessions.mean_turns", s["mean_turns"]) < 1:
+            raise ValueError(f"sessions.mean_turns must be >= 1 (every session has a turn), got {s['mean_turns']!r}")
+        positive("sessions.mean_think_s", s["mean_think_s"])
 
 
 HISTORY_STREAM = 0x0EA51E7  # the second entry of an earlier episode's seed sequence: never an episode's own seed
@@ -144,8 +163,8 @@ def episode_requests(w: Workload, episode_s: float, max_model_len: int, rng: np.
     else:
         s = w.sessions
         first = _first_prompt(s)
-        requests = generate_sessions(session_arrivals=_arrivals(w.arrivals), mean_turns=float(s["mean_turns"]),
-                                     mean_think_s=float(s["mean_think_s"]), first_prompt_lengths=first, **common)
+        requests = generate_sessions(session_arrivals=_arrivals(w.arrivals), mean_turns=s["mean_turns"],
+                                     mean_think_s=s["mean_think_s"], first_prompt_lengths=first, **common)
     return requests, f"generated: {w.arrivals.kind} arrivals, max_tokens {w.max_tokens}, {len(requests)} requests"
 
 

@@ -139,6 +139,10 @@ def test_on_bursts_the_baselines_order_as_physics_says(burst_baselines):
     assert r["static:3.0"]["goodput_tokens_per_s"] < r["static:1.0"]["goodput_tokens_per_s"]
 
 
+GENERATED = {"arrivals": {"kind": "poisson", "rate": 1.0}, "prompt": {"kind": "lognormal", "mean": 100, "sigma": 1},
+             "output": {"kind": "lognormal", "mean": 100, "sigma": 1}}
+
+
 @pytest.mark.parametrize("patch, field", [
     ({"workload": {"trace": "azure2023_conv.csv", "time_scal": 2}}, "workload.time_scal"),
     ({"bogus": 1}, "bogus"),
@@ -152,11 +156,44 @@ def test_on_bursts_the_baselines_order_as_physics_says(burst_baselines):
     ({"engine": {"num_blockz": 3}}, "engine"),
     ({"cotenant": {"levels": [0.0, 1.5]}}, "cotenant.levels[1]"),
     ({"workload": {"trace": "azure2023_conv.csv", "max_tokens": "some"}}, "max_tokens"),
+    # a distribution's value of the wrong type or range names its key and where it sits (each raised a
+    # TypeError or KeyError traceback, was refused without the field, or was cut to an integer)
+    *[({"workload": {**GENERATED, **w}}, f) for w, f in [
+        ({"arrivals": {"kind": "mmpp", "rates": [1, 2], "mean_dwell_s": 10}}, "workload.arrivals: mean_dwell_s must be a list"),
+        ({"arrivals": {"kind": "poisson", "rate": "fast"}}, "workload.arrivals: rate must be a finite number, got 'fast'"),
+        ({"output": {"kind": "lognormal", "mean": -2500, "sigma": 1}}, "workload.output: mean must be > 0"),
+        ({"output": {"kind": "pareto", "alpha": 1.2, "low": 1.5, "high": 100}}, "workload.output: low must be an integer"),
+        ({"prompt": {"kind": "trace", "trace": 5, "column": "prompt"}}, "workload.prompt: trace must name a trace file"),
+        ({"sessions": {"mean_turns": 3, "mean_think_s": 5, "first_prompt": "x"}},
+         "workload.sessions.first_prompt: must be a mapping with a kind"),
+        ({"sessions": {"mean_turns": 3, "mean_think_s": 5, "first_prompt": {"kind": "poisson", "rate": 3}}},
+         "workload.sessions.first_prompt.kind: unknown kind 'poisson'"),
+        ({"sessions": {"mean_turns": -3, "mean_think_s": 5}}, "sessions.mean_turns must be > 0, got -3"),
+        ({"sessions": {"mean_turns": "x", "mean_think_s": 5}}, "sessions.mean_turns must be a finite number"),
+    ]],
 ])
 def test_bad_configuration_fails_at_load_naming_the_field(patch, field):
     data = {**short("burst"), **patch}
     with pytest.raises(ScenarioError, match=field.replace("[", r"\[").replace("]", r"\]")):
         scenario_from_dict(data)
+
+
+def test_a_window_after_the_traces_end_a_folder_and_a_binary_file_are_refused_by_name(tmp_path, capsys):
+    """A trace scenario whose windows start past its trace's last arrival replayed empty episodes (0
+    goodput, no warning); a folder or a binary file where a YAML file belongs raised a traceback."""
+    from rlctl.cli import main
+
+    with pytest.raises(ScenarioError, match=r"workload.starts: its windows start at 1e\+09 s or later, where "
+                                            r"azure2023_conv.csv has no request left \(it spans 3\d{3}"):
+        scenario_from_dict({**short("steady"), "workload": {"trace": "azure2023_conv.csv", "starts": [1e9, 2e9]}})
+    folder, binary = tmp_path / "adir.yaml", tmp_path / "bin.yaml"
+    folder.mkdir()
+    binary.write_bytes(b"\xff\xfe\x00\x01")
+    for path, why in ((folder, "a directory, not a YAML file"), (binary, "cannot be read as a YAML file")):
+        assert main(["sweep", "--scenario", str(path), "--episodes", "1", "--no-oracle"]) == 2
+        assert f"{path}: {why}" in capsys.readouterr().err
+    assert main(["compare", "--candidate", "default", "--reference", "default", "--cases", str(tmp_path)]) == 2
+    assert "a directory, not a YAML file" in capsys.readouterr().err
 
 
 def test_a_missing_scenario_file_and_an_unknown_policy_are_refused_by_name(tmp_path):
