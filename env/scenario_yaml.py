@@ -7,6 +7,7 @@ read the training configurations the same way.
 from __future__ import annotations
 
 import math
+import re
 import types
 import typing
 from dataclasses import MISSING, fields, is_dataclass
@@ -44,7 +45,10 @@ def _fail(where: str, path: str, problem: str) -> ScenarioError:
 
 def _number(where: str, path: str, value, integer: bool = False):
     if isinstance(value, bool) or not isinstance(value, (int, float)) or (integer and not isinstance(value, int)):
-        raise _fail(where, path, f"must be {'an integer' if integer else 'a number'}, got {value!r}")
+        hint = ""
+        if isinstance(value, str) and re.fullmatch(r"[-+]?\d+(\.\d*)?[eE][-+]?\d+", value.strip()):
+            hint = f" (YAML reads {value} as text: write the mantissa with a point, as {_yaml_float(value)})"
+        raise _fail(where, path, f"must be {'an integer' if integer else 'a number'}, got {value!r}{hint}")
     if not math.isfinite(value):
         raise _fail(where, path, f"must be finite, got {value!r}")
     name = path.rsplit(".", 1)[-1]
@@ -54,6 +58,12 @@ def _number(where: str, path: str, value, integer: bool = False):
             bound = f">= {low}" if inclusive else f"> {low}"
             raise _fail(where, path, f"must be {bound}" + (f" and <= {high}" if high != math.inf else "") + f", got {value!r}")
     return value
+
+
+def _yaml_float(text: str) -> str:
+    """``1e-3`` as YAML reads a float: ``1.0e-3``."""
+    mantissa, exponent = re.split(r"[eE]", text.strip())
+    return f"{mantissa if '.' in mantissa else mantissa + '.0'}e{exponent}"
 
 
 def from_mapping(cls, data, where: str, path: str = ""):

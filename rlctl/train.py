@@ -68,6 +68,9 @@ from experiments import TRAIN, bundled, find
 from rlctl.evaluate import evaluate, make_env, with_client_timeout
 
 
+MAX_RUN_SEED = 2 ** 31 - 1
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     scenarios: tuple[str, ...]                       # trained on all of them, each episode one drawn at random
@@ -119,6 +122,11 @@ class TrainConfig:
         for name in ("n_envs", "seed", "eval_seed", "learning_starts", "per_alpha"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        for name in ("seed", "eval_seed", "select_seed"):  # numpy's seeds end at 2**32 - 1, and a run counts up
+            if (getattr(self, name) or 0) > MAX_RUN_SEED:   # from its seed (environments, members, episodes)
+                raise ValueError(f"{name} must be at most {MAX_RUN_SEED} (2**31 - 1), got {getattr(self, name)}")
+        if "/" in self.name or "\\" in self.name or self.name in (".", ".."):
+            raise ValueError(f"name must be a plain folder name (the run's under --logdir), got {self.name!r}")
         for name in ("gamma", "exploration_fraction", "exploration_final_eps", "per_beta0"):
             if not 0 <= getattr(self, name) <= 1:
                 raise ValueError(f"{name} must be in [0, 1], got {getattr(self, name)}")
@@ -471,6 +479,31 @@ def check_checkpoint(resume: str) -> None:
                          "writes it; this one is not in such a folder")
 
 
+def _checkpoint_settings(model) -> dict:
+    """The agent settings a checkpoint trains on, under ``TrainConfig.agent_kwargs``' names."""
+    kw = model.replay_buffer_kwargs  # SB3's own n_steps attribute is its n-step buffer's, not ours
+    return {"double": model.double, "dueling": model.dueling, "prioritized": model.prioritized,
+            "n_steps": kw["n_steps"], "learning_rate": model.learning_rate, "buffer_size": model.buffer_size,
+            "batch_size": model.batch_size, "gamma": model.gamma, "train_freq": model.train_freq.frequency,
+            "gradient_steps": model.gradient_steps, "learning_starts": model.learning_starts,
+            "target_update_interval": model.target_update_interval,
+            "exploration_fraction": model.exploration_fraction, "exploration_final_eps": model.exploration_final_eps,
+            "per_alpha": kw["alpha"], "per_beta0": model.per_beta0,
+            "net_arch": tuple(int(w) for w in model.policy_kwargs["net_arch"])}
+
+
+def _check_resumed_settings(resume: str, model, cfg: TrainConfig) -> None:
+    """A resumed run trains on its checkpoint's settings and records the configuration's: refuse one
+    where they differ, so that what the run records is what it trained on."""
+    mine = _checkpoint_settings(model)
+    differ = [f"{k} {mine[k]!r} in the checkpoint, {v!r} in {cfg.name}" for k, v in cfg.agent_kwargs().items()
+              if mine[k] != v]
+    if differ:
+        raise ValueError(f"--resume {resume}: the checkpoint trains on other settings than the configuration "
+                         f"given ({'; '.join(differ)}); resume with the configuration it was trained with (its "
+                         "run's config.json holds it)")
+
+
 def train(cfg: TrainConfig, logdir: str | Path = "runs", resume: str | None = None, progress_bar: bool = True,
           baseline_specs: list[str] | None = None) -> dict:
     """Train (or resume) per ``cfg``; returns the run's summary (paths, evaluation table)."""
@@ -493,6 +526,9 @@ def train(cfg: TrainConfig, logdir: str | Path = "runs", resume: str | None = No
     n_envs = cfg.n_envs or os.cpu_count() or 1
     if resume:
         check_checkpoint(resume)
+        if cfg.init_policy is not None:
+            raise ValueError(f"--resume {resume} continues a checkpoint's network; init_policy ({cfg.init_policy}) "
+                             "starts a new run from a policy file's: give one or the other")
     run = _run_dir(Path(logdir), cfg.name, resume)
     makers = [_make_env(scenarios, cfg) for _ in range(n_envs)]
     venv = SubprocVecEnv(makers, start_method="forkserver") if n_envs > 1 else DummyVecEnv(makers)
@@ -500,7 +536,12 @@ def train(cfg: TrainConfig, logdir: str | Path = "runs", resume: str | None = No
     t0 = time.time()
     try:
         if resume:
-            model = OvercommitDQN.load(resume, env=venv)
+            try:
+                model = OvercommitDQN.load(resume, env=venv)
+            except Exception as exc:  # SB3 raises what its reader meets: an assertion, a KeyError, a zip error
+                raise ValueError(f"--resume {resume}: not a checkpoint rlctl train wrote ({type(exc).__name__}: "
+                                 f"{exc})") from None
+            _check_resumed_settings(resume, model, cfg)
             buffer = Path(re.sub(r"_(\d+)_steps\.zip$", r"_replay_buffer_\1_steps.pkl", str(resume)))
             if buffer.exists():
                 model.load_replay_buffer(buffer)

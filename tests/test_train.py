@@ -6,6 +6,7 @@ import dataclasses
 
 import json
 import re
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -78,11 +79,30 @@ def test_resume_refuses_what_is_not_a_checkpoint_or_has_nothing_left_to_train_be
     with pytest.raises(ValueError, match="nothing to train"):
         train(load_train_config(configs(tmp), timesteps=10), tmp_path / "runs", resume=str(checkpoints[-1]),
               progress_bar=False)
+    # a zip where a checkpoint belongs that SB3 cannot read (it raised an AssertionError traceback)
+    (tmp_path / "fake" / "checkpoints").mkdir(parents=True)
+    with zipfile.ZipFile(tmp_path / "fake" / "checkpoints" / "bad.zip", "w") as z:
+        z.writestr("notes.txt", "not a model")
+    with pytest.raises(ValueError, match="bad.zip: not a checkpoint rlctl train wrote"):
+        train(cfg, tmp_path / "runs", resume=str(tmp_path / "fake" / "checkpoints" / "bad.zip"), progress_bar=False)
+    # the checkpoint's own settings train: a configuration that differs would be recorded as what trained
+    (tmp_path / "other").mkdir()
+    other = load_train_config(configs(tmp_path / "other", net_arch=[64], learning_rate=0.003), timesteps=360)
+    with pytest.raises(ValueError, match=r"learning_rate 0.0005 in the checkpoint, 0.003 in tiny_train; "
+                                         r"net_arch \(32, 32\) in the checkpoint, \(64,\) in tiny_train"):
+        train(other, tmp_path / "runs", resume=str(checkpoints[0]), progress_bar=False)
+    with pytest.raises(ValueError, match="starts a new run from a policy file's: give one or the other"):
+        train(load_train_config(configs(tmp), timesteps=360, init_policy=out["policy"]), tmp_path / "runs",
+              resume=str(checkpoints[0]), progress_bar=False)
     assert not (tmp_path / "runs").exists() and not (tmp_path / "deep").exists()
     assert not Path(out["run"] + "_resumed_2").exists()  # nothing written next to the run either
 
 
 @pytest.mark.parametrize("extra, field", [({"gama": 0.9}, "gama"), ({"timesteps": 0}, "timesteps"),
+                                          ({"seed": 99999999999}, "seed must be at most 2147483647"),
+                                          ({"learning_rate": "1e-3"}, r"YAML reads 1e-3 as text: .* as 1.0e-3"),
+                                          ({"name": "../../escape"}, "name must be a plain folder name"),
+                                          ({"name": "/tmp/escape"}, "name must be a plain folder name"),
                                           ({"gamma": 1.5}, "gamma"), ({"scenarios": ["nowhere"]}, "nowhere"), ({"loads": [0]}, "load"),
                                           ({"net_arch": [0]}, "net_arch"),
                                           ({"select_seed": 1000}, "overlap the held-out seeds 1000..1000"),
