@@ -172,16 +172,39 @@ def _add_workload(p: argparse.ArgumentParser, trace_required: bool) -> None:
     g.add_argument("--limit", type=int, default=None, help="replay at most this many requests")
 
 
+# the engine's and the replay's field names, as the deployment and workload flags that set them
+FLAGS = {"num_blocks": "--blocks", "block_size": "--block-size", "max_num_seqs": "--max-num-seqs",
+         "max_num_batched_tokens": "--max-batched-tokens", "max_model_len": "--max-model-len",
+         "restart_downtime_s": "--downtime", "ttft_slo_s": "--ttft-slo", "tpot_slo_s": "--tpot-slo",
+         "client_timeout_s": "--client-timeout", "time_scale": "--time-scale", "start_s": "--start",
+         "duration_s": "--duration", "rate_rps": "--rate", "limit": "--limit", "max_tokens": "--max-tokens"}
+
+
+@contextlib.contextmanager
+def _flags_named():
+    """A refusal that names a field set from a flag names the flag instead (num_blocks -> --blocks)."""
+    try:
+        yield
+    except ValueError as exc:
+        field, _, rest = str(exc).partition(" ")
+        field = field.rstrip(":")
+        if field in FLAGS:
+            raise ValueError(f"{FLAGS[field]} {rest}") from None
+        raise
+
+
 def _engine_config(a: argparse.Namespace) -> EngineConfig:
-    return EngineConfig(num_blocks=a.blocks, block_size=a.block_size, max_num_seqs=a.max_num_seqs,
-                        max_num_batched_tokens=a.max_batched_tokens, max_model_len=a.max_model_len,
-                        restart_downtime_s=a.downtime, ttft_slo_s=a.ttft_slo, tpot_slo_s=a.tpot_slo, seed=a.seed,
-                        client_timeout_s=a.client_timeout)
+    with _flags_named():
+        return EngineConfig(num_blocks=a.blocks, block_size=a.block_size, max_num_seqs=a.max_num_seqs,
+                            max_num_batched_tokens=a.max_batched_tokens, max_model_len=a.max_model_len,
+                            restart_downtime_s=a.downtime, ttft_slo_s=a.ttft_slo, tpot_slo_s=a.tpot_slo, seed=a.seed,
+                            client_timeout_s=a.client_timeout)
 
 
 def _spec(a: argparse.Namespace, max_model_len: int) -> ReplaySpec:
-    return ReplaySpec(max_tokens=a.max_tokens, time_scale=a.time_scale, start_s=a.start, duration_s=a.duration,
-                      max_model_len=max_model_len, rate_rps=a.rate, seed=a.seed, limit=a.limit)
+    with _flags_named():
+        return ReplaySpec(max_tokens=a.max_tokens, time_scale=a.time_scale, start_s=a.start, duration_s=a.duration,
+                          max_model_len=max_model_len, rate_rps=a.rate, seed=a.seed, limit=a.limit)
 
 
 def _replay_runs(a: argparse.Namespace, trace, factors: list[float]) -> dict[str, dict]:

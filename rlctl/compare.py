@@ -85,6 +85,10 @@ def load_cases(name: str | Path) -> Cases:
                 raise ValueError(f"cases[{i}]: a trace is replayed at a load; give load")
             if case.trace is None and (case.deployment is not None or case.load is not None):
                 raise ValueError(f"cases[{i}]: deployment and load apply to a trace")
+            for key in ("load", "client_timeout"):  # named here, not by the rlctl eval flags they stand for
+                value = getattr(case, key)
+                if value is not None and not (math.isfinite(value) and value > 0):
+                    raise ValueError(f"cases[{i}].{key} must be a finite number > 0, got {value!r}")
             scenario(cases, case)  # a bad name fails now, naming what it looked for
         labels = [case.label() for case in cases.cases]
         twice = sorted({x for x in labels if labels.count(x) > 1})

@@ -226,13 +226,18 @@ def _cli_cases(tmp: "Path") -> list[tuple[list[str], str]]:
         (["replay", "--trace", azure, "--decision-interval", "0"], "argument --decision-interval: expected a number > 0"),
         (["replay", "--trace", azure, "--controller-ca", str(tmp / "ca.pem")],
          "--controller-ca belongs to the live loop: give --controller ADDR too"),
+        # the engine's and the replay's own checks, named by the flag given (they said num_blocks, duration_s)
+        (["replay", "--trace", azure, "--blocks", "0"], "--blocks must be > 0, got 0"),
+        (["replay", "--trace", azure, "--duration", "-1"], "--duration must be > 0, got -1.0"),
+        (["replay", "--trace", azure, "--client-timeout", "-3"], "--client-timeout must be a finite number"),
+        (["replay", "--trace", azure, "--limit", "0"], "--limit must be >= 1, got 0"),
     ]
 
 
-@pytest.mark.parametrize("case", range(19))
+@pytest.mark.parametrize("case", range(23))
 def test_a_bad_option_is_refused_before_anything_runs_naming_it(case, tmp_path, capsys):
     cases = _cli_cases(tmp_path)
-    assert len(cases) == 19
+    assert len(cases) == 23
     argv, message = cases[case]
     out, err = _cli_refusal(argv, capsys)
     assert message in err

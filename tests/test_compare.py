@@ -123,7 +123,8 @@ def test_the_bundled_sets_load_with_every_case_checked():
     ([{"scenario": "steady"}], {"steps": -1}, "steps must be > 0"),
     ([{"scenario": "steady"}], {"seed": -1}, "seed must be >= 0"),
     ([{"scenario": "steady"}, {"scenario": "steady"}], {}, "steady listed more than once"),
-    ([{"scenario": "steady", "client_timeout": 0}], {}, "--client-timeout must be a finite number of seconds > 0"),
+    ([{"scenario": "steady", "client_timeout": 0}], {}, r"cases\[0\].client_timeout must be a finite number > 0"),
+    ([{"trace": "azure2023_conv.csv", "load": -1}], {}, r"cases\[0\].load must be a finite number > 0, got -1"),
 ])
 def test_a_bad_set_of_cases_is_refused_naming_what_is_wrong(tmp_path, cases, extra, words):
     with pytest.raises((ScenarioError, ValueError), match=words):
