@@ -229,6 +229,18 @@ def test_serve_listens_beyond_loopback_only_with_mutual_tls():
         check_listen("127.0.0.1", None)
 
 
+def test_a_unix_socket_gRPC_could_not_bind_is_refused_saying_why(tmp_path):
+    """gRPC reports only "Failed to bind" for a socket in a folder that does not exist or a path longer
+    than a unix socket holds: both are refused first, saying which."""
+    with pytest.raises(ValueError, match=f"directory {tmp_path / 'nowhere'} does not exist"):
+        check_listen(f"unix://{tmp_path}/nowhere/s.sock", None)
+    deep = tmp_path / ("d" * 100)
+    deep.mkdir()
+    with pytest.raises(ValueError, match=r"the socket's path is \d+ bytes; a unix socket's holds at most 107"):
+        check_listen(f"unix://{deep}/s.sock", None)
+    check_listen(f"unix://{tmp_path}/s.sock", None)
+
+
 def _serve_exits(listen: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "rlctl.cli", "serve", "--policy", "static:8", "--allow-baselines",
                            "--listen", listen], cwd=REPO, capture_output=True, text=True, timeout=120)

@@ -75,6 +75,7 @@ from rlctl.online.served import (
 )
 
 DECIDE_THREADS = 4
+UNIX_PATH_MAX = 107  # sockaddr_un's sun_path, less its terminating NUL (Linux)
 # torch intra-op threads in the sidecar, for a network too big for the numpy forward
 # (agents/export.py): a decision is one matrix-vector product, and a parallel pool only adds
 # wake-ups and competes with the engine for the cores (on this project's 2-core machine under
@@ -284,6 +285,12 @@ def check_listen(listen: str, tls: TLSFiles | None) -> None:
     if listen.startswith("unix:"):
         if not listen[len("unix:"):].lstrip("/"):
             raise ValueError(f"--listen {listen}: a unix socket needs a path, e.g. unix:///tmp/rlctl.sock")
+        path = unix_path(listen)  # what gRPC's bind would only report as "Failed to bind"
+        if not path.parent.is_dir():
+            raise ValueError(f"--listen {listen}: directory {path.parent} does not exist")
+        if len(str(path).encode()) > UNIX_PATH_MAX:
+            raise ValueError(f"--listen {listen}: the socket's path is {len(str(path).encode())} bytes; a unix "
+                             f"socket's holds at most {UNIX_PATH_MAX}")
         return
     host, sep, port = listen.rpartition(":")
     if not sep or not port.isdigit() or int(port) > 65535 or not host:
