@@ -176,7 +176,7 @@ def test_a_replay_with_clients_that_give_up_counts_them(tmp_path, capsys):
     assert figures[None]["requests_abandoned"] == 0 and figures[0.05]["requests_abandoned"] > 0
     assert figures[0.05]["engine"]["client_timeout_s"] == 0.05
     assert main(["replay", "--trace", trace, "--client-timeout", "0"]) == 2
-    assert "client_timeout_s must be a finite number of seconds > 0" in capsys.readouterr().err
+    assert "--client-timeout must be a finite number of seconds > 0" in capsys.readouterr().err
     assert main(["replay", "--node", "node_chat_pair", "--controller", f"unix://{tmp_path}/none.sock",
                  "--client-timeout", "5"]) == 2
     assert "--client-timeout applies to one engine's replay" in capsys.readouterr().err
