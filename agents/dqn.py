@@ -70,7 +70,9 @@ class OvercommitDQN(DQN):
     def __init__(self, policy=OvercommitQPolicy, env=None, *, double: bool = True, dueling: bool = True, prioritized: bool = True,
                  n_steps: int = 3, per_alpha: float = 0.6, per_beta0: float = 0.4, net_arch: tuple[int, ...] = (128, 128),
                  gamma: float = 0.99, policy_kwargs: dict | None = None, **kwargs) -> None:
-        self.double, self.dueling, self.prioritized, self.n_steps = double, dueling, prioritized, n_steps
+        # n_steps goes to the replay buffer alone: SB3's own ``n_steps`` attribute (1 here) is for its n-step
+        # buffer, which a custom buffer class replaces; the buffer's kwargs keep ours (a checkpoint's too)
+        self.double, self.dueling, self.prioritized = double, dueling, prioritized
         self.per_beta0 = per_beta0
         super().__init__(
             policy, env, gamma=gamma,

@@ -600,6 +600,28 @@ def test_an_engine_id_longer_than_the_bound_is_refused_and_a_long_one_taken(wate
         assert stub.Decide(snapshot_message(a_snapshot(), 2048, "e" * MAX_ENGINE_ID), timeout=5).action_name
 
 
+def test_an_engine_asking_at_another_interval_than_the_sidecars_is_counted_and_said_once(sidecars, tmp_path):
+    """The shield's headroom covers --decision-interval's growth: an engine asking every 10 s behind a
+    sidecar at 2 s is counted (each such snapshot) and said once; one asking every 2 s is not."""
+    import dataclasses
+
+    s = sidecars(f"unix://{tmp_path}/s.sock", "watermark", metrics=True)
+    key = ("rlctl_sidecar_interval_mismatches_total", ())
+    with open_channel(s.address) as ch:
+        stub = s.stub(ch)
+        for engine, step in (("on-time", 2.0), ("slow", 10.0)):
+            for seq in range(4):
+                snap = dataclasses.replace(a_snapshot(), time_s=100.0 + step * seq)
+                stub.Decide(snapshot_message(snap, 2048, engine, seq), timeout=5)
+            if engine == "on-time":
+                assert s.metrics().get(key, 0) == 0
+    assert s.metrics()[key] == 3  # the slow engine's three gaps of 10 s
+    s.stop()
+    out = s.proc.stdout.read()
+    assert out.count("asks every 10 s of engine time; this sidecar's --decision-interval is 2 s") == 1
+    assert "engine slow" in out
+
+
 def test_serve_refuses_a_file_that_is_not_a_policy(tmp_path):
     notes = tmp_path / "some.txt"
     notes.write_text("hello\n")

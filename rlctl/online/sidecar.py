@@ -37,8 +37,10 @@ import math
 import re
 import signal
 import socket
+import sys
 import threading
 import time
+from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -66,6 +68,7 @@ from rlctl.online.proto import SERVICE_NAME
 from rlctl.online.proto import controller_pb2 as pb
 from rlctl.online.proto import controller_pb2_grpc as pb_grpc
 from rlctl.online.served import (
+    MAX_ENGINES,
     NodeMismatch,
     PolicyError,
     ServedNodePolicy,
@@ -132,6 +135,10 @@ class SidecarMetrics:
         self.errors = Counter("rlctl_sidecar_decision_errors", "Decisions the policy failed to make (INTERNAL)",
                               registry=r)
         self.reloads = Counter("rlctl_sidecar_reloads", "ReloadPolicy requests, by result", ["result"], registry=r)
+        self.interval_mismatches = Counter(
+            "rlctl_sidecar_interval_mismatches", "Snapshots that came more than twice as far from the one before, "
+            "or less than half as far, as --decision-interval says (the headroom covers that interval's growth)",
+            registry=r)
         self.policy = Info("rlctl_sidecar_policy", "The policy being served", registry=r)
         # each action's counter child, looked up once rather than by label on every decision
         self.decided = [self.decisions.labels(action=a) for a in ACTIONS]
@@ -154,6 +161,9 @@ class ControllerService(pb_grpc.ControllerServicer):
         self.confinement, self.shield = confinement, shield  # a reloaded policy is served behind the same shield
         self._lock = threading.Lock()
         metrics.serving(served)
+        self._asked: OrderedDict[str, tuple[int, float]] = OrderedDict()  # engine id -> its last (seq, time_s)
+        self.warn: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True)
+        self._warned = False
 
     def current(self) -> ServedPolicy:
         with self._lock:
@@ -188,6 +198,7 @@ class ControllerService(pb_grpc.ControllerServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"snapshot.waiting_late is not set: policy "
                                 f"{served.spec} reads it (the requests waiting for their first token past the "
                                 "engine's TTFT target); send it, 0 when none waits late")
+        self._check_interval(msg.engine_id, msg.seq, snapshot.time_s)
         chosen, action = await self._act(served, snapshot, context, msg.engine_id, msg.seq)
         if self.fault.action is not None:
             action = self.fault.action
@@ -202,6 +213,26 @@ class ControllerService(pb_grpc.ControllerServicer):
                            overcommit=served.expected_overcommit(snapshot), shield_override=overridden,
                            policy_action=chosen, policy_hash=served.policy_hash,
                            admit_headroom=served.shield.headroom(snapshot))
+
+    def _check_interval(self, engine_id: str, seq: int, time_s: float) -> None:
+        """Count, and say once, snapshots an engine sends at an interval other than the one the
+        shield's admission headroom covers (``--decision-interval``): behind an engine asking every 10 s, a
+        sidecar left at 2 s would cover a fifth of the batch's growth, and nothing else would tell."""
+        interval = self.shield.growth_interval_s
+        last = self._asked.pop(engine_id, None)
+        self._asked[engine_id] = (seq, time_s)
+        if len(self._asked) > MAX_ENGINES:
+            self._asked.popitem(last=False)
+        if interval <= 0 or last is None or seq != last[0] + 1 or time_s <= last[1]:
+            return
+        gap = time_s - last[1]
+        if not 0.5 <= gap / interval <= 2.0:
+            self.metrics.interval_mismatches.inc()
+            if not self._warned:  # once: the metric counts the rest
+                self._warned = True
+                self.warn(f"engine {engine_id or '(no id)'} asks every {gap:g} s of engine time; this sidecar's "
+                          f"--decision-interval is {interval:g} s, the interval its admission headroom covers: "
+                          "serve with the engine's interval (rlctl_sidecar_interval_mismatches counts such snapshots)")
 
     async def DecideNode(self, request, context):
         """One decision for a node of engines; see the protocol."""
