@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from engine.config import ModelConfig, RopeScaling, torch_dtype
+from engine.config import WEIGHT_BITS, ModelConfig, RopeScaling, torch_dtype
 from engine.model import LlamaModel
 
 
@@ -27,7 +27,6 @@ from engine.model import LlamaModel
 MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "mixtral", "qwen2_moe", "qwen3_moe")
 FUSED = {"self_attn.qkv_proj.weight": ("q_proj", "k_proj", "v_proj"), "mlp.gate_up_proj.weight": ("gate_proj", "up_proj")}
 MOE_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe")
-BITS = (2, 3, 4, 8)  # the quantised weights' bits a checkpoint may declare (AWQ's and GPTQ's ``bits``)
 # where a layer's experts are stored, and one expert's (gate, up, down) projections there: Mixtral's
 # names, or Qwen-MoE's
 EXPERT_LAYOUTS = {"block_sparse_moe": ("w1", "w3", "w2"), "mlp": ("gate_proj", "up_proj", "down_proj")}
@@ -219,9 +218,9 @@ def weight_bits(directory: str | Path) -> int | None:
         raise CheckpointError(f"{path}: quantization_config must be an object, got {q!r}")
     method = q.get("quant_method")
     if "bits" in q:
-        if isinstance(q["bits"], bool) or q["bits"] not in BITS:
-            raise CheckpointError(f"{path}: quantization_config.bits must be one of {', '.join(map(str, BITS))}, "
-                                  f"got {q['bits']!r}")
+        if isinstance(q["bits"], bool) or q["bits"] not in WEIGHT_BITS:
+            raise CheckpointError(f"{path}: quantization_config.bits must be one of "
+                                  f"{', '.join(map(str, WEIGHT_BITS))}, got {q['bits']!r}")
         return int(q["bits"])
     if method == "fp8":
         return 8

@@ -16,6 +16,9 @@ def torch_dtype(name: str) -> torch.dtype:
     return _DTYPES[name]
 
 
+WEIGHT_BITS = (2, 3, 4, 8, 16, 32)  # the bits a weight may be stored in: quantised, or a float dtype's
+
+
 @dataclass(frozen=True)
 class RopeScaling:
     """How a checkpoint stretches RoPE past the context it was pre-trained on (``rope_scaling``, or
@@ -102,8 +105,8 @@ class ModelConfig:
         torch_dtype(self.dtype)
         if self.rope_scaling is not None and not isinstance(self.rope_scaling, RopeScaling):
             raise ValueError(f"rope_scaling must be a RopeScaling or None, got {self.rope_scaling!r}")
-        if self.weight_bits is not None and self.weight_bits not in (2, 3, 4, 8, 16, 32):
-            raise ValueError(f"weight_bits must be one of 2, 3, 4, 8, 16, 32, got {self.weight_bits}")
+        if self.weight_bits is not None and self.weight_bits not in WEIGHT_BITS:
+            raise ValueError(f"weight_bits must be one of {', '.join(map(str, WEIGHT_BITS))}, got {self.weight_bits}")
         if self.num_experts < 0:
             raise ValueError(f"num_experts must be >= 0, got {self.num_experts}")
         if self.num_experts:

@@ -47,7 +47,7 @@ def _number(where: str, path: str, value, integer: bool = False):
     if isinstance(value, bool) or not isinstance(value, (int, float)) or (integer and not isinstance(value, int)):
         hint = ""
         if isinstance(value, str) and re.fullmatch(r"[-+]?\d+(\.\d*)?[eE][-+]?\d+", value.strip()):
-            hint = f" (YAML reads {value} as text: write the mantissa with a point, as {_yaml_float(value)})"
+            hint = f" (YAML reads {value} as text: write it {_yaml_number(value, integer)})"
         raise _fail(where, path, f"must be {'an integer' if integer else 'a number'}, got {value!r}{hint}")
     if not math.isfinite(value):
         raise _fail(where, path, f"must be finite, got {value!r}")
@@ -60,10 +60,15 @@ def _number(where: str, path: str, value, integer: bool = False):
     return value
 
 
-def _yaml_float(text: str) -> str:
-    """``1e-3`` as YAML reads a float: ``1.0e-3``."""
+def _yaml_number(text: str, integer: bool) -> str:
+    """How to write ``text`` (``1e-3``, ``5e4``) for YAML (1.1, PyYAML's) to read it as a number: a float
+    needs a point in its mantissa and a sign in its exponent (``1.0e-3``); a whole number its digits."""
     mantissa, exponent = re.split(r"[eE]", text.strip())
-    return f"{mantissa if '.' in mantissa else mantissa + '.0'}e{exponent}"
+    if integer:
+        value = float(text)
+        return f"as {int(value)}" if value.is_integer() else "as a whole number"
+    sign = "" if exponent[0] in "+-" else "+"
+    return f"as {mantissa if '.' in mantissa else mantissa + '.0'}e{sign}{exponent}"
 
 
 def from_mapping(cls, data, where: str, path: str = ""):

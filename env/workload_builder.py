@@ -66,12 +66,18 @@ def _numbers(p: dict, key: str) -> tuple:
     return tuple(p[key])
 
 
+def _bound(value):
+    """A length bound as written: a whole number written with a point (16000.0) reads as the integer it
+    is; 1.5 stays 1.5, for the distribution to refuse."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
 def _lengths(d: Distribution):
     p = d.params
     if d.kind == "lognormal":
-        return LogNormalLengths(p["mean"], p["sigma"], p.get("low", 1), p.get("high"))
+        return LogNormalLengths(p["mean"], p["sigma"], _bound(p.get("low", 1)), _bound(p.get("high")))
     if d.kind == "pareto":
-        return ParetoLengths(p["alpha"], p["low"], p["high"])
+        return ParetoLengths(p["alpha"], _bound(p["low"]), _bound(p["high"]))
     if not isinstance(p["trace"], str) or not p["trace"]:
         raise ValueError(f"trace must name a trace file, got {p['trace']!r}")
     if p["column"] not in ("prompt", "output"):

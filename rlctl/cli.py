@@ -686,6 +686,9 @@ def cmd_train(a: argparse.Namespace) -> int:
         if len(configs) > 1:
             raise ValueError("--resume continues one run: give one --config and no --seeds with it")
         check_checkpoint(a.resume)
+        if a.init_policy is not None:  # a configuration's own init_policy is what its checkpoint descends from
+            raise ValueError(f"--resume {a.resume} continues a checkpoint's network; --init-policy starts a new run "
+                             "from a policy file's: give one or the other")
     _check_logdir(a.logdir)
     runs = []
     for path, cfg in configs:

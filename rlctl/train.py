@@ -122,9 +122,14 @@ class TrainConfig:
         for name in ("n_envs", "seed", "eval_seed", "learning_starts", "per_alpha"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
-        for name in ("seed", "eval_seed", "select_seed"):  # numpy's seeds end at 2**32 - 1, and a run counts up
-            if (getattr(self, name) or 0) > MAX_RUN_SEED:   # from its seed (environments, members, episodes)
-                raise ValueError(f"{name} must be at most {MAX_RUN_SEED} (2**31 - 1), got {getattr(self, name)}")
+        # numpy's seeds end at 2**32 - 1, and a run counts up from its seeds (environments, episodes): an
+        # ensemble's members train on seeds members x seed .. members x seed + members - 1
+        for name, last in (("seed", self.members * self.seed + self.members - 1), ("eval_seed", self.eval_seed),
+                           ("select_seed", self.select_seed or 0)):
+            if last > MAX_RUN_SEED:
+                raise ValueError(f"{name} must be at most {MAX_RUN_SEED} (2**31 - 1)"
+                                 + (f" counting the {self.members} members' seeds" if last != getattr(self, name) else "")
+                                 + f", got {getattr(self, name)}")
         if "/" in self.name or "\\" in self.name or self.name in (".", ".."):
             raise ValueError(f"name must be a plain folder name (the run's under --logdir), got {self.name!r}")
         for name in ("gamma", "exploration_fraction", "exploration_final_eps", "per_beta0"):
@@ -501,7 +506,7 @@ def _check_resumed_settings(resume: str, model, cfg: TrainConfig) -> None:
     if differ:
         raise ValueError(f"--resume {resume}: the checkpoint trains on other settings than the configuration "
                          f"given ({'; '.join(differ)}); resume with the configuration it was trained with (its "
-                         "run's config.json holds it)")
+                         "run's config.json lists its settings)")
 
 
 def train(cfg: TrainConfig, logdir: str | Path = "runs", resume: str | None = None, progress_bar: bool = True,
@@ -526,9 +531,6 @@ def train(cfg: TrainConfig, logdir: str | Path = "runs", resume: str | None = No
     n_envs = cfg.n_envs or os.cpu_count() or 1
     if resume:
         check_checkpoint(resume)
-        if cfg.init_policy is not None:
-            raise ValueError(f"--resume {resume} continues a checkpoint's network; init_policy ({cfg.init_policy}) "
-                             "starts a new run from a policy file's: give one or the other")
     run = _run_dir(Path(logdir), cfg.name, resume)
     makers = [_make_env(scenarios, cfg) for _ in range(n_envs)]
     venv = SubprocVecEnv(makers, start_method="forkserver") if n_envs > 1 else DummyVecEnv(makers)
@@ -538,9 +540,10 @@ def train(cfg: TrainConfig, logdir: str | Path = "runs", resume: str | None = No
         if resume:
             try:
                 model = OvercommitDQN.load(resume, env=venv)
-            except Exception as exc:  # SB3 raises what its reader meets: an assertion, a KeyError, a zip error
-                raise ValueError(f"--resume {resume}: not a checkpoint rlctl train wrote ({type(exc).__name__}: "
-                                 f"{exc})") from None
+            except Exception as exc:  # SB3 raises what its reader meets: an assertion, a KeyError, a zip error,
+                # or a checkpoint of other observations than this configuration's (blind features, say)
+                raise ValueError(f"--resume {resume}: cannot be loaded as a checkpoint of {cfg.name} "
+                                 f"({type(exc).__name__}: {exc})") from None
             _check_resumed_settings(resume, model, cfg)
             buffer = Path(re.sub(r"_(\d+)_steps\.zip$", r"_replay_buffer_\1_steps.pkl", str(resume)))
             if buffer.exists():

@@ -62,7 +62,7 @@ def test_quantised_weights_leave_the_kv_more_room(tmp_path):
     # taken for absent, and never a traceback (a review found each)
     ({**QWEN25_7B, "quantization_config": "awq"}, "h100", "quantization_config must be an object, got 'awq'"),
     ({**QWEN25_7B, "quantization_config": {"quant_method": "gptq", "bits": 5}}, "h100",
-     "config.json: quantization_config.bits must be one of 2, 3, 4, 8, got 5"),
+     "config.json: quantization_config.bits must be one of 2, 3, 4, 8, 16, 32, got 5"),
     ({**QWEN25_7B, "num_attention_heads": 28.5}, "h100", "config.json: num_attention_heads must be a whole number, got 28.5"),
     ({**QWEN25_7B, "num_hidden_layers": "28"}, "h100", "num_hidden_layers must be a whole number, got '28'"),
     ({**QWEN25_7B, "head_dim": 0}, "h100", "config.json: head_dim must be > 0, got 0"),

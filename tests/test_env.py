@@ -143,6 +143,12 @@ GENERATED = {"arrivals": {"kind": "poisson", "rate": 1.0}, "prompt": {"kind": "l
              "output": {"kind": "lognormal", "mean": 100, "sigma": 1}}
 
 
+def test_a_whole_length_bound_written_with_a_point_reads_as_its_integer():
+    data = {**short("burst"), "workload": {**GENERATED, "output": {"kind": "lognormal", "mean": 100, "sigma": 1,
+                                                                   "low": 16.0, "high": 16000.0}}}
+    assert scenario_from_dict(data).workload.output.params["high"] == 16000.0  # as written; read as 16000
+
+
 @pytest.mark.parametrize("patch, field", [
     ({"workload": {"trace": "azure2023_conv.csv", "time_scal": 2}}, "workload.time_scal"),
     ({"bogus": 1}, "bogus"),
@@ -162,7 +168,7 @@ GENERATED = {"arrivals": {"kind": "poisson", "rate": 1.0}, "prompt": {"kind": "l
         ({"arrivals": {"kind": "mmpp", "rates": [1, 2], "mean_dwell_s": 10}}, "workload.arrivals: mean_dwell_s must be a list"),
         ({"arrivals": {"kind": "poisson", "rate": "fast"}}, "workload.arrivals: rate must be a finite number, got 'fast'"),
         ({"output": {"kind": "lognormal", "mean": -2500, "sigma": 1}}, "workload.output: mean must be > 0"),
-        ({"output": {"kind": "pareto", "alpha": 1.2, "low": 1.5, "high": 100}}, "workload.output: low must be an integer"),
+        ({"output": {"kind": "pareto", "alpha": 1.2, "low": 1.5, "high": 100.0}}, "workload.output: low must be an integer"),
         ({"prompt": {"kind": "trace", "trace": 5, "column": "prompt"}}, "workload.prompt: trace must name a trace file"),
         ({"sessions": {"mean_turns": 3, "mean_think_s": 5, "first_prompt": "x"}},
          "workload.sessions.first_prompt: must be a mapping with a kind"),

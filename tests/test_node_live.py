@@ -153,7 +153,9 @@ def test_the_node_protocol_is_checked_on_both_sides(tmp_path):
                                   (lambda m: setattr(m, "device_free_bytes", m.device_capacity_bytes + 1),
                                    "device_free_bytes"),
                                   (lambda m: m.ClearField("engines"), "engines"),
-                                  (lambda m: m.engines.extend([m.engines[0]] * 64), "engines")):
+                                  (lambda m: [m.engines.add().CopyFrom(m.engines[0]) or
+                                              setattr(m.engines[-1].snapshot, "engine_id", f"more-{k}")
+                                              for k in range(63)], "lists 65 engines; a node holds at most 64")):
                 bad = pb.NodeSnapshot()
                 bad.CopyFrom(msg)
                 change(bad)

@@ -59,8 +59,9 @@ def test_resume_continues_from_a_checkpoint_into_a_new_folder_leaving_the_run_it
     tmp, cfg, out = run
     checkpoint = sorted(Path(out["run"], "checkpoints").glob("rl_model_*_steps.zip"))[0]
     before = {p.name: p.read_bytes() for p in Path(out["run"]).iterdir() if p.is_file()}
-    more = train(load_train_config(configs(tmp), timesteps=360), tmp / "runs", resume=str(checkpoint),
-                 progress_bar=False, baseline_specs=[])
+    # a configuration naming init_policy (every finetune_*.yaml does) resumes: its checkpoint descends from it
+    more = train(load_train_config(configs(tmp), timesteps=360, init_policy=out["policy"]), tmp / "runs",
+                 resume=str(checkpoint), progress_bar=False, baseline_specs=[])
     assert more["run"] == out["run"] + "_resumed" and more["timesteps"] >= 360
     assert {p.name: p.read_bytes() for p in Path(out["run"]).iterdir() if p.is_file()} == before  # untouched
     assert Path(more["run"], "progress.csv").stat().st_size > 0 and Path(more["policy"]).is_file()
@@ -83,7 +84,7 @@ def test_resume_refuses_what_is_not_a_checkpoint_or_has_nothing_left_to_train_be
     (tmp_path / "fake" / "checkpoints").mkdir(parents=True)
     with zipfile.ZipFile(tmp_path / "fake" / "checkpoints" / "bad.zip", "w") as z:
         z.writestr("notes.txt", "not a model")
-    with pytest.raises(ValueError, match="bad.zip: not a checkpoint rlctl train wrote"):
+    with pytest.raises(ValueError, match="bad.zip: cannot be loaded as a checkpoint of tiny_train"):
         train(cfg, tmp_path / "runs", resume=str(tmp_path / "fake" / "checkpoints" / "bad.zip"), progress_bar=False)
     # the checkpoint's own settings train: a configuration that differs would be recorded as what trained
     (tmp_path / "other").mkdir()
@@ -91,16 +92,19 @@ def test_resume_refuses_what_is_not_a_checkpoint_or_has_nothing_left_to_train_be
     with pytest.raises(ValueError, match=r"learning_rate 0.0005 in the checkpoint, 0.003 in tiny_train; "
                                          r"net_arch \(32, 32\) in the checkpoint, \(64,\) in tiny_train"):
         train(other, tmp_path / "runs", resume=str(checkpoints[0]), progress_bar=False)
-    with pytest.raises(ValueError, match="starts a new run from a policy file's: give one or the other"):
-        train(load_train_config(configs(tmp), timesteps=360, init_policy=out["policy"]), tmp_path / "runs",
-              resume=str(checkpoints[0]), progress_bar=False)
+    assert main(["train", "--config", str(configs(tmp)), "--resume", str(checkpoints[0]), "--init-policy",
+                 out["policy"], "--logdir", str(tmp_path / "runs")]) == 2  # the flag beside it: which one?
     assert not (tmp_path / "runs").exists() and not (tmp_path / "deep").exists()
     assert not Path(out["run"] + "_resumed_2").exists()  # nothing written next to the run either
 
 
 @pytest.mark.parametrize("extra, field", [({"gama": 0.9}, "gama"), ({"timesteps": 0}, "timesteps"),
                                           ({"seed": 99999999999}, "seed must be at most 2147483647"),
-                                          ({"learning_rate": "1e-3"}, r"YAML reads 1e-3 as text: .* as 1.0e-3"),
+                                          ({"seed": 2 ** 30, "members": 2},
+                                           r"seed must be at most 2147483647 \(2\*\*31 - 1\) counting the 2 members' seeds"),
+                                          ({"learning_rate": "1e-3"}, r"YAML reads 1e-3 as text: write it as 1.0e-3\)"),
+                                          ({"learning_rate": "1.5e3"}, r"YAML reads 1.5e3 as text: write it as 1.5e\+3\)"),
+                                          ({"buffer_size": "5e4"}, r"YAML reads 5e4 as text: write it as 50000\)"),
                                           ({"name": "../../escape"}, "name must be a plain folder name"),
                                           ({"name": "/tmp/escape"}, "name must be a plain folder name"),
                                           ({"gamma": 1.5}, "gamma"), ({"scenarios": ["nowhere"]}, "nowhere"), ({"loads": [0]}, "load"),

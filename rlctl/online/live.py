@@ -249,7 +249,7 @@ class LiveController:
                       check_decision)
         if d is None:
             return None
-        if d.overcommit != snap.overcommit:  # a policy that pins its factor (check_decision: finite, > 0)
+        if d.overcommit != snap.overcommit:  # a policy that pins its factor (check_decision: > 0, inf allowed)
             self._quota.apply(d.overcommit)
         if d.admit_headroom != engine.admit_headroom:  # the shield's (check_decision: in [0, MAX_HEADROOM])
             self._quota.apply_headroom(d.admit_headroom)

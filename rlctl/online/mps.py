@@ -218,7 +218,7 @@ class MPSLimit:
             was = "no limit" if before.applied else f"unreadable: {before.detail}"
             return ActuatorReport(self.name, False, (
                 f"daemon-wide default pinned memory limit of device {dev} not changed: the default there ({was}) "
-                "could not be put back afterwards, and every MPS client started on this host would keep the new "
+                "could not be put back afterwards, and every MPS server started on this host would keep the new "
                 f"one; give the engine process its own limit instead ({CLIENT_LIMIT_ENV}={dev}=<limit> in its "
                 "environment)"))
         report = self.set_default(nbytes, dev)
