@@ -335,6 +335,12 @@ def _policy_header(path: Path, raw: dict) -> dict:
         for s in sub:
             if not isinstance(header[key], dict) or s not in header[key]:
                 raise fail(f"the header has no '{key}.{s}'")
+    net = header["network"]
+    for s in ("obs_dim", "n_actions"):  # "39" would read as 39 and "false" as true: a header says what it means
+        if isinstance(net[s], bool) or not isinstance(net[s], int):
+            raise fail(f"network.{s} must be a whole number, got {net[s]!r}")
+    if not isinstance(net["dueling"], bool):
+        raise fail(f"network.dueling must be true or false, got {net['dueling']!r}")
     return header
 
 
@@ -371,7 +377,7 @@ def _check_layout(path: Path, header: dict) -> list[int]:
         raise fail(f"action list differs from this build's: {diff}")
     net = header["network"]
     if net["obs_dim"] != len(features) or net["n_actions"] != len(ours_actions):
-        raise fail(f"network shape obs_dim={net['obs_dim']} n_actions={net['n_actions']} does not match the "
+        raise fail(f"network shape obs_dim={net['obs_dim']!r} n_actions={net['n_actions']!r} does not match the "
                    f"{len(features)} features and {len(ours_actions)} actions")
     return positions
 

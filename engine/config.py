@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass, replace
 from typing import Callable
 
@@ -17,6 +18,15 @@ def torch_dtype(name: str) -> torch.dtype:
 
 
 WEIGHT_BITS = (2, 3, 4, 8, 16, 32)  # the bits a weight may be stored in: quantised, or a float dtype's
+
+
+def _count(name: str, value, minimum: int = 1) -> None:
+    """Refuse ``value`` unless it is a whole number >= ``minimum`` (an int, numpy's too; not a bool,
+    a float or NaN, which a size or a count could not be, and which would fail later without a name)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise ValueError(f"{name} must be a whole number >= {minimum}, got {value!r}")
+    if value < minimum:
+        raise ValueError(f"{name} must be {'> 0' if minimum == 1 else f'>= {minimum}'}, got {value}")
 
 
 @dataclass(frozen=True)
@@ -94,8 +104,7 @@ class ModelConfig:
     def __post_init__(self) -> None:
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
                      "num_kv_heads", "max_position"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+            _count(name, getattr(self, name))
         if self.explicit_head_dim is not None and self.explicit_head_dim <= 0:
             raise ValueError(f"explicit_head_dim must be > 0, got {self.explicit_head_dim}")
         if self.explicit_head_dim is None and self.hidden_size % self.num_heads:
@@ -242,8 +251,10 @@ class EngineConfig:
     def __post_init__(self) -> None:
         for name in ("block_size", "num_blocks", "segment_blocks", "max_num_seqs",
                      "max_num_batched_tokens", "max_model_len"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+            _count(name, getattr(self, name))
+        _count("seed", self.seed, minimum=0)
+        if self.device_bytes is not None:
+            _count("device_bytes", self.device_bytes)
         if self.oom_mode not in ("crash", "preempt"):
             raise ValueError(f"oom_mode must be 'crash' or 'preempt', got {self.oom_mode!r}")
         if not (math.isfinite(self.restart_downtime_s) and self.restart_downtime_s >= 0):
@@ -261,8 +272,7 @@ class EngineConfig:
         if self.client_timeout_s is not None and not (self.client_timeout_s > 0 and math.isfinite(self.client_timeout_s)):
             raise ValueError(f"client_timeout_s must be a finite number of seconds > 0 (None: clients wait for ever), "
                              f"got {self.client_timeout_s}")
-        if self.host_bytes < 0:
-            raise ValueError(f"host_bytes must be >= 0, got {self.host_bytes}")
+        _count("host_bytes", self.host_bytes, minimum=0)
         if self.admission not in ("overcommit", "sglang"):
             raise ValueError(f"admission must be 'overcommit' or 'sglang', got {self.admission!r}")
         if not 0 < self.sglang_init_new_token_ratio <= 1 or not 0 < self.sglang_min_new_token_ratio_factor <= 1:

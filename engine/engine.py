@@ -17,6 +17,7 @@ engine-level event (a step, an OOM, a restart, a lever) that touches several of 
 from __future__ import annotations
 
 import math
+import numbers
 import zlib
 from collections import deque
 from dataclasses import dataclass, field, replace
@@ -125,8 +126,9 @@ class Engine:
         self.validate(req)
         record = RequestRecord(req.request_id, max(req.arrival_s, 0.0), req.prompt_len, req.max_tokens,
                                session_id=req.session_id)
-        self.records[req.request_id] = record
-        self.scheduler.add(Sequence(req, self._prompt_ids(req), 0, self.config.block_size, record, self.max_model_len))
+        seq = Sequence(req, self._prompt_ids(req), 0, self.config.block_size, record, self.max_model_len)
+        self.records[req.request_id] = record  # only once the sequence is built: a refusal leaves no trace
+        self.scheduler.add(seq)
 
     def resume(self, req: Request, token_ids: list[int], context_len: int, num_generated: int,
                record: RequestRecord) -> None:
@@ -286,9 +288,12 @@ class Engine:
         with its tokens (none is lost; their KV is recomputed), the KV is gone, the engine is down
         for ``restart_downtime_s``, and it comes back with a KV capacity of ``num_blocks`` (the
         blocks its new limit holds; None: as before)."""
-        if num_blocks is not None and num_blocks * self.config.block_size < self.max_model_len:
-            raise ValueError(f"a restart with {num_blocks} KV blocks cannot hold one {self.max_model_len}-token "
-                             f"sequence (block size {self.config.block_size})")
+        if num_blocks is not None:  # checked in full before anything changes: a refused restart changes nothing
+            if isinstance(num_blocks, bool) or not isinstance(num_blocks, numbers.Integral) or num_blocks <= 0:
+                raise ValueError(f"a restart's num_blocks must be a whole number > 0, got {num_blocks!r}")
+            if num_blocks * self.config.block_size < self.max_model_len:
+                raise ValueError(f"a restart with {num_blocks} KV blocks cannot hold one {self.max_model_len}-token "
+                                 f"sequence (block size {self.config.block_size})")
         self.counters.restarts += 1
         self._lose_everything(num_blocks)
         if num_blocks is not None:

@@ -6,6 +6,7 @@ consumes them; the engine checks each at submission and refuses a bad one by nam
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass, field
 
 
@@ -38,6 +39,14 @@ def check_request(req: Request, max_model_len: int, vocab_size: int) -> None:
     """Raise ``RequestError`` naming what is wrong with ``req`` for an engine of this context length
     and vocabulary."""
     rid = req.request_id
+    if not isinstance(rid, str) or not rid:
+        raise RequestError(f"request {rid!r}: request_id must be a non-empty string")
+    for name in ("prompt_len", "output_len", "max_tokens"):  # a float or NaN here failed later, in the engine's loop
+        value = getattr(req, name)
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+            raise RequestError(f"request {rid!r}: {name} must be a whole number of tokens, got {value!r}")
+    if isinstance(req.arrival_s, bool) or not isinstance(req.arrival_s, numbers.Real):
+        raise RequestError(f"request {rid!r}: arrival_s must be a finite time >= 0, got {req.arrival_s!r}")
     if req.prompt_len <= 0:
         raise RequestError(f"request {rid!r}: the prompt is empty")
     if req.prompt_len >= max_model_len:
@@ -52,6 +61,9 @@ def check_request(req: Request, max_model_len: int, vocab_size: int) -> None:
     if req.prompt_ids is not None:
         if len(req.prompt_ids) != req.prompt_len:
             raise RequestError(f"request {rid!r}: {len(req.prompt_ids)} prompt ids but prompt_len {req.prompt_len}")
-        bad = [t for t in req.prompt_ids if not (0 <= int(t) < vocab_size)]
+        kind = [t for t in req.prompt_ids if isinstance(t, bool) or not isinstance(t, numbers.Integral)]
+        if kind:
+            raise RequestError(f"request {rid!r}: token id {kind[0]!r} is not a whole number")
+        bad = [t for t in req.prompt_ids if not (0 <= t < vocab_size)]
         if bad:
             raise RequestError(f"request {rid!r}: token id {bad[0]} is outside the vocabulary [0, {vocab_size})")

@@ -31,6 +31,14 @@ def busy_engine(make_engine):
     (Request("minus", 0.0, 5, 4, -3), "max_tokens must be > 0"),
     (Request("ids", 0.0, 5, 4, 4, prompt_ids=(1, 2)), "2 prompt ids but prompt_len 5"),
     (Request("ok-1", 0.0, 5, 4, 4), "already in use"),
+    # a length or token id of the wrong type was accepted and stopped the engine's loop for every request
+    # (2.5 output tokens), or failed half-way through submit, leaving a record the engine never finished
+    (Request("half", 0.0, 5, 2.5, 4), "output_len must be a whole number of tokens, got 2.5"),
+    (Request("float", 0.0, 12.0, 6, 6), "prompt_len must be a whole number of tokens, got 12.0"),
+    (Request("nan", 0.0, 12, 6, float("nan")), "max_tokens must be a whole number of tokens, got nan"),
+    (Request("text", 0.0, 3, 4, 4, prompt_ids=("1", "2", "x")), "token id '1' is not a whole number"),
+    (Request("frac", 0.0, 3, 4, 4, prompt_ids=(1.7, 2, 3)), "token id 1.7 is not a whole number"),
+    (Request(7, 0.0, 3, 4, 4), "request_id must be a non-empty string"),
 ])
 def test_a_bad_request_is_refused_by_name_and_the_rest_are_served(busy_engine, bad, message):
     eng = busy_engine
@@ -256,6 +264,31 @@ def test_an_engine_config_refuses_a_target_or_downtime_that_is_not_a_finite_time
 
     with pytest.raises(ValueError, match=f"{field} must be a finite number of seconds"):
         EngineConfig(**{field: value})
+
+
+@pytest.mark.parametrize("field, value, why", [("block_size", float("nan"), "a whole number >= 1, got nan"),
+                                              ("num_blocks", 10.5, "a whole number >= 1, got 10.5"),
+                                              ("max_num_seqs", float("nan"), "a whole number >= 1, got nan"),
+                                              ("host_bytes", float("nan"), "a whole number >= 0, got nan"),
+                                              ("seed", -1, ">= 0, got -1")])
+def test_an_engine_config_refuses_a_size_or_count_that_is_not_a_whole_number(field, value, why):
+    """NaN passed `<= 0` and failed later without a name; 10.5 blocks failed in the pool."""
+    from engine.config import EngineConfig
+
+    with pytest.raises(ValueError, match=f"{field} must be {why}"):
+        EngineConfig(**{field: value})
+
+
+@pytest.mark.parametrize("blocks", [20.5, float("inf"), 0, True])
+def test_a_refused_restart_changes_nothing(busy_engine, blocks):
+    """It counted a restart, requeued everything and charged the recompute before the pool refused."""
+    eng = busy_engine
+    before = (eng.counters.restarts, eng.queue_lengths(), eng.counters.recomputed_tokens, eng.down_until)
+    with pytest.raises(ValueError, match="a restart's num_blocks must be a whole number > 0"):
+        eng.restart(blocks)
+    assert (eng.counters.restarts, eng.queue_lengths(), eng.counters.recomputed_tokens, eng.down_until) == before
+    eng.run()
+    assert [eng.records[r].output_len for r in ("ok-1", "ok-2")] == [8, 6]
 
 
 def test_a_folder_named_as_a_policy_a_node_policy_benched_and_a_yaml_that_is_no_mapping_are_named(tmp_path, capsys):

@@ -350,6 +350,14 @@ def test_weights_that_do_not_fit_the_described_network_are_refused_naming_the_te
     refused(arch, r"weight '0\.0\.weight' has shape")
 
 
+def test_a_header_with_a_shape_or_switch_of_the_wrong_type_is_refused_saying_so(trained, tmp_path):
+    """ "39" read as 39, and "false" as true (a dueling file built as another network): each named."""
+    for name, edit, why in (("dim", {"obs_dim": str(len(FEATURES))}, rf"network.obs_dim must be a whole number, got '{len(FEATURES)}'"),
+                            ("duel", {"dueling": "false"}, r"network.dueling must be true or false, got 'false'")):
+        refused(rewritten(trained[2], tmp_path / f"{name}.rlpolicy", header_edit=lambda h: h["network"].update(edit)),
+                why)
+
+
 def test_a_header_naming_a_huge_network_is_refused_without_building_it(trained, tmp_path):
     # 10^6 x 10^6 float32 weights would be 4 TB: built before the tensors were checked, it could not load at all
     huge = rewritten(trained[2], tmp_path / "huge.rlpolicy",

@@ -566,7 +566,11 @@ def test_malformed_snapshots_get_invalid_argument_naming_the_field_and_are_count
     s = watermark_sidecar
     good = snapshot_message(a_snapshot(), 2048)
     cases = {"queue_hist": lambda m: m.queue_hist.append(0.0), "alloc_ratio": lambda m: setattr(m, "alloc_ratio", float("nan")),
-             "device_free": lambda m: setattr(m, "device_free", 2.0), "swapped": lambda m: setattr(m, "swapped", -3)}
+             "device_free": lambda m: setattr(m, "device_free", 2.0), "swapped": lambda m: setattr(m, "swapped", -3),
+             # the scales a policy divides by: a sender that predates them sends 0, which read as a full engine
+             "kv_tokens_total": lambda m: setattr(m, "kv_tokens_total", 0),
+             "max_num_seqs": lambda m: setattr(m, "max_num_seqs", 0),
+             "kv_blocks_total": lambda m: setattr(m, "kv_blocks_total", 0)}
     before = s.metrics()
     with open_channel(s.address) as ch:
         stub = s.stub(ch)

@@ -69,6 +69,10 @@ def snapshot_from_message(m: pb.Snapshot) -> tuple[Snapshot, int]:
         x = v[name]
         if x < 0:
             raise SnapshotError(name, f"is a count and must be >= 0, got {x}")
+    for name in ("kv_blocks_total", "kv_tokens_total", "max_num_seqs"):  # the scales a policy divides by
+        if v[name] <= 0:  # proto3 sends a field it does not know as 0: a sender that predates it
+            raise SnapshotError(name, f"must be > 0 (the engine's capacity; a sender that does not set it "
+                                      f"is refused), got {v[name]}")
     if v["kv_blocks_used"] > v["kv_blocks_total"]:
         raise SnapshotError("kv_blocks_used", f"({v['kv_blocks_used']}) exceeds kv_blocks_total ({v['kv_blocks_total']})")
     if not v["overcommit"] > 0.0:
