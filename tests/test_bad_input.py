@@ -279,6 +279,18 @@ def test_an_engine_config_refuses_a_size_or_count_that_is_not_a_whole_number(fie
         EngineConfig(**{field: value})
 
 
+@pytest.mark.parametrize("field", ["vocab_size", "hidden_size", "num_layers", "num_heads", "max_position"])
+def test_a_model_config_refuses_a_size_that_is_not_a_whole_number(field):
+    import numpy as np
+
+    from engine.config import ModelConfig
+
+    for value in (float("nan"), 64.5, True):
+        with pytest.raises(ValueError, match=f"{field} must be a whole number >= 1, got {value!r}"):
+            ModelConfig(**{field: value})
+    assert ModelConfig(**{field: np.int64(getattr(ModelConfig(), field))})  # numpy's integers are whole numbers
+
+
 @pytest.mark.parametrize("blocks", [20.5, float("inf"), 0, True])
 def test_a_refused_restart_changes_nothing(busy_engine, blocks):
     """It counted a restart, requeued everything and charged the recompute before the pool refused."""

@@ -144,9 +144,12 @@ GENERATED = {"arrivals": {"kind": "poisson", "rate": 1.0}, "prompt": {"kind": "l
 
 
 def test_a_whole_length_bound_written_with_a_point_reads_as_its_integer():
+    from env.workload_builder import _lengths
+
     data = {**short("burst"), "workload": {**GENERATED, "output": {"kind": "lognormal", "mean": 100, "sigma": 1,
                                                                    "low": 16.0, "high": 16000.0}}}
-    assert scenario_from_dict(data).workload.output.params["high"] == 16000.0  # as written; read as 16000
+    lengths = _lengths(scenario_from_dict(data).workload.output)  # it loads (it was refused), and reads ints
+    assert (lengths.low, lengths.high) == (16, 16000) and type(lengths.low) is type(lengths.high) is int
 
 
 @pytest.mark.parametrize("patch, field", [

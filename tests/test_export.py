@@ -353,6 +353,7 @@ def test_weights_that_do_not_fit_the_described_network_are_refused_naming_the_te
 def test_a_header_with_a_shape_or_switch_of_the_wrong_type_is_refused_saying_so(trained, tmp_path):
     """ "39" read as 39, and "false" as true (a dueling file built as another network): each named."""
     for name, edit, why in (("dim", {"obs_dim": str(len(FEATURES))}, rf"network.obs_dim must be a whole number, got '{len(FEATURES)}'"),
+                            ("acts", {"n_actions": 5.0}, r"network.n_actions must be a whole number, got 5.0"),
                             ("duel", {"dueling": "false"}, r"network.dueling must be true or false, got 'false'")):
         refused(rewritten(trained[2], tmp_path / f"{name}.rlpolicy", header_edit=lambda h: h["network"].update(edit)),
                 why)

@@ -67,7 +67,7 @@ def test_resume_continues_from_a_checkpoint_into_a_new_folder_leaving_the_run_it
     assert Path(more["run"], "progress.csv").stat().st_size > 0 and Path(more["policy"]).is_file()
 
 
-def test_resume_refuses_what_is_not_a_checkpoint_or_has_nothing_left_to_train_before_writing(run, tmp_path):
+def test_resume_refuses_what_is_not_a_checkpoint_or_has_nothing_left_to_train_before_writing(run, tmp_path, capsys):
     tmp, cfg, out = run
     checkpoints = sorted(Path(out["run"], "checkpoints").glob("rl_model_*_steps.zip"))
     stray = tmp_path / "rl_model_1_steps.zip"
@@ -94,6 +94,7 @@ def test_resume_refuses_what_is_not_a_checkpoint_or_has_nothing_left_to_train_be
         train(other, tmp_path / "runs", resume=str(checkpoints[0]), progress_bar=False)
     assert main(["train", "--config", str(configs(tmp)), "--resume", str(checkpoints[0]), "--init-policy",
                  out["policy"], "--logdir", str(tmp_path / "runs")]) == 2  # the flag beside it: which one?
+    assert "--init-policy starts a new run from a policy file's: give one or the other" in capsys.readouterr().err
     assert not (tmp_path / "runs").exists() and not (tmp_path / "deep").exists()
     assert not Path(out["run"] + "_resumed_2").exists()  # nothing written next to the run either
 

@@ -157,7 +157,8 @@ def parked(late: int = 0, restarting: bool = False) -> Snapshot:
     return Snapshot(time_s=10.0, alloc_ratio=0.2, alloc_slope=0.0, frag_entropy=0.0, queue_len=400, prefill_frac=0.0,
                     len_mean=0.0, len_std=0.0, swapped=0, decode_ms=0.0, overcommit=1.0, reserved_ratio=0.2,
                     device_free=0.5, queue_hist=tuple(bins), running_hist=tuple(bins), kv_tokens_total=200_000,
-                    max_num_seqs=256, waiting_tokens=400 * 600, restarting=restarting, waiting_late=late)
+                    kv_blocks_used=2_500, kv_blocks_total=12_500, max_num_seqs=256, waiting_tokens=400 * 600,
+                    restarting=restarting, waiting_late=late)
 
 
 def test_served_it_keeps_each_engines_state_apart_and_hands_back_once_the_queue_is_late():

@@ -211,7 +211,8 @@ def _trial_snapshot() -> Snapshot:
     bins = (0.0,) * (len(HIST_EDGES) - 1)
     return Snapshot(time_s=0.0, alloc_ratio=0.0, alloc_slope=0.0, frag_entropy=0.0, queue_len=0, prefill_frac=0.0,
                     len_mean=0.0, len_std=0.0, swapped=0, decode_ms=0.0, overcommit=1.0, reserved_ratio=0.0,
-                    device_free=1.0, queue_hist=bins, running_hist=bins, kv_tokens_total=1024, max_num_seqs=8)
+                    device_free=1.0, queue_hist=bins, running_hist=bins, kv_tokens_total=1024, kv_blocks_total=64,
+                    max_num_seqs=8)
 
 
 def _is_baseline(spec: str, node: bool) -> bool:
