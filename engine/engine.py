@@ -409,6 +409,8 @@ class Engine:
     def run(self, until: float | None = None, max_iterations: int | None = None) -> None:
         """Step until nothing is left, the clock passes ``until``, or ``max_iterations`` ran.
         Time the engine spends idle or restarting ends exactly at ``until``."""
+        if until is not None and math.isnan(until):
+            raise ValueError("until must be a time (or None: until nothing is left), got nan")
         n = 0
         s = self.scheduler
         while (until is None or self.clock < until) and (max_iterations is None or n < max_iterations):
@@ -439,8 +441,8 @@ class Engine:
     def set_overcommit(self, factor: float) -> float:
         """Set the overcommit factor, clamped to the configured range; returns the factor in force.
         Lowering it stops admission until the held peak demand fits again."""
-        if math.isnan(factor) or factor <= 0:
-            raise ValueError(f"overcommit factor must be > 0, got {factor}")
+        if isinstance(factor, bool) or not isinstance(factor, numbers.Real) or math.isnan(factor) or factor <= 0:
+            raise ValueError(f"overcommit factor must be a number > 0, got {factor!r}")
         self.overcommit = min(max(factor, self.config.overcommit_min), self.config.overcommit_max)
         return self.overcommit
 

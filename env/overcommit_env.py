@@ -149,7 +149,7 @@ class OvercommitEnv(gym.Env):
     def step(self, action):
         if self.engine is None:
             raise RuntimeError("step() before reset()")
-        if not self.action_space.contains(action):
+        if isinstance(action, (bool, np.bool_)) or not self.action_space.contains(action):  # True is not scale_up
             raise ValueError(f"action must be one of 0..{len(ACTIONS) - 1} ({', '.join(ACTIONS)}), got {action!r}")
         sc, e = self.scenario, self.engine
         requested = int(action)

@@ -783,7 +783,7 @@ def parser() -> argparse.ArgumentParser:
     sv.set_defaults(fn=cmd_serve)
 
     d = sub.add_parser("demo", help="the shipped policy against every baseline; then train briefly and compare")
-    d.add_argument("--timesteps", type=int, default=None, help=f"training steps (default: training config {DEMO_CONFIG}'s)")
+    d.add_argument("--timesteps", type=_count, default=None, help=f"training steps (default: training config {DEMO_CONFIG}'s)")
     d.add_argument("--seed", type=_seed, default=None)
     d.add_argument("--logdir", default="runs", help="TensorBoard and run directory root (default %(default)s)")
     d.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -878,7 +878,7 @@ def parser() -> argparse.ArgumentParser:
 
     t = sub.add_parser("train", help="train the DQN on a scenario; TensorBoard logs, checkpoints, exported policy")
     t.add_argument("--config", required=True, nargs="+", help="training YAML(s), or shipped names (steady: experiments/train/steady.yaml)")
-    t.add_argument("--timesteps", type=int, default=None, help="override the config's timesteps")
+    t.add_argument("--timesteps", type=_count, default=None, help="override the config's timesteps")
     t.add_argument("--seed", type=_seed, default=None, help="override the config's seed")
     t.add_argument("--seeds", type=_seed, nargs="+", default=None,
                    help="train every config once per seed and print the spread over seeds")

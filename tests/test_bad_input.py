@@ -239,13 +239,15 @@ def _cli_cases(tmp: "Path") -> list[tuple[list[str], str]]:
         (["replay", "--trace", azure, "--duration", "-1"], "--duration must be > 0, got -1.0"),
         (["replay", "--trace", azure, "--client-timeout", "-3"], "--client-timeout must be a finite number"),
         (["replay", "--trace", azure, "--limit", "0"], "--limit must be >= 1, got 0"),
+        (["train", "--config", "steady", "--timesteps", "0", "--logdir", str(tmp / "runs")],
+         "argument --timesteps: expected a whole number > 0, got 0"),  # it named the config file's field
     ]
 
 
-@pytest.mark.parametrize("case", range(23))
+@pytest.mark.parametrize("case", range(24))
 def test_a_bad_option_is_refused_before_anything_runs_naming_it(case, tmp_path, capsys):
     cases = _cli_cases(tmp_path)
-    assert len(cases) == 23
+    assert len(cases) == 24
     argv, message = cases[case]
     out, err = _cli_refusal(argv, capsys)
     assert message in err
@@ -289,6 +291,32 @@ def test_a_model_config_refuses_a_size_that_is_not_a_whole_number(field):
         with pytest.raises(ValueError, match=f"{field} must be a whole number >= 1, got {value!r}"):
             ModelConfig(**{field: value})
     assert ModelConfig(**{field: np.int64(getattr(ModelConfig(), field))})  # numpy's integers are whole numbers
+
+
+def test_a_factor_that_is_no_number_and_a_nan_deadline_are_refused_by_name(busy_engine):
+    eng = busy_engine
+    for factor in ("2", None, True, float("nan")):
+        with pytest.raises(ValueError, match=f"overcommit factor must be a number > 0, got {factor!r}"):
+            eng.set_overcommit(factor)
+    with pytest.raises(ValueError, match="until must be a time"):  # it returned at once, doing nothing
+        eng.run(until=float("nan"))
+    eng.run()
+    assert [eng.records[r].output_len for r in ("ok-1", "ok-2")] == [8, 6]
+
+
+def test_the_env_refuses_a_bool_as_an_action():
+    """gymnasium's Discrete takes True for 1: the env does not (True is no action id)."""
+    import numpy as np
+
+    from env.overcommit_env import OvercommitEnv
+    from env.scenario_yaml import load_scenario
+
+    env = OvercommitEnv(load_scenario("steady"))
+    env.reset(seed=0)
+    for action in (True, np.bool_(False)):
+        with pytest.raises(ValueError, match=r"action must be one of 0..4 .*, got"):
+            env.step(action)
+    env.step(np.int64(1))  # numpy's integers are action ids
 
 
 @pytest.mark.parametrize("blocks", [20.5, float("inf"), 0, True])
