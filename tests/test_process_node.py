@@ -129,7 +129,7 @@ def test_a_process_that_refuses_or_dies_is_named(tmp_path):
     scenario = chat_pair(tmp_path, steps=5)
     with ProcessNode(scenario, seed=0, environ=small_environ()) as node:
         a = node.engines["a"]
-        with pytest.raises(EngineProcessError, match="refused set_overcommit.*must be > 0"):
+        with pytest.raises(EngineProcessError, match="refused set_overcommit.*must be a number > 0, got -1.0"):
             a.set_overcommit(-1.0)
         a.snapshot()  # the process is still up and answers
         a.proc.kill()
