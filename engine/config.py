@@ -20,10 +20,15 @@ def torch_dtype(name: str) -> torch.dtype:
 WEIGHT_BITS = (2, 3, 4, 8, 16, 32)  # the bits a weight may be stored in: quantised, or a float dtype's
 
 
+def is_whole(value) -> bool:
+    """Whether ``value`` is a whole number: an int, numpy's too; not a bool, a float or NaN, which a size,
+    a count or a token could not be, and which would fail later without a name."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
 def _count(name: str, value, minimum: int = 1) -> None:
-    """Refuse ``value`` unless it is a whole number >= ``minimum`` (an int, numpy's too; not a bool,
-    a float or NaN, which a size or a count could not be, and which would fail later without a name)."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+    """Refuse ``value`` unless it is a whole number (``is_whole``) >= ``minimum``."""
+    if not is_whole(value):
         raise ValueError(f"{name} must be a whole number >= {minimum}, got {value!r}")
     if value < minimum:
         raise ValueError(f"{name} must be {'> 0' if minimum == 1 else f'>= {minimum}'}, got {value}")

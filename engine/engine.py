@@ -25,7 +25,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import torch
 
-from engine.config import EngineConfig, MemoryPlan, ModelConfig, max_model_len, memory_plan
+from engine.config import EngineConfig, MemoryPlan, ModelConfig, is_whole, max_model_len, memory_plan
 from engine.decode_run import decode_run
 from engine.device import Device, DeviceOOM
 from engine.executor import ProfiledExecutor, TorchExecutor
@@ -289,7 +289,7 @@ class Engine:
         for ``restart_downtime_s``, and it comes back with a KV capacity of ``num_blocks`` (the
         blocks its new limit holds; None: as before)."""
         if num_blocks is not None:  # checked in full before anything changes: a refused restart changes nothing
-            if isinstance(num_blocks, bool) or not isinstance(num_blocks, numbers.Integral) or num_blocks <= 0:
+            if not is_whole(num_blocks) or num_blocks <= 0:
                 raise ValueError(f"a restart's num_blocks must be a whole number > 0, got {num_blocks!r}")
             if num_blocks * self.config.block_size < self.max_model_len:
                 raise ValueError(f"a restart with {num_blocks} KV blocks cannot hold one {self.max_model_len}-token "

@@ -9,6 +9,8 @@ import math
 import numbers
 from dataclasses import dataclass, field
 
+from engine.config import is_whole
+
 
 @dataclass(frozen=True)
 class Request:
@@ -43,7 +45,7 @@ def check_request(req: Request, max_model_len: int, vocab_size: int) -> None:
         raise RequestError(f"request {rid!r}: request_id must be a non-empty string")
     for name in ("prompt_len", "output_len", "max_tokens"):  # a float or NaN here failed later, in the engine's loop
         value = getattr(req, name)
-        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        if not is_whole(value):
             raise RequestError(f"request {rid!r}: {name} must be a whole number of tokens, got {value!r}")
     if isinstance(req.arrival_s, bool) or not isinstance(req.arrival_s, numbers.Real):
         raise RequestError(f"request {rid!r}: arrival_s must be a finite time >= 0, got {req.arrival_s!r}")
@@ -61,7 +63,7 @@ def check_request(req: Request, max_model_len: int, vocab_size: int) -> None:
     if req.prompt_ids is not None:
         if len(req.prompt_ids) != req.prompt_len:
             raise RequestError(f"request {rid!r}: {len(req.prompt_ids)} prompt ids but prompt_len {req.prompt_len}")
-        kind = [t for t in req.prompt_ids if isinstance(t, bool) or not isinstance(t, numbers.Integral)]
+        kind = [t for t in req.prompt_ids if not is_whole(t)]
         if kind:
             raise RequestError(f"request {rid!r}: token id {kind[0]!r} is not a whole number")
         bad = [t for t in req.prompt_ids if not (0 <= t < vocab_size)]

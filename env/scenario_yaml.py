@@ -149,7 +149,7 @@ def _distribution(value, where: str, path: str) -> Distribution:
         raise _fail(where, f"{path}.{key}", f"is required for {kind}")
     d = Distribution(kind, params)
     try:
-        check_distribution(d)
+        check_distribution(d, arrivals=table is _ARRIVALS)
     except (ValueError, FileNotFoundError) as exc:  # the distribution names the key: "mean must be > 0"
         raise _fail(where, path, str(exc)) from None
     return d

@@ -85,9 +85,10 @@ def _lengths(d: Distribution):
     return _empirical(trace_path(p["trace"]), p["column"])
 
 
-def check_distribution(d: Distribution) -> None:
-    """Build ``d`` once, so that a bad value fails at load naming its key (``ValueError``)."""
-    (_arrivals if d.kind in ("poisson", "gamma", "mmpp") else _lengths)(d)
+def check_distribution(d: Distribution, arrivals: bool) -> None:
+    """Build ``d`` (an arrival process, or a length distribution) once, so that a bad value fails at
+    load naming its key (``ValueError``)."""
+    (_arrivals if arrivals else _lengths)(d)
 
 
 @lru_cache(maxsize=16)

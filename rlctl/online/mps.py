@@ -222,18 +222,19 @@ class MPSLimit:
                 f"one; give the engine process its own limit instead ({CLIENT_LIMIT_ENV}={dev}=<limit> in its "
                 "environment)"))
         report = self.set_default(nbytes, dev)
-        if before is not None and report.applied:
+        if not report.applied:
+            return report
+        if before is not None:
             self._replaced[dev] = before
-        servers = self.server_pids() if report.applied else []
+        notes = [report.detail]
+        servers = self.server_pids()
         if servers:  # the default does not reach a process that joins one of these
-            report = dataclasses.replace(report, detail=f"{report.detail}; MPS servers running now: "
-                                         f"{', '.join(map(str, servers))}, so an engine process of their users "
-                                         "started before they exit joins one and does not take this default")
-        if before is not None and report.applied and before.value >= GiB and before.value % GiB == 0:
-            report = dataclasses.replace(report, detail=f"{report.detail}; the default it replaced showed "
-                                         f"{_gib(before.value)}, and the daemon shows a default of 1 GiB or more in "
-                                         "whole GiB: one set between whole GiB is put back rounded down to that")
-        return report
+            notes.append(f"MPS servers running now: {', '.join(map(str, servers))}, so an engine process of their "
+                         "users started before they exit joins one and does not take this default")
+        if before is not None and before.value >= GiB and before.value % GiB == 0:
+            notes.append(f"the default it replaced showed {_gib(before.value)}, and the daemon shows a default of "
+                         "1 GiB or more in whole GiB: one set between whole GiB is put back rounded down to that")
+        return dataclasses.replace(report, detail="; ".join(notes))
 
     def restore(self) -> list[ActuatorReport]:
         """Put back every default ``apply`` changed, as it was before; a report per device, saying
