@@ -46,7 +46,7 @@ def trace_span(w: TraceWorkload) -> float:
     t = _trace(trace_path(w.trace))
     if t.has_arrivals:
         return t.last_arrival_s
-    return len(t.records) / w.rate_rps
+    return len(t) / w.rate_rps
 
 
 # Each value goes to its distribution as written: the distribution checks it and names it ("mean must be
@@ -94,7 +94,8 @@ def check_distribution(d: Distribution, arrivals: bool) -> None:
 @lru_cache(maxsize=16)
 def _empirical(path: Path, column: str) -> EmpiricalLengths:
     """A trace's recorded lengths, built once per trace and column (every episode draws from them)."""
-    return EmpiricalLengths([r.prompt_len if column == "prompt" else r.output_len for r in _trace(path).records])
+    t = _trace(path)
+    return EmpiricalLengths((t.prompt_lens if column == "prompt" else t.output_lens).tolist())
 
 
 def _first_prompt(sessions: dict):

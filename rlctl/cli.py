@@ -548,7 +548,7 @@ def _eval_node(a: argparse.Namespace) -> int:
 def cmd_eval(a: argparse.Namespace) -> int:
     from agents.spec import baselines, canonical, is_trained, label_policies, make_policy, static_sweep
     from env.node_scenario import is_node_scenario
-    from rlctl.evaluate import eval_scenario, run_evals
+    from rlctl.evaluate import deployment_line, eval_scenario, run_evals, thin_windows_note
 
     if a.scenario is not None and is_node_scenario(a.scenario):
         return _eval_node(a)
@@ -562,6 +562,7 @@ def cmd_eval(a: argparse.Namespace) -> int:
     policies = label_policies({spec: make_policy(spec) for spec in specs})  # every spec is checked before anything runs
     print(f"eval: scenario {sc.name} ({sc.deployment}), {a.episodes} episode(s) of {sc.max_steps} x "
           f"{sc.decision_interval_s:g} s, seeds {a.seed}..{a.seed + a.episodes - 1}")
+    print(deployment_line(sc))
     # a trained policy acts behind the shield, as it is served; a baseline only with --shield
     results = run_evals([(policy, a.shield or is_trained(str(spec))) for spec, policy in policies.items()], sc,
                         a.episodes, a.seed, a.jobs)
@@ -569,7 +570,8 @@ def cmd_eval(a: argparse.Namespace) -> int:
     print(f"workload (episode 1): {first['workload']}\nclock: {first['clock']}")
     cfg = sc.engine_config()
     print(format_table(results, extra_rows=EVAL_ROWS + ([ABANDONED_ROW] if cfg.client_timeout_s is not None else [])))
-    for note in (slo_note(results, cfg.ttft_slo_s, cfg.tpot_slo_s), backlog_note(results)):
+    for note in (slo_note(results, cfg.ttft_slo_s, cfg.tpot_slo_s), backlog_note(results),
+                 thin_windows_note(sc, results, a.seed)):
         if note:
             print(note)
     if a.static_sweep:

@@ -115,6 +115,44 @@ def eval_scenario(scenario: str | None, trace: str | None, time_scale: float | N
     return sc
 
 
+def deployment_line(sc) -> str:
+    """What the scenario's engine runs on: the model, its weights, the GPU and the KV capacity it is
+    sized to (``Deployment.describe``), with the context and batch limits, and the scenario's own KV
+    size where it sets one."""
+    from engine.config import max_model_len
+    from engine.roofline import deployment as find_deployment
+
+    d, cfg = find_deployment(sc.deployment), sc.engine_config()
+    line = (f"deployment: {d.describe()}; context {max_model_len(d.model, cfg)} tokens, at most {cfg.max_num_seqs} "
+            f"sequences and {cfg.max_num_batched_tokens} tokens an iteration")
+    if cfg.num_blocks != d.num_blocks():
+        line += f"; the scenario sizes its KV to {cfg.num_blocks} blocks ({cfg.num_blocks * cfg.block_size} tokens)"
+    return line
+
+
+def thin_windows_note(sc, results: dict, seed: int) -> str:
+    """A note naming the episodes whose trace window holds under half the requests the trace's mean rate
+    gives (a trace's arrivals may have gaps or a daily cycle, and ``--load`` reads the mean): those ran
+    below the load asked. Empty where none does, or the workload is no trace with arrival times."""
+    from env.scenario import TraceWorkload
+    from env.workload_builder import load_trace
+
+    w = sc.workload
+    if not isinstance(w, TraceWorkload) or w.rate_rps is not None:
+        return ""
+    t = load_trace(w.trace)
+    if len(t) < 2 or t.last_arrival_s <= 0:
+        return ""
+    expected = (len(t) - 1) / t.last_arrival_s * sc.episode_s * w.time_scale
+    counts = [e["requests_submitted"] for e in next(iter(results.values()))["episodes"]]
+    thin = [(seed + k, n) for k, n in enumerate(counts) if n < expected / 2]
+    if expected < 10 or not thin:  # below ten requests a window, chance alone halves one
+        return ""
+    return (f"note: {len(thin)} of {len(counts)} episode(s) drew a window of {w.trace} holding under half the "
+            f"{expected:.0f} requests its mean rate gives ({', '.join(f'seed {k}: {n}' for k, n in thin)}): its "
+            f"arrivals are uneven (gaps, a daily cycle), so those episodes ran below the load asked")
+
+
 def trace_outlasted(sc, trace: str, load: float | None) -> str:
     """A note where the episode runs past the trace's last arrival (none arrives after it, so the
     load it was put at does not hold for the episode), with the ``--steps`` that keeps within it;

@@ -60,16 +60,16 @@ def trace_load(trace: str, deployment: Deployment, max_tokens: str, load: float)
     t = load_trace(trace)
     cfg = deployment.engine_config()
     mml = max_model_len(deployment.model, cfg)
-    rule = MaxTokensRule.parse(max_tokens, name="--max-tokens")
-    prompts = np.array([min(r.prompt_len, mml - 1) for r in t.records], dtype=float)
-    outputs = np.array([min(r.output_len, rule.declare(int(p), r.output_len, mml), mml - int(p))
-                        for r, p in zip(t.records, prompts)], dtype=float)
+    MaxTokensRule.parse(max_tokens, name="--max-tokens")  # a declared limit is at least the real output, so
+    # it never lowers an output here: the lengths are fitted to the context as a replay fits them (clip_lengths)
+    prompts = np.minimum(np.maximum(t.prompt_lens, 1), mml - 1)
+    outputs = np.minimum(np.maximum(t.output_lens, 1), mml - prompts)
     if t.has_arrivals:
-        times = [r.arrival_s for r in t.records]
-        if max(times) <= min(times):
+        first, last = float(t.arrivals.min()), float(t.arrivals.max())
+        if last <= first:
             raise ValueError(f"--load needs a trace whose arrivals span some time to read its rate from: {trace}'s "
-                             f"{len(times)} request(s) all arrive at {min(times):g} s; give --time-scale instead")
-        rps = (len(times) - 1) / (max(times) - min(times))
+                             f"{len(t)} request(s) all arrive at {first:g} s; give --time-scale instead")
+        rps = (len(t) - 1) / (last - first)
     else:
         rps = 1.0
     p, o = float(prompts.mean()), float(outputs.mean())
@@ -81,5 +81,5 @@ def trace_load(trace: str, deployment: Deployment, max_tokens: str, load: float)
     chunk = int(min(p, cfg.max_num_batched_tokens))
     prefill = cost.iteration_s(BatchShape(chunk, chunk, chunk * (chunk + 1) // 2)) * p / max(chunk, 1)
     sustainable = 1.0 / (prefill + o * decode / batch)
-    clipped = sum(1 for r in t.records if r.prompt_len > mml - 1)
-    return Load(rps, p, o, batch, sustainable, load, clipped, len(t.records), mml)
+    clipped = int((t.prompt_lens > mml - 1).sum())
+    return Load(rps, p, o, batch, sustainable, load, clipped, len(t), mml)

@@ -132,3 +132,25 @@ def test_a_trace_put_at_a_load_says_what_it_cannot_keep(tmp_path, capsys):
     assert main([*base, "--trace", brief, "--steps", "1"]) == 0
     out = capsys.readouterr().out
     assert "within the first 2 s step, so no episode stays within them" in out and "(--steps" not in out
+
+
+def test_eval_names_the_windows_a_gappy_trace_leaves_thin_and_states_the_deployment(tmp_path, capsys):
+    # two busy hours a day apart: --load reads the trace's mean rate, so most windows fall in the gap,
+    # hold no request and run far below the load asked; the table alone would not show it
+    from datetime import datetime, timedelta
+
+    start = datetime(2024, 5, 10)
+    times = [i * 2.0 for i in range(1800)] + [86_400 + i * 2.0 for i in range(1800)]
+    rows = [f"{(start + timedelta(seconds=t)).isoformat(sep=' ')}.000000+00:00,300,40" for t in times]
+    gappy, even = tmp_path / "gappy.csv", tmp_path / "even.csv"
+    gappy.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + "\n".join(rows) + "\n")
+    even.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + "\n".join(
+        f"{(start + timedelta(seconds=i * 48.0)).isoformat(sep=' ')}.000000+00:00,300,40" for i in range(1800)) + "\n")
+    base = ["eval", "--policy", "static:1.0", "--episodes", "3", "--steps", "2", "--deployment", "llama3-8b-l40s",
+            "--load", "1.2", "--trace"]
+    assert main([*base, str(gappy)]) == 0
+    out = capsys.readouterr().out
+    assert "deployment: llama3-8b-l40s: 8.0B params at 16 bits on NVIDIA L40S 48GB; KV " in out
+    assert "episode(s) drew a window of " in out and "seed 0: 0" in out
+    assert main([*base, str(even)]) == 0
+    assert "drew a window" not in capsys.readouterr().out

@@ -150,6 +150,29 @@ def test_mooncake_and_length_files_of_any_size(tmp_path):
     assert read_trace(lengths).records[0].prompt_len == 12
 
 
+def test_every_format_counts_arrivals_from_its_earliest_row(tmp_path):
+    # a Mooncake trace may count its milliseconds from an epoch or start late: its first request
+    # arrives at 0 s as an Azure or BurstGPT trace's does (a replay window starts at 0)
+    epoch = 1_715_299_200_000
+    moon = write(tmp_path, "late.jsonl", mooncake_line(epoch + 2500, 10, 2, "[]") + mooncake_line(epoch + 500, 20, 3, "[]"))
+    trace = read_trace(moon)
+    assert [(r.arrival_s, r.prompt_len) for r in trace.records] == [(2.0, 10), (0.0, 20)]
+    requests = build_requests(trace, ReplaySpec(max_tokens="fixed:64", duration_s=10))
+    assert [(r.arrival_s, r.prompt_len) for r in requests] == [(0.0, 20), (2.0, 10)]
+
+
+def test_vidur_traces_with_arrived_at_replay_their_own_arrivals(tmp_path):
+    # vidur's processed traces (splitwise_conv.csv) add the arrival in seconds to the length-only columns
+    path = write(tmp_path, "splitwise.csv", "arrived_at,num_prefill_tokens,num_decode_tokens\n"
+                                            "3.5,374,44\n4.25,396,109\n")
+    trace = read_trace(path)
+    assert trace.format == "vidur" and trace.has_arrivals
+    assert [(r.arrival_s, r.prompt_len, r.output_len) for r in trace.records] == [(0.0, 374, 44), (0.75, 396, 109)]
+    with pytest.raises(TraceError, match=r"splitwise2\.csv:3: bad timestamp 'soon'"):
+        read_trace(write(tmp_path, "splitwise2.csv", "arrived_at,num_prefill_tokens,num_decode_tokens\n"
+                                                     "0,1,1\nsoon,2,2\n"))
+
+
 def test_csv_fields_may_be_quoted_with_commas_and_line_breaks_inside(tmp_path):
     path = write(
         tmp_path,

@@ -103,16 +103,15 @@ def build_requests(trace: Trace, spec: ReplaySpec) -> list[Request]:
     log.info("%s: %s", trace.path.name, spec.describe())
     times = _trace_times(trace, spec)
     end = math.inf if spec.duration_s is None else spec.start_s + spec.duration_s
-    rows = [i for i, t in enumerate(times) if spec.start_s <= t < end]
-    rows.sort(key=lambda i: (times[i], i))
-    rows = rows[: spec.limit]
+    rows = np.flatnonzero((times >= spec.start_s) & (times < end))
+    rows = rows[np.argsort(times[rows], kind="stable")][: spec.limit]  # by arrival, then file order
 
     rule, stem, requests = spec.max_tokens_rule(), Path(trace.path.name.removesuffix(".gz")).stem, []
-    for row in rows:
-        record = trace.records[row]
+    for row in rows.tolist():
+        record = trace.record(row)
         request = sized_request(
             f"{stem}-{row}",
-            (times[row] - spec.start_s) / spec.time_scale,
+            (float(times[row]) - spec.start_s) / spec.time_scale,
             record.prompt_len,
             record.output_len,
             rule,
@@ -126,7 +125,7 @@ def build_requests(trace: Trace, spec: ReplaySpec) -> list[Request]:
     return requests
 
 
-def _trace_times(trace: Trace, spec: ReplaySpec) -> list[float]:
+def _trace_times(trace: Trace, spec: ReplaySpec) -> np.ndarray:
     """Each record's arrival in trace time: recorded, or drawn for a length-only trace."""
     if trace.has_arrivals:
         if spec.rate_rps is not None:
@@ -134,10 +133,10 @@ def _trace_times(trace: Trace, spec: ReplaySpec) -> list[float]:
                 f"rate_rps is for length-only traces; {trace.path} ({trace.format}) "
                 "has its own arrival times"
             )
-        return [record.arrival_s for record in trace.records]
+        return trace.arrivals
     if spec.rate_rps is None:
         raise ValueError(
             f"rate_rps is required: {trace.path} is a length-only trace with no arrival times"
         )
     rng = np.random.default_rng(spec.seed)
-    return PoissonArrivals(spec.rate_rps).first(len(trace.records), rng).tolist()
+    return np.asarray(PoissonArrivals(spec.rate_rps).first(len(trace), rng), dtype=np.float64)

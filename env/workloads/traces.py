@@ -1,5 +1,6 @@
-"""Readers for request traces: Azure LLM inference CSV, BurstGPT CSV, Mooncake JSONL and
-length-only CSV, each plain or gzip-compressed (told by the file's first bytes, not its name).
+"""Readers for request traces: Azure LLM inference CSV, BurstGPT CSV, Mooncake JSONL, and
+length-only CSV (vidur's and sarathi-serve's processed traces; with their ``arrived_at`` column, arrivals
+too), each plain or gzip-compressed (told by the file's first bytes, not its name).
 
 Any file of these formats reads, not just the bundled ones, so a reader checks every line and a
 bad one fails the whole read with the file and line in the message: a silently skipped row would
@@ -9,20 +10,29 @@ from __future__ import annotations
 
 import csv
 import gzip
+import itertools
 import json
 import math
 import os
 import re
 import zlib
+from array import array
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
+from functools import lru_cache
 from pathlib import Path
 
-FORMATS = ("azure", "burstgpt", "mooncake", "lengths")
+import numpy as np
+
+FORMATS = ("azure", "burstgpt", "mooncake", "vidur", "lengths")
 MOONCAKE_HASH_BLOCK_TOKENS = 512  # Mooncake traces hash prompts in 512-token prefix blocks
 
 _AZURE_COLUMNS = ("timestamp", "contexttokens", "generatedtokens")
 _LENGTH_COLUMNS = ("num_prefill_tokens", "num_decode_tokens")
+# vidur's processed traces with arrivals (microsoft/vidur data/processed_traces, e.g. splitwise_conv.csv):
+# the length-only columns and the arrival in seconds from the trace's start
+_VIDUR_COLUMNS = ("arrived_at", *_LENGTH_COLUMNS)
 # BurstGPT (HPMLL/BurstGPT): Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type,
 # the timestamp in seconds from the trace's start; a failed request has 0 response tokens
 _BURSTGPT_COLUMNS = ("timestamp", "request tokens", "response tokens")
@@ -53,24 +63,42 @@ class TraceRecord:
 
 @dataclass(frozen=True, eq=False)
 class Trace:
-    """The records of one trace file, in file order."""
+    """The rows of one trace file, in file order, held as columns: a week of Azure's trace is tens of
+    millions of rows, which as one Python object each would not fit a machine's memory.
 
-    records: tuple[TraceRecord, ...]
+    ``arrivals`` are seconds after the earliest row (None for a length-only trace), ``prompt_lens``
+    and ``output_lens`` token counts, ``hash_ids`` each row's prefix-block hashes where the format
+    has them."""
+
+    arrivals: np.ndarray | None  # float64
+    prompt_lens: np.ndarray  # int64
+    output_lens: np.ndarray  # int64
     format: str  # one of FORMATS
     path: Path
+    hash_ids: tuple[tuple[int, ...], ...] | None = None
     hash_block_tokens: int | None = None  # prompt tokens per hash id, where records have hashes
 
     @property
     def has_arrivals(self) -> bool:
-        return self.format != "lengths"
+        return self.arrivals is not None
 
     @property
     def last_arrival_s(self) -> float:
         """The last record's arrival, in the trace's own seconds (a trace with arrival times)."""
-        return max(r.arrival_s for r in self.records)
+        return float(self.arrivals.max())
+
+    def record(self, row: int) -> TraceRecord:
+        """Row ``row`` (0-based, file order) as one record."""
+        return TraceRecord(None if self.arrivals is None else float(self.arrivals[row]), int(self.prompt_lens[row]),
+                           int(self.output_lens[row]), () if self.hash_ids is None else self.hash_ids[row])
+
+    @property
+    def records(self) -> tuple[TraceRecord, ...]:
+        """Every row as a record: for reading a small trace; the columns serve a large one."""
+        return tuple(self.record(i) for i in range(len(self)))
 
     def __len__(self) -> int:
-        return len(self.records)
+        return len(self.prompt_lens)
 
 
 def bundled_trace(name: str) -> Path:
@@ -79,54 +107,15 @@ def bundled_trace(name: str) -> Path:
 
 
 def read_trace(path: str | os.PathLike) -> Trace:
-    """Read a trace, telling its format from the header (CSV) or first line (JSONL)."""
+    """Read a trace, telling its format from the header (CSV) or first line (JSONL). The file is read
+    as a stream, row by row, into columns."""
     path = Path(path)
-    lines = _read_lines(path)
-    numbered = [(n, line) for n, line in enumerate(lines, start=1) if line.strip()]  # blank lines hold no row
-    if not numbered:
-        raise TraceError(path, "empty file")
-    number, first = numbered[0]
-    if first.lstrip().startswith("{"):
-        records = tuple(_mooncake_record(path, n, line) for n, line in numbered)
-        return Trace(records, "mooncake", path, MOONCAKE_HASH_BLOCK_TOKENS)
-    (number, header), *rows = _csv_rows(path, lines)
-    columns = set(c.lower() for c in header)
-    if set(_AZURE_COLUMNS) <= columns:
-        kind = "azure"
-    elif set(_BURSTGPT_COLUMNS) <= columns:
-        kind = "burstgpt"
-    elif set(_LENGTH_COLUMNS) <= columns:
-        kind = "lengths"
-    else:
-        raise TraceError(
-            path,
-            f"unknown trace format: header {first.strip()!r} has neither the Azure columns "
-            f"({','.join(_AZURE_COLUMNS)}), nor BurstGPT's ({','.join(_BURSTGPT_COLUMNS)}), nor the "
-            f"length-only ones ({','.join(_LENGTH_COLUMNS)}), and the line is not a Mooncake JSON object",
-            number,
-        )
-    if not rows:
-        raise TraceError(path, "header but no records", number)
-    if kind == "azure":
-        return Trace(_timed_records(path, header, rows, _AZURE_COLUMNS, _timestamp), kind, path)
-    if kind == "burstgpt":
-        return Trace(_timed_records(path, header, rows, _BURSTGPT_COLUMNS, _seconds), kind, path)
-    at = [[c.lower() for c in header].index(c) for c in _LENGTH_COLUMNS]
-    records = tuple(
-        TraceRecord(None, *_counts(path, n, _fields(path, n, fields, header), header, at))
-        for n, fields in rows
-    )
-    return Trace(records, kind, path)
-
-
-def _read_lines(path: Path) -> list[str]:
-    """The file's lines, line ends kept (the CSV reader needs them inside quoted fields)."""
     try:
         with open(path, "rb") as f:
             packed = f.read(2) == b"\x1f\x8b"  # gzip's magic number
         opener = gzip.open if packed else open
         with opener(path, "rt", encoding="utf-8-sig", newline="") as f:  # -sig: a spreadsheet's byte-order mark
-            return f.readlines()
+            return _read(path, f)
     except FileNotFoundError:
         raise TraceError(path, "no such file") from None
     except IsADirectoryError:
@@ -138,35 +127,83 @@ def _read_lines(path: Path) -> list[str]:
         raise TraceError(path, f"a gzip file that does not decompress ({e or type(e).__name__})") from None
 
 
-def _csv_rows(path: Path, lines: list[str]) -> list[tuple[int, list[str]]]:
+def _read(path: Path, f) -> Trace:
+    skipped = []  # blank lines before the first row, handed on to the reader so that line numbers hold
+    for line in f:
+        skipped.append(line)
+        if line.strip():
+            break
+    else:
+        raise TraceError(path, "empty file")
+    number, first = len(skipped), skipped[-1]
+    lines = itertools.chain(skipped, f)
+    if first.lstrip().startswith("{"):
+        return _mooncake(path, ((n, line) for n, line in enumerate(lines, start=1) if line.strip()))
+    rows = _csv_rows(path, lines)
+    _, header = next(rows)
+    columns = set(c.lower() for c in header)
+    if set(_AZURE_COLUMNS) <= columns:
+        kind, columns, stamp = "azure", _AZURE_COLUMNS, _timestamp
+    elif set(_BURSTGPT_COLUMNS) <= columns:
+        kind, columns, stamp = "burstgpt", _BURSTGPT_COLUMNS, _seconds
+    elif set(_VIDUR_COLUMNS) <= columns:
+        kind, columns, stamp = "vidur", _VIDUR_COLUMNS, _seconds
+    elif set(_LENGTH_COLUMNS) <= columns:
+        kind, columns, stamp = "lengths", (None, *_LENGTH_COLUMNS), None
+    else:
+        raise TraceError(
+            path,
+            f"unknown trace format: header {first.strip()!r} has neither the Azure columns "
+            f"({','.join(_AZURE_COLUMNS)}), nor BurstGPT's ({','.join(_BURSTGPT_COLUMNS)}), nor the "
+            f"length-only ones ({','.join(_LENGTH_COLUMNS)}, with {_VIDUR_COLUMNS[0]} for arrivals), "
+            f"and the line is not a Mooncake JSON object",
+            number,
+        )
+    names = [c.lower() for c in header]
+    at_time, at_prompt, at_output = (None if c is None else names.index(c) for c in columns)
+    whole, frac, prompts, outputs = array("q"), array("d"), array("q"), array("q")
+    for n, fields in rows:
+        if len(fields) != len(header):
+            raise TraceError(path, f"malformed line: expected {len(header)} fields, got {len(fields)}", n)
+        if stamp is not None:
+            w, x = stamp(path, n, fields[at_time])
+            whole.append(w)
+            frac.append(x)
+        prompts.append(_count(path, n, header[at_prompt], fields[at_prompt]))
+        outputs.append(_count(path, n, header[at_output], fields[at_output]))
+    if not prompts:
+        raise TraceError(path, "header but no records", number)
+    arrivals = None
+    if stamp is not None:  # seconds after the earliest row: as one float since year 1, Azure's 7th digit would be lost
+        whole_s, frac_s = np.frombuffer(whole, dtype=np.int64), np.frombuffer(frac, dtype=np.float64)
+        earliest = np.lexsort((frac_s, whole_s))[0]
+        arrivals = (whole_s - whole_s[earliest]).astype(np.float64) + (frac_s - frac_s[earliest])
+    return Trace(arrivals, np.frombuffer(prompts, dtype=np.int64), np.frombuffer(outputs, dtype=np.int64), kind, path)
+
+
+def _csv_rows(path: Path, lines) -> Iterator[tuple[int, list[str]]]:
     """The non-blank CSV records, fields stripped, each with the 1-based line it starts on. The
     ``csv`` module reads them, so a quoted field may hold commas (or line breaks), as a
     spreadsheet writes them; a broken quote fails the read at its record's line."""
     reader = csv.reader(lines, skipinitialspace=True, strict=True)
-    rows, start = [], 1
+    start = 1
     while True:
         try:
             fields = next(reader)
         except StopIteration:
-            return rows
+            return
         except csv.Error as e:
             raise TraceError(path, f"malformed line: {e}", start) from None
         if any(f.strip() for f in fields):
-            rows.append((start, [f.strip() for f in fields]))
+            yield start, [f.strip() for f in fields]
         start = reader.line_num + 1
-
-
-def _fields(path: Path, number: int, fields: list[str], header: list[str]) -> list[str]:
-    if len(fields) != len(header):
-        raise TraceError(
-            path, f"malformed line: expected {len(header)} fields, got {len(fields)}", number
-        )
-    return fields
 
 
 def _count(path: Path, number: int, name: str, value: object) -> int:
     """A token count: a non-negative integer, as text (CSV) or a JSON number; a whole number written
     with a point (``1000.0``, as a data frame writes a column with a gap) too, in either."""
+    if type(value) is str and value.isascii() and value.isdigit():  # the common case, first: a trace has millions
+        return int(value)
     if value == "":
         raise TraceError(path, f"missing field {name}: empty value", number)
     if isinstance(value, str) and (whole := re.fullmatch(r"([+-]?[0-9]+)(?:\.0*)?", value)):
@@ -178,36 +215,6 @@ def _count(path: Path, number: int, name: str, value: object) -> int:
     if value < 0:
         raise TraceError(path, f"negative token count {name}={value}", number)
     return value
-
-
-def _counts(
-    path: Path, number: int, fields: list[str], header: list[str], at: list[int]
-) -> tuple[int, int]:
-    """(prompt, output) token counts from the columns at ``at``, named by the file's header."""
-    prompt_at, output_at = at
-    return (
-        _count(path, number, header[prompt_at], fields[prompt_at]),
-        _count(path, number, header[output_at], fields[output_at]),
-    )
-
-
-def _timed_records(path: Path, header: list[str], rows: list, columns: tuple[str, str, str],
-                   stamp) -> tuple[TraceRecord, ...]:
-    """Rows with a time, a prompt and an output column (``columns``, by name); arrivals are seconds
-    after the earliest row (the first, in a sorted trace). ``stamp`` reads a time as (whole
-    seconds, fraction): as one float since year 1, Azure's 7th digit would be lost."""
-    names = [c.lower() for c in header]
-    at_time, *at_counts = (names.index(c) for c in columns)
-    stamps, lengths = [], []
-    for number, fields in rows:
-        fields = _fields(path, number, fields, header)
-        stamps.append(stamp(path, number, fields[at_time]))
-        lengths.append(_counts(path, number, fields, header, at_counts))
-    whole0, frac0 = min(stamps)
-    return tuple(
-        TraceRecord((whole - whole0) + (frac - frac0), prompt, output)
-        for (whole, frac), (prompt, output) in zip(stamps, lengths)
-    )
 
 
 def _seconds(path: Path, number: int, text: str) -> tuple[int, float]:
@@ -227,20 +234,45 @@ def _timestamp(path: Path, number: int, text: str) -> tuple[int, float]:
     try:
         if match is None:
             raise ValueError
-        year, month, day, hour, minute, second = (int(g) for g in match.groups()[:6])
-        day_number = datetime(year, month, day, hour, minute, second).toordinal()
+        whole = _whole_seconds(match.group(1, 2, 3, 4, 5, 6, 8))
     except ValueError:
-        raise TraceError(path, f"bad timestamp {text!r}", number) from None
-    digits, zone = match.group(7) or "0", match.group(8) or "Z"
+        raise TraceError(path, f"bad timestamp {text!r}: not a date and time such as 2023-11-16 18:17:03.9799600 "
+                               f"(a UTC offset such as +00:00 may follow)", number) from None
+    digits = match.group(7)
+    return whole, 0.0 if digits is None else int(digits) / 10 ** len(digits)
+
+
+@lru_cache(maxsize=65536)
+def _whole_seconds(fields: tuple[str | None, ...]) -> int:
+    """UTC seconds since 0001-01-01 of (year, month, day, hour, minute, second, zone) as written (a
+    ValueError for a time that does not exist); a trace's rows share their seconds with their neighbours."""
+    year, month, day, hour, minute, second = (int(g) for g in fields[:6])
+    if hour > 23 or minute > 59 or second > 59:
+        raise ValueError
+    zone = fields[6] or "Z"
     offset = 0
     if zone != "Z":
         sign = -1 if zone[0] == "-" else 1
         offset = sign * (int(zone[1:3]) * 3600 + int(zone[-2:]) * 60)
-    whole = day_number * 86400 + hour * 3600 + minute * 60 + second - offset
-    return whole, int(digits) / 10 ** len(digits)
+    return datetime(year, month, day).toordinal() * 86400 + hour * 3600 + minute * 60 + second - offset
 
 
-def _mooncake_record(path: Path, number: int, line: str) -> TraceRecord:
+def _mooncake(path: Path, numbered: Iterable[tuple[int, str]]) -> Trace:
+    """A Mooncake JSONL trace; its millisecond timestamps become seconds after the earliest row, as
+    every format's do (a trace may count from an epoch or start late)."""
+    stamps, prompts, outputs, hashes = array("d"), array("q"), array("q"), []
+    for number, line in numbered:
+        stamp, prompt, output, hash_ids = _mooncake_row(path, number, line)
+        stamps.append(stamp)
+        prompts.append(prompt)
+        outputs.append(output)
+        hashes.append(hash_ids)
+    ms = np.frombuffer(stamps, dtype=np.float64)
+    return Trace((ms - ms.min()) / 1000.0, np.frombuffer(prompts, dtype=np.int64),
+                 np.frombuffer(outputs, dtype=np.int64), "mooncake", path, tuple(hashes), MOONCAKE_HASH_BLOCK_TOKENS)
+
+
+def _mooncake_row(path: Path, number: int, line: str) -> tuple[float, int, int, tuple[int, ...]]:
     try:
         row = json.loads(line)
     except json.JSONDecodeError as e:
@@ -260,9 +292,5 @@ def _mooncake_record(path: Path, number: int, line: str) -> TraceRecord:
         isinstance(h, int) and not isinstance(h, bool) for h in hashes
     ):
         raise TraceError(path, "bad hash_ids: not a list of integers", number)
-    return TraceRecord(
-        arrival_s=stamp / 1000.0,
-        prompt_len=_count(path, number, "input_length", row["input_length"]),
-        output_len=_count(path, number, "output_length", row["output_length"]),
-        hash_ids=tuple(hashes),
-    )
+    return (float(stamp), _count(path, number, "input_length", row["input_length"]),
+            _count(path, number, "output_length", row["output_length"]), tuple(hashes))
