@@ -72,11 +72,27 @@ def _int(cfg: dict, key: str, default: int | None = None) -> int:
 
 
 def read_config(directory: str | Path) -> ModelConfig:
+    """The model a checkpoint's ``config.json`` describes, refusing what the engine cannot run as its
+    author meant (another RoPE scaling, a sliding window, another activation, MLP biases)."""
+    mc, ignored = _read_config(directory, run=True)
+    return mc
+
+
+def read_sizes(directory: str | Path) -> tuple[ModelConfig, list[str]]:
+    """The model's sizes from ``config.json`` alone, for a deployment sized on a cost model: what only
+    the weights' arithmetic needs to be run is read past (its RoPE scaling, activation, biases), and
+    what changes memory but is not modelled (a sliding window: the KV is sized as full attention, the
+    most it may need) is returned as notes."""
+    return _read_config(directory, run=False)
+
+
+def _read_config(directory: str | Path, run: bool) -> tuple[ModelConfig, list[str]]:
     path = Path(directory) / "config.json"
     if not Path(directory).is_dir():
         raise CheckpointError(f"{directory}: no such checkpoint directory")
     if not path.is_file():
-        raise CheckpointError(f"{path}: missing (a checkpoint needs config.json and *.safetensors)")
+        needs = "config.json and *.safetensors" if run else "its config.json"
+        raise CheckpointError(f"{path}: missing (a checkpoint needs {needs})")
     try:
         cfg = json.loads(path.read_text())
     except json.JSONDecodeError as exc:
@@ -87,7 +103,12 @@ def read_config(directory: str | Path) -> ModelConfig:
         raise CheckpointError(f"{path}: must hold a JSON object (a model's configuration), got {type(cfg).__name__}")
     if cfg.get("model_type") not in MODEL_TYPES:
         raise CheckpointError(f"{path}: model_type {cfg.get('model_type')!r} is not one of {', '.join(MODEL_TYPES)}")
-    theta, scaling = _rope(cfg, path)
+    try:
+        theta, scaling = _rope(cfg, path)
+    except CheckpointError:
+        if run:
+            raise
+        theta, scaling = 10000.0, None  # sizes and the cost model read no rotary embedding
     try:
         heads, hidden = _int(cfg, "num_attention_heads"), _int(cfg, "hidden_size")
         if heads <= 0:
@@ -120,9 +141,15 @@ def read_config(directory: str | Path) -> ModelConfig:
         window = cfg.get("sliding_window") if _slides(cfg, mc.num_layers) else None
     except (TypeError, ValueError) as exc:
         raise CheckpointError(f"{path}: {exc}") from exc
+    ignored = []
     if window is not None and (not isinstance(window, (int, float)) or window < mc.max_position):
-        raise CheckpointError(f"{path}: sliding_window {window!r} is below max_position_embeddings {mc.max_position}: "
-                              "sliding-window attention is not supported")
+        if run:
+            raise CheckpointError(f"{path}: sliding_window {window!r} is below max_position_embeddings {mc.max_position}: "
+                                  "sliding-window attention is not supported")
+        ignored.append(f"its sliding window ({window!r} tokens) is not modelled: the KV is sized as full attention, "
+                       "the most it may need")
+    if not run:
+        return mc, ignored
     if cfg.get("hidden_act", "silu") != "silu":
         raise CheckpointError(f"{path}: hidden_act {cfg['hidden_act']!r} is not supported (Llama's MLP is 'silu')")
     if cfg.get("mlp_bias"):
@@ -130,7 +157,7 @@ def read_config(directory: str | Path) -> ModelConfig:
     partial = (cfg.get("rope_parameters") or {}).get("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0))
     if partial not in (None, 1, 1.0):
         raise CheckpointError(f"{path}: partial_rotary_factor {partial!r} is not supported (RoPE over the whole head)")
-    return mc
+    return mc, ignored
 
 
 def _experts(cfg: dict, mc: ModelConfig, path: Path) -> ModelConfig:
@@ -207,11 +234,25 @@ def _unfused(state: dict[str, torch.Tensor], mc: ModelConfig, directory) -> dict
     return out
 
 
+# NVIDIA ModelOpt's quantisation algorithms (``quant_algo``), by the bits of the weights they store
+MODELOPT_BITS = {"FP8": 8, "FP8_PER_CHANNEL_PER_TOKEN": 8, "FP8_BLOCK_SCALES": 8, "INT8_SQ": 8, "W8A16": 8,
+                 "NVFP4": 4, "MXFP4": 4, "W4A16_AWQ": 4, "W4A8_AWQ": 4, "W4A8_MXFP4_FP8": 4}
+
+
 def weight_bits(directory: str | Path) -> int | None:
     """The bits of a quantised checkpoint's weights, from its ``quantization_config`` (AWQ's and
-    GPTQ's ``bits``, FP8, bitsandbytes' 4 or 8 bits); None where the weights are not quantised."""
+    GPTQ's ``bits``, FP8, bitsandbytes' 4 or 8 bits, compressed-tensors' ``config_groups``, ModelOpt's
+    ``quant_algo``) or ModelOpt's ``hf_quant_config.json``; None where the weights are not quantised."""
     path = Path(directory) / "config.json"
     q = json.loads(path.read_text()).get("quantization_config")
+    modelopt = Path(directory) / "hf_quant_config.json"
+    if not q and modelopt.is_file():  # ModelOpt's own file, beside a config.json without the block
+        try:
+            q = json.loads(modelopt.read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise CheckpointError(f"{modelopt}: cannot be read ({exc})") from exc
+        q = {"quant_method": "modelopt", **(q.get("quantization") or {})} if isinstance(q, dict) else q
+        path = modelopt
     if not q:
         return None
     if not isinstance(q, dict):
@@ -224,9 +265,28 @@ def weight_bits(directory: str | Path) -> int | None:
         return int(q["bits"])
     if method == "fp8":
         return 8
+    if method == "modelopt" or "quant_algo" in q:
+        algo = q.get("quant_algo")
+        if algo not in MODELOPT_BITS:
+            raise CheckpointError(f"{path}: quant_algo {algo!r} is not one of {', '.join(MODELOPT_BITS)}")
+        return MODELOPT_BITS[algo]
+    if method == "compressed-tensors":
+        return _compressed_tensors_bits(q, path)
     if method == "bitsandbytes" and (q.get("load_in_4bit") or q.get("load_in_8bit")):
         return 4 if q.get("load_in_4bit") else 8
     raise CheckpointError(f"{path}: quantization_config with quant_method {method!r} and no 'bits' is not supported")
+
+
+def _compressed_tensors_bits(q: dict, path: Path) -> int:
+    """The weights' bits of a compressed-tensors checkpoint (``config_groups.*.weights.num_bits``; the
+    most of its groups', where they differ)."""
+    groups = q.get("config_groups")
+    bits = [g.get("weights", {}).get("num_bits") for g in groups.values() if isinstance(g, dict)
+            and isinstance(g.get("weights"), dict)] if isinstance(groups, dict) else []
+    if not bits or any(isinstance(b, bool) or b not in WEIGHT_BITS for b in bits):
+        raise CheckpointError(f"{path}: a compressed-tensors quantization_config needs config_groups whose weights' "
+                              f"num_bits are each one of {', '.join(map(str, WEIGHT_BITS))}, got {bits or groups!r}")
+    return int(max(bits))
 
 
 def _slides(cfg: dict, num_layers: int) -> bool:

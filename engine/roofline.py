@@ -124,15 +124,22 @@ class Deployment:
     max_num_batched_tokens: int = 8192
     max_model_len: int = 8192
     restart_downtime_s: float = 60.0  # reloading tens of GB of weights and warming up
+    notes: tuple[str, ...] = ()  # what the sizing leaves out (a checkpoint's sliding window), said with it
 
     def kv_bytes(self) -> int:
         per_layer_kv = self.model.kv_bytes_per_token() // self.model.num_layers
         workspace = (self.max_num_batched_tokens * self.model.workspace_bytes_per_token()
                      + self.max_model_len * per_layer_kv)
         kv = int(self.gpu.memory_bytes * self.gpu_memory_utilization) - self.model.weight_bytes() - workspace
-        if kv < self.max_model_len * self.model.kv_bytes_per_token():
-            raise ValueError(f"deployment {self.name}: {kv / GB:.1f} GB left for KV cannot hold one "
-                             f"{self.max_model_len}-token sequence (block size {self.block_size})")
+        need = self.max_model_len * self.model.kv_bytes_per_token()
+        if kv < need:
+            usable = self.gpu.memory_bytes * self.gpu_memory_utilization
+            left = f"{kv / GB:.1f} GB is left for KV" if kv > 0 else "nothing is left for KV"
+            raise ValueError(f"deployment {self.name}: the weights take {self.model.weight_bytes() / GB:.1f} GB and the "
+                             f"activations {workspace / GB:.1f} GB of the {usable / GB:.1f} GB usable "
+                             f"({self.gpu_memory_utilization:g} of {self.gpu.name}), so {left}, where one "
+                             f"{self.max_model_len}-token sequence needs {need / GB:.1f} GB (as vLLM refuses it: a "
+                             f"shorter context, quantised weights or a larger GPU)")
         return kv
 
     def num_blocks(self) -> int:
@@ -154,7 +161,7 @@ class Deployment:
         active = f" ({self.model.param_count(active=True) / 1e9:.1f}B active)" if self.model.num_experts else ""
         return (f"{self.name}: {self.model.param_count() / 1e9:.1f}B params{active} at {self.model.weight_bits or 8 * self.model.dtype_bytes} "
                 f"bits on {self.gpu.name}; KV {blocks} blocks x {self.block_size} = {blocks * self.block_size} tokens "
-                f"({self.kv_bytes() / GB:.1f} GB)")
+                f"({self.kv_bytes() / GB:.1f} GB)" + "".join(f"; {note}" for note in self.notes))
 
 
 LLAMA_70B = ModelConfig(vocab_size=128256, hidden_size=8192, intermediate_size=28672, num_layers=80, num_heads=64,
@@ -190,7 +197,8 @@ CHECKPOINT_MAX_MODEL_LEN = 32768  # the context a checkpoint deployment serves, 
 
 
 def deployment(name: str) -> Deployment:
-    """The deployment ``name``: one of ``DEPLOYMENTS``, or ``CHECKPOINT_DIR@GPU``, a local
+    """The deployment ``name``: one of ``DEPLOYMENTS``, or ``CHECKPOINT_DIR@GPU`` (or
+    ``CHECKPOINT_DIR@GPU:LEN``, serving a context of LEN tokens, as vLLM's ``--max-model-len``), a local
     checkpoint's model (only its ``config.json`` is read) on one of ``GPUS``; a bare directory
     name that is not here is looked for among the shipped ``experiments/checkpoints``."""
     if name in DEPLOYMENTS:
@@ -198,7 +206,7 @@ def deployment(name: str) -> Deployment:
     if "@" in name:
         return _checkpoint_deployment(name)
     raise ValueError(f"unknown deployment {name!r}; known: {', '.join(DEPLOYMENTS)}, "
-                     f"or CHECKPOINT_DIR@GPU with GPU one of {', '.join(GPUS)} "
+                     f"or CHECKPOINT_DIR@GPU[:CONTEXT] with GPU one of {', '.join(GPUS)} "
                      f"(shipped checkpoints: {', '.join(_shipped_checkpoints())})")
 
 
@@ -212,23 +220,32 @@ def _shipped_checkpoints() -> list[str]:
 def _checkpoint_deployment(name: str) -> Deployment:
     """As vLLM sizes a checkpoint it serves by default: the checkpoint's dtype (float16 for a
     float32 one), its quantised weights' bits, 90 % of the GPU, blocks of 16, 256 sequences,
-    8,192 batched tokens; the context is its own, at most ``CHECKPOINT_MAX_MODEL_LEN``."""
-    from engine.checkpoint import read_config, weight_bits  # the engine's loader, not the roofline's concern
+    8,192 batched tokens; the context is its own, at most ``CHECKPOINT_MAX_MODEL_LEN``, or the
+    ``:LEN`` the name gives."""
+    from engine.checkpoint import read_sizes, weight_bits  # the engine's loader, not the roofline's concern
     from experiments import CHECKPOINTS
 
     directory, gpu = name.rsplit("@", 1)
+    gpu, _, context = gpu.partition(":")
     if not Path(directory).exists() and len(Path(directory).parts) == 1 and (CHECKPOINTS / directory).is_dir():
         directory = str(CHECKPOINTS / directory)
     if gpu.lower() not in GPUS:
         raise ValueError(f"deployment {name!r}: GPU {gpu!r} is not one of {', '.join(GPUS)}")
+    if context and not (context.isascii() and context.isdigit() and int(context) >= 2):
+        raise ValueError(f"deployment {name!r}: the context after ':' must be a whole number of tokens >= 2, "
+                         f"got {context!r}")
     try:
-        model = read_config(directory)
+        model, notes = read_sizes(directory)
         bits = weight_bits(directory)
     except ValueError as exc:  # the checkpoint's own refusal names its file and field
         shipped = "" if Path(directory).exists() else f" (shipped checkpoints: {', '.join(_shipped_checkpoints())})"
         raise ValueError(f"deployment {name!r}: {exc}{shipped}") from None
+    if context and int(context) > model.max_position:
+        raise ValueError(f"deployment {name!r}: a context of {context} tokens is past the model's "
+                         f"max_position_embeddings ({model.max_position})")
     model = replace(model, dtype="float16" if model.dtype == "float32" else model.dtype,
                     weight_bits=bits)
-    d = Deployment(name, GPUS[gpu.lower()], model, max_model_len=min(model.max_position, CHECKPOINT_MAX_MODEL_LEN))
+    d = Deployment(name, GPUS[gpu.lower()], model, notes=tuple(notes),
+                   max_model_len=int(context) if context else min(model.max_position, CHECKPOINT_MAX_MODEL_LEN))
     d.kv_bytes()  # a checkpoint too large for the GPU is refused now, by name
     return d

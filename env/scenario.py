@@ -5,7 +5,7 @@ A scenario is a YAML file (see ``experiments/scenarios/``) read into these froze
 
 ```yaml
 name: burst
-deployment: llama70b-4bit-h100      # engine/roofline.py DEPLOYMENTS, or CHECKPOINT_DIR@GPU
+deployment: llama70b-4bit-h100      # engine/roofline.py DEPLOYMENTS, or CHECKPOINT_DIR@GPU[:LEN]
 engine: {ttft_slo_s: 5.0, tpot_slo_s: 0.2, overcommit_max: 2.0}   # EngineConfig overrides
 workload:                           # a trace window ...
   trace: azure2023_conv.csv         # bundled name (env/workloads/data) or a path

@@ -156,7 +156,7 @@ def _add_deployment(p: argparse.ArgumentParser) -> None:
     g.add_argument("--client-timeout", type=float, default=None, metavar="SECONDS",
                    help="clients give up a request still without its first token this long after it arrived, and "
                         "the engine drops it (default: they wait for ever)")
-    g.add_argument("--model-dir", default=None, help="local Hugging Face Llama, Mistral, Qwen2, Qwen3 or Phi-3 checkpoint (default: tiny seeded model)")
+    g.add_argument("--model-dir", default=None, help="local Hugging Face Llama, Mistral, Qwen2, Qwen3, Phi-3, Mixtral, Qwen2-MoE or Qwen3-MoE checkpoint (default: tiny seeded model)")
     g.add_argument("--device", type=_device, default="cpu", help="cpu or cuda[:N]")
     g.add_argument("--seed", type=_seed, default=d.seed)
 
@@ -806,7 +806,7 @@ def parser() -> argparse.ArgumentParser:
                    help="with --trace: replay it at this multiple of what the deployment sustains (the time scale is "
                         "computed from the trace's demand and the deployment's cost model, and printed)")
     e.add_argument("--deployment", default=None,
-                   help="with --trace: the deployment to replay it on: a name in engine/roofline.py or CHECKPOINT_DIR@GPU (a local checkpoint's config.json on h100, h200, a10 or l40s; default: the scenario's)")
+                   help="with --trace: the deployment to replay it on: a name in engine/roofline.py or CHECKPOINT_DIR@GPU[:LEN] (a local checkpoint's config.json on h100, h200, a10 or l40s, serving a context of LEN tokens as vLLM's --max-model-len; default: the scenario's)")
     e.add_argument("--max-tokens", default=None, help="with --trace: declared max_tokens rule")
     e.add_argument("--rate-scale", type=float, default=None,
                    help="with a scenario's own workload: its arrivals this many times as frequent (as a training "
@@ -907,7 +907,7 @@ def parser() -> argparse.ArgumentParser:
     pr.add_argument("--device", type=_device, default="cpu", help="cpu or cuda[:N] (default %(default)s)")
     pr.add_argument("--repeats", type=int, default=7, help="timed runs per point, the median counts (default %(default)s)")
     pr.add_argument("--quick", action="store_true", help="a smaller grid (seconds, not tens of seconds)")
-    pr.add_argument("--model-dir", default=None, help="local Hugging Face Llama, Mistral, Qwen2, Qwen3 or Phi-3 checkpoint (default: tiny seeded model)")
+    pr.add_argument("--model-dir", default=None, help="local Hugging Face Llama, Mistral, Qwen2, Qwen3, Phi-3, Mixtral, Qwen2-MoE or Qwen3-MoE checkpoint (default: tiny seeded model)")
     pr.add_argument("--seed", type=_seed, default=0)
     pr.set_defaults(fn=cmd_profile)
     return p

@@ -55,7 +55,8 @@ def test_quantised_weights_leave_the_kv_more_room(tmp_path):
 @pytest.mark.parametrize("config, gpu, match", [
     (QWEN25_7B, "b200", "GPU 'b200' is not one of h100, h200, a10, l40s"),
     ({**QWEN25_7B, "num_hidden_layers": 80, "hidden_size": 8192, "num_attention_heads": 64}, "a10",
-     "cannot hold one 32768-token sequence"),  # a 72B-sized model on a 24 GB GPU
+     r"the weights take 102\.3 GB and the activations 4\.0 GB of the 21\.6 GB usable \(0\.9 of NVIDIA A10 24GB\), so nothing is left for KV, "
+     r"where one 32768-token sequence needs"),  # a 72B-sized model on a 24 GB GPU
     ({**QWEN25_7B, "quantization_config": {"quant_method": "hqq"}}, "h100", "quant_method 'hqq' and no 'bits'"),
     ({**QWEN25_7B, "model_type": "gemma"}, "h100", "model_type 'gemma' is not one of"),
     # a field's type or value the config.json holds wrongly is named, never cut to a whole number or
@@ -75,6 +76,61 @@ def test_a_checkpoint_deployment_that_cannot_be_served_is_refused_by_name(tmp_pa
     with pytest.raises(ValueError, match=match) as err:
         deployment(name)
     assert name in str(err.value)  # the deployment the message is about
+
+
+def test_a_context_is_given_as_vllm_max_model_len_is(tmp_path):
+    # Qwen2.5-7B with twice its KV heads, in bf16 on an A10: 32,768 tokens of context do not fit beside
+    # its weights, 8,192 do (vLLM refuses the first and serves with --max-model-len 8192); a context is a
+    # whole number of tokens within the model's own, and any other is refused by name
+    directory = checkpoint(tmp_path, "q", {**QWEN25_7B, "num_key_value_heads": 14})
+    with pytest.raises(ValueError, match="where one 32768-token sequence needs"):
+        deployment(f"{directory}@a10")
+    short = deployment(f"{directory}@a10:8192")
+    assert short.max_model_len == 8192 and short.num_blocks() * short.block_size >= 8192
+    assert short.engine_config().max_model_len == 8192
+    assert deployment(f"{directory}@h100:8192").num_blocks() > deployment(f"{directory}@h100").num_blocks()
+    for bad, match in ((":0", "must be a whole number of tokens >= 2, got '0'"), (":8k", "got '8k'"),
+                       (":65536", "past the model's max_position_embeddings \\(32768\\)")):
+        with pytest.raises(ValueError, match=match):
+            deployment(f"{directory}@a10{bad}")
+
+
+def test_sizing_reads_past_what_only_running_the_weights_needs(tmp_path):
+    # Phi-3.5's LongRoPE, Qwen's YaRN block, a GELU or MLP biases change the arithmetic, not the memory
+    # or the cost model's time: a deployment is sized from them, where loading the weights refuses them
+    from engine.checkpoint import CheckpointError, read_config
+
+    yarn = {**QWEN25_7B, "rope_scaling": {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}}
+    directory = checkpoint(tmp_path, "yarn", yarn)
+    assert deployment(f"{directory}@h100").model.param_count() == 7_615_616_512
+    with pytest.raises(CheckpointError, match="rope type 'yarn' is not supported"):
+        read_config(directory)
+    # a sliding window changes the KV a sequence needs: sized as full attention (the most it may
+    # need), and the deployment says so
+    windowed = deployment(f"{checkpoint(tmp_path, 'win', {**QWEN25_7B, 'use_sliding_window': True, 'max_window_layers': 0, 'sliding_window': 4096})}@h100")
+    assert windowed.num_blocks() == deployment(f"{tmp_path / 'yarn'}@h100").num_blocks()
+    assert "sliding window (4096 tokens) is not modelled: the KV is sized as full attention" in windowed.describe()
+
+
+def test_compressed_tensors_and_modelopt_weights_are_counted_at_their_bits(tmp_path):
+    fp8 = {"quant_method": "compressed-tensors", "format": "float-quantized",
+           "config_groups": {"group_0": {"targets": ["Linear"], "weights": {"num_bits": 8, "type": "float"}}}}
+    w4 = {**fp8, "config_groups": {"group_0": {"weights": {"num_bits": 4, "type": "int", "group_size": 128}}}}
+    assert deployment(f"{checkpoint(tmp_path, 'ct8', {**QWEN25_7B, 'quantization_config': fp8})}@a10").model.weight_bits == 8
+    assert deployment(f"{checkpoint(tmp_path, 'ct4', {**QWEN25_7B, 'quantization_config': w4})}@a10").model.weight_bits == 4
+    bad = {**fp8, "config_groups": {"group_0": {"weights": {"num_bits": 5}}}}
+    with pytest.raises(ValueError, match="compressed-tensors quantization_config needs config_groups whose weights' num_bits"):
+        deployment(f"{checkpoint(tmp_path, 'ct5', {**QWEN25_7B, 'quantization_config': bad})}@a10")
+    # ModelOpt: the block in config.json, or its own hf_quant_config.json beside a config.json without one
+    inline = {"quant_method": "modelopt", "quant_algo": "NVFP4"}
+    assert deployment(f"{checkpoint(tmp_path, 'mo', {**QWEN25_7B, 'quantization_config': inline})}@a10").model.weight_bits == 4
+    beside = checkpoint(tmp_path, "mo8", QWEN25_7B)
+    (beside / "hf_quant_config.json").write_text(json.dumps({"producer": {"name": "modelopt"},
+                                                             "quantization": {"quant_algo": "FP8", "kv_cache_quant_algo": None}}))
+    assert deployment(f"{beside}@a10").model.weight_bits == 8
+    (beside / "hf_quant_config.json").write_text(json.dumps({"quantization": {"quant_algo": "INT3"}}))
+    with pytest.raises(ValueError, match="hf_quant_config.json: quant_algo 'INT3' is not one of FP8"):
+        deployment(f"{beside}@h100")
 
 
 def test_a_config_json_that_is_not_an_object_is_refused_by_name(tmp_path):
