@@ -72,7 +72,7 @@ def eval_scenario(scenario: str | None, trace: str | None, time_scale: float | N
     from env.scenario import TraceWorkload
     from env.scenario_yaml import load_scenario
     from env.workload_builder import check_workload, load_trace
-    from rlctl.load import trace_load
+    from rlctl.load import lengths_note, trace_load
 
     if rate_scale is not None:
         if trace is not None:
@@ -94,6 +94,8 @@ def eval_scenario(scenario: str | None, trace: str | None, time_scale: float | N
             fit = trace_load(trace, find_deployment(sc.deployment), rule, load)
             say(fit.describe(trace, sc.deployment))
             time_scale = fit.time_scale
+        if note := lengths_note(trace, find_deployment(sc.deployment)):
+            say(note)
         # a length-only trace gets Poisson arrivals, one per trace second
         rate = None if load_trace(trace).has_arrivals else 1.0
         workload = TraceWorkload(trace=trace, time_scale=time_scale or (base.time_scale if base else 1.0),

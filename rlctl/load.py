@@ -36,9 +36,6 @@ class Load:
     batch: int
     sustainable_rps: float
     load: float
-    clipped: int = 0  # of the trace's ``requests`` prompts, those that leave no room for an output in the context
-    requests: int = 0
-    context: int = 0  # the deployment's max_model_len
 
     @property
     def time_scale(self) -> float:
@@ -48,9 +45,7 @@ class Load:
         return (f"load: {trace} asks {self.trace_rps:.3g} req/s of trace time (prompt {self.mean_prompt:.0f}, "
                 f"output {self.mean_output:.0f} tokens on average); {deployment} sustains {self.sustainable_rps:.3g} "
                 f"req/s ({self.batch} decoding together); time scale {self.time_scale:.4g} puts it at "
-                f"{self.load:g}x that" + (f"; {self.clipped} of the trace's {self.requests} prompts leave no room for "
-                                          f"an output in {deployment}'s context ({self.context} tokens) and are cut "
-                                          f"to {self.context - 1}, where an engine would refuse them" if self.clipped else ""))
+                f"{self.load:g}x that")
 
 
 def trace_load(trace: str, deployment: Deployment, max_tokens: str, load: float) -> Load:
@@ -81,5 +76,25 @@ def trace_load(trace: str, deployment: Deployment, max_tokens: str, load: float)
     chunk = int(min(p, cfg.max_num_batched_tokens))
     prefill = cost.iteration_s(BatchShape(chunk, chunk, chunk * (chunk + 1) // 2)) * p / max(chunk, 1)
     sustainable = 1.0 / (prefill + o * decode / batch)
-    clipped = int((t.prompt_lens > mml - 1).sum())
-    return Load(rps, p, o, batch, sustainable, load, clipped, len(t), mml)
+    return Load(rps, p, o, batch, sustainable, load)
+
+
+def lengths_note(trace: str, deployment: Deployment) -> str:
+    """What a replay of ``trace`` on ``deployment`` changes in its lengths (``clip_lengths``): prompts
+    that leave no room for an output in the context, outputs cut to fit it, and zero lengths (a
+    BurstGPT failed request's 0 response tokens) served as one token; empty where it changes none."""
+    t = load_trace(trace)
+    mml = max_model_len(deployment.model, deployment.engine_config())
+    prompts = np.minimum(np.maximum(t.prompt_lens, 1), mml - 1)
+    parts = []
+    if n := int((t.prompt_lens > mml - 1).sum()):
+        parts.append(f"{n} of the trace's {len(t)} prompts leave no room for an output in {deployment.name}'s context "
+                     f"({mml} tokens) and are cut to {mml - 1}, where an engine would refuse them")
+    if n := int(((t.prompt_lens <= mml - 1) & (np.maximum(t.output_lens, 1) > mml - prompts)).sum()):
+        parts.append(f"{n} of the others' outputs are cut to end at the context")
+    zero = [(int((column == 0).sum()), what) for column, what in ((t.output_lens, "output"), (t.prompt_lens, "prompt"))]
+    if any(n for n, _ in zero):
+        parts.append(" and ".join(f"{n} record 0 {what} tokens" for n, what in zero if n)
+                     + (" (BurstGPT's failed requests)" if t.format == "burstgpt" and zero[0][0] else "")
+                     + ", replayed as 1 token")
+    return f"lengths: {'; '.join(parts)}" if parts else ""

@@ -154,3 +154,22 @@ def test_eval_names_the_windows_a_gappy_trace_leaves_thin_and_states_the_deploym
     assert "episode(s) drew a window of " in out and "seed 0: 0" in out
     assert main([*base, str(even)]) == 0
     assert "drew a window" not in capsys.readouterr().out
+
+
+def test_every_trace_replay_says_which_lengths_it_changed(tmp_path, capsys):
+    # with --time-scale as with --load: prompts past the context, outputs cut to end at it, and a
+    # BurstGPT failed request's 0 response tokens (served as one token) are counted, not replayed silently
+    burst = tmp_path / "burst.csv"
+    burst.write_text("Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n"
+                     "0,ChatGPT,300,40,340,Conversation log\n1,GPT-4,200,0,200,API log\n"
+                     "2,ChatGPT,40000,10,40010,Conversation log\n3,ChatGPT,32000,2000,34000,Conversation log\n")
+    assert main(["eval", "--policy", "static:1.0", "--episodes", "1", "--steps", "2", "--deployment", "llama3-8b-l40s",
+                 "--time-scale", "1", "--trace", str(burst)]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("lengths: "))
+    assert line == ("lengths: 1 of the trace's 4 prompts leave no room for an output in llama3-8b-l40s's context "
+                    "(32768 tokens) and are cut to 32767, where an engine would refuse them; 1 of the others' outputs "
+                    "are cut to end at the context; 1 record 0 output tokens (BurstGPT's failed requests), replayed "
+                    "as 1 token")
+    assert main(["eval", "--policy", "static:1.0", "--episodes", "1", "--steps", "2", "--trace", _azure(
+        tmp_path / "plain.csv", [(0.0, 300, 40), (1.0, 200, 10)])]) == 0
+    assert "lengths: " not in capsys.readouterr().out
