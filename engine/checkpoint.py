@@ -73,7 +73,9 @@ def _int(cfg: dict, key: str, default: int | None = None) -> int:
 
 def read_config(directory: str | Path) -> ModelConfig:
     """The model a checkpoint's ``config.json`` describes, refusing what the engine cannot run as its
-    author meant (another RoPE scaling, a sliding window, another activation, MLP biases)."""
+    author meant (another RoPE scaling, another activation, MLP biases); a model with a sliding window
+    shorter than its context is served at a context no longer than the window (``max_position``), where
+    its attention is full attention."""
     mc, ignored = _read_config(directory, run=True)
     return mc
 
@@ -143,11 +145,13 @@ def _read_config(directory: str | Path, run: bool) -> tuple[ModelConfig, list[st
         raise CheckpointError(f"{path}: {exc}") from exc
     ignored = []
     if window is not None and (not isinstance(window, (int, float)) or window < mc.max_position):
-        if run:
-            raise CheckpointError(f"{path}: sliding_window {window!r} is below max_position_embeddings {mc.max_position}: "
-                                  "sliding-window attention is not supported")
-        ignored.append(f"its sliding window ({window!r} tokens) is not modelled: the KV is sized as full attention, "
-                       "the most it may need")
+        if isinstance(window, bool) or not isinstance(window, (int, float)) or not float(window).is_integer() or window < 2:
+            raise CheckpointError(f"{path}: sliding_window must be a whole number of tokens >= 2, got {window!r}")
+        if run:  # within its window a sequence's attention is full attention: served no longer than the window, as
+            mc = replace(mc, max_position=int(window))  # vLLM caps max_model_len where its backend has no window
+        else:
+            ignored.append(f"its sliding window ({window!r} tokens) is not modelled: the KV is sized as full "
+                           "attention, the most it may need")
     if not run:
         return mc, ignored
     if cfg.get("hidden_act", "silu") != "silu":

@@ -163,7 +163,7 @@ def _add_deployment(p: argparse.ArgumentParser) -> None:
 
 def _add_workload(p: argparse.ArgumentParser, trace_required: bool) -> None:
     g = p.add_argument_group("workload")
-    g.add_argument("--trace", required=trace_required, default=None, help="trace file (Azure CSV, BurstGPT CSV, Mooncake JSONL, length CSV)")
+    g.add_argument("--trace", required=trace_required, default=None, help="trace file (Azure CSV, BurstGPT CSV, Mooncake JSONL, vidur or length-only CSV), or a bundled trace by name")
     g.add_argument("--time-scale", type=_positive, default=1.0, help="arrival compression factor (default %(default)s)")
     g.add_argument("--start", type=float, default=0.0, help="window start in trace seconds")
     g.add_argument("--duration", type=float, default=60.0, help="window length in trace seconds (default %(default)s)")
@@ -213,7 +213,9 @@ def _replay_runs(a: argparse.Namespace, trace, factors: list[float]) -> dict[str
     spec = _spec(a, engines[0].max_model_len)  # clip to what the engine can hold
     requests = load_requests(trace, spec)
     print(f"replay: {trace}: {len(requests)} requests; {spec.describe()}")
-    print(f"engine: {cfg.num_blocks} KV blocks x {cfg.block_size} tokens, oom={a.oom}, device={a.device}")
+    print(f"engine: {cfg.num_blocks} KV blocks x {cfg.block_size} tokens, context {engines[0].max_model_len} tokens "
+          f"(the least of --max-model-len, the model's max_position_embeddings or sliding window, and the KV), "
+          f"oom={a.oom}, device={a.device}")
     runs = {}
     for f, e in zip(factors, engines):
         runs[f"overcommit {f:g}"] = {**replay(requests, e), "overcommit": f, "oom_mode": a.oom,

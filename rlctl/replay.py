@@ -9,7 +9,8 @@ from engine.config import EngineConfig, ModelConfig
 from engine.engine import Engine
 from engine.executor import ProfiledExecutor
 from engine.metrics import summarize
-from env.workloads import ReplaySpec, TraceError, build_requests, read_trace
+from env.workload_builder import load_trace
+from env.workloads import ReplaySpec, TraceError, build_requests
 from engine.request import Request
 
 
@@ -29,9 +30,9 @@ def build_engine(cfg: EngineConfig, overcommit: float, oom_mode: str, model_dir:
 
 
 def load_requests(trace: str | Path, spec: ReplaySpec) -> list[Request]:
-    """The requests a replay's window holds; a window that starts after the trace's last record is
-    refused, where a scenario's drawn window may simply be empty."""
-    records = read_trace(trace)
+    """The requests a replay's window holds (``trace``: a file, or a bundled trace by name); a window that
+    starts after the trace's last record is refused, where a scenario's drawn window may simply be empty."""
+    records = load_trace(str(trace))
     requests = build_requests(records, spec)
     if not requests and records.has_arrivals and spec.start_s > records.last_arrival_s:
         raise TraceError(records.path, f"the window starts at {spec.start_s:g} s of trace time, after the "

@@ -145,9 +145,9 @@ def test_a_checkpoint_in_the_older_config_layout_loads_its_rope_scaling(checkpoi
     ({"model_type": "gemma"}, "model_type 'gemma' is not one of llama, mistral, qwen2, qwen3, phi3"),
     ({"model_type": "phi3", "partial_rotary_factor": 0.75}, "partial_rotary_factor 0.75 is not supported"),
     ({"model_type": "qwen3"}, r"tensor 'model.layers.0.self_attn.k_norm.weight' is missing \(2 missing"),  # Llama's weights
-    ({"model_type": "mistral", "sliding_window": 64}, "sliding_window 64 is below max_position_embeddings 128"),
-    ({"model_type": "qwen2", "use_sliding_window": True, "sliding_window": 64, "max_window_layers": 0},
-     "sliding_window 64 is below max_position_embeddings 128"),
+    ({"model_type": "mistral", "sliding_window": 64.5}, "sliding_window must be a whole number of tokens >= 2, got 64.5"),
+    ({"model_type": "qwen2", "use_sliding_window": True, "sliding_window": "64", "max_window_layers": 0},
+     "sliding_window must be a whole number of tokens >= 2, got '64'"),
     ({"model_type": "llama", "mlp_bias": True}, "MLP biases are not supported"),
     ({"model_type": "llama", "head_dim": 4}, r"q_proj.weight' has shape \(16, 16\), config.json implies \(8, 16\)"),
     ({"model_type": "qwen2"}, r"tensor 'model.layers.0.self_attn.k_proj.bias' is missing \(3 missing"),  # Llama's weights

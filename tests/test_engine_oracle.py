@@ -10,7 +10,7 @@ from engine.checkpoint import load_checkpoint
 from engine.config import EngineConfig
 from engine.engine import Engine
 from engine.sequence import Status
-from engine.request import Request
+from engine.request import Request, RequestError
 
 
 def _prompts(vocab: int, lengths: list[int], seed: int = 1) -> list[list[int]]:
@@ -108,6 +108,36 @@ def test_local_checkpoint_loads_and_matches_transformers(tmp_path, arch):
         assert eng.outputs[f"c{i}"] == hf_greedy(hf, p, 10)
     # the twin the benchmarks and the other oracle tests compare with is the same model again
     assert hf_greedy(hf_twin(model), prompts[1], 10) == eng.outputs["c1"]
+
+
+@pytest.mark.parametrize("name, window", [("Mistral", 48), ("Phi3", 47), ("Qwen2", 48)])
+def test_a_sliding_window_checkpoint_is_served_within_its_window_as_transformers_runs_it(tmp_path, name, window):
+    # Mistral v0.1's, Phi-3-mini-4k's and Qwen2's (use_sliding_window) windows: within the window a
+    # sequence's attention is full attention, so the engine serves no longer a context than the window
+    # (as vLLM caps max_model_len where its attention backend has no window) and matches transformers
+    extra = {"use_sliding_window": True, "max_window_layers": 0} if name == "Qwen2" else {}
+    hf = hf_tiny(name, sliding_window=window, **extra)
+    with torch.no_grad():
+        for key, p in hf.named_parameters():
+            if key.endswith(("v_proj.weight", "o_proj.weight", "qkv_proj.weight")):
+                p.mul_(16)
+    hf.save_pretrained(tmp_path)
+    model = load_checkpoint(tmp_path)
+    assert model.config.max_position == window
+    eng = Engine(model.config, EngineConfig(num_blocks=32, max_model_len=512), model=model, keep_outputs=True)
+    assert eng.max_model_len == window
+    prompts = _prompts(300, [13, window - 12], seed=5)
+    for i, p in enumerate(prompts):
+        eng.submit(Request(f"w{i}", 0.0, len(p), 12, 12, prompt_ids=tuple(p)))
+    eng.run()
+    for i, p in enumerate(prompts):
+        assert eng.outputs[f"w{i}"] == hf_greedy(hf, p, 12)
+    # never attended past the window: a sequence ends at it, and a prompt that fills it is refused
+    eng.submit(Request("end", 0.0, window - 4, 8, 8, prompt_ids=tuple(prompts[1][:1] * (window - 4))))
+    eng.run()
+    assert len(eng.outputs["end"]) == 4
+    with pytest.raises(RequestError, match=f"context of {window} tokens"):
+        eng.submit(Request("long", 0.0, window, 8, 8, prompt_ids=tuple(prompts[1][:1] * window)))
 
 
 def test_a_prompt_alone_in_chunks_that_produce_no_token_matches_transformers(make_engine):
