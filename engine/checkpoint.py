@@ -153,7 +153,7 @@ def _read_config(directory: str | Path, run: bool) -> tuple[ModelConfig, list[st
             ignored.append(f"its sliding window ({window!r} tokens) is not modelled: the KV is sized as full "
                            "attention, the most it may need")
     if not run:
-        return mc, ignored
+        return replace(mc, max_position=_longest_context(cfg, mc.max_position)), ignored
     if cfg.get("hidden_act", "silu") != "silu":
         raise CheckpointError(f"{path}: hidden_act {cfg['hidden_act']!r} is not supported (Llama's MLP is 'silu')")
     if cfg.get("mlp_bias"):
@@ -239,14 +239,16 @@ def _unfused(state: dict[str, torch.Tensor], mc: ModelConfig, directory) -> dict
 
 
 # NVIDIA ModelOpt's quantisation algorithms (``quant_algo``), by the bits of the weights they store
-MODELOPT_BITS = {"FP8": 8, "FP8_PER_CHANNEL_PER_TOKEN": 8, "FP8_BLOCK_SCALES": 8, "INT8_SQ": 8, "W8A16": 8,
+MODELOPT_BITS = {"FP8": 8, "FP8_PER_CHANNEL_PER_TOKEN": 8, "FP8_BLOCK_SCALES": 8, "FP8_PB_WO": 8, "MXFP8": 8,
+                 "INT8_SQ": 8, "W8A16": 8,
                  "NVFP4": 4, "MXFP4": 4, "W4A16_AWQ": 4, "W4A8_AWQ": 4, "W4A8_MXFP4_FP8": 4}
 
 
 def weight_bits(directory: str | Path) -> int | None:
     """The bits of a quantised checkpoint's weights, from its ``quantization_config`` (AWQ's and
     GPTQ's ``bits``, FP8, bitsandbytes' 4 or 8 bits, compressed-tensors' ``config_groups``, ModelOpt's
-    ``quant_algo``) or ModelOpt's ``hf_quant_config.json``; None where the weights are not quantised."""
+    ``quant_algo``) or ModelOpt's ``hf_quant_config.json``; None where the weights are not quantised
+    (a configuration that quantises only the KV cache, or nothing)."""
     path = Path(directory) / "config.json"
     q = json.loads(path.read_text()).get("quantization_config")
     modelopt = Path(directory) / "hf_quant_config.json"
@@ -255,8 +257,9 @@ def weight_bits(directory: str | Path) -> int | None:
             q = json.loads(modelopt.read_text())
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise CheckpointError(f"{modelopt}: cannot be read ({exc})") from exc
-        q = {"quant_method": "modelopt", **(q.get("quantization") or {})} if isinstance(q, dict) else q
-        path = modelopt
+        if not isinstance(q, dict):
+            raise CheckpointError(f"{modelopt}: must hold a JSON object, got {type(q).__name__}")
+        q, path = {"quant_method": "modelopt", **q}, modelopt
     if not q:
         return None
     if not isinstance(q, dict):
@@ -270,10 +273,7 @@ def weight_bits(directory: str | Path) -> int | None:
     if method == "fp8":
         return 8
     if method == "modelopt" or "quant_algo" in q:
-        algo = q.get("quant_algo")
-        if algo not in MODELOPT_BITS:
-            raise CheckpointError(f"{path}: quant_algo {algo!r} is not one of {', '.join(MODELOPT_BITS)}")
-        return MODELOPT_BITS[algo]
+        return _modelopt_bits(q, path)
     if method == "compressed-tensors":
         return _compressed_tensors_bits(q, path)
     if method == "bitsandbytes" and (q.get("load_in_4bit") or q.get("load_in_8bit")):
@@ -281,16 +281,49 @@ def weight_bits(directory: str | Path) -> int | None:
     raise CheckpointError(f"{path}: quantization_config with quant_method {method!r} and no 'bits' is not supported")
 
 
-def _compressed_tensors_bits(q: dict, path: Path) -> int:
+def _modelopt_bits(q: dict, path: Path) -> int | None:
+    """ModelOpt's weights' bits, by ``quant_algo`` (written under ``quantization`` in its own file);
+    None where it names none (only the KV cache quantised, ``kv_cache_quant_algo``)."""
+    fields = q.get("quantization", q)
+    if not isinstance(fields, dict):
+        raise CheckpointError(f"{path}: quantization must be an object, got {fields!r}")
+    algo = fields.get("quant_algo")
+    if algo is None:
+        return None
+    if algo not in MODELOPT_BITS:
+        raise CheckpointError(f"{path}: quant_algo {algo!r} is not one of {', '.join(MODELOPT_BITS)}")
+    return MODELOPT_BITS[algo]
+
+
+def _longest_context(cfg: dict, max_position: int) -> int:
+    """The longest context the checkpoint serves, as vLLM derives it: a RoPE scaled by ``linear``,
+    ``dynamic`` or ``yarn`` extends ``max_position_embeddings`` (YaRN's ``original_max_position_embeddings``)
+    by its factor; Llama 3's scaling and LongRoPE leave it as it is."""
+    params = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+    kind = params.get("rope_type", params.get("type")) if isinstance(params, dict) else None
+    factor = params.get("factor") if isinstance(params, dict) else None
+    if kind not in ("linear", "dynamic", "yarn") or isinstance(factor, bool) or not isinstance(factor, (int, float)):
+        return max_position
+    base = params.get("original_max_position_embeddings", max_position) if kind == "yarn" else max_position
+    if isinstance(base, bool) or not isinstance(base, (int, float)) or not factor > 0:
+        return max_position
+    return max(max_position, int(base * factor))
+
+
+def _compressed_tensors_bits(q: dict, path: Path) -> int | None:
     """The weights' bits of a compressed-tensors checkpoint (``config_groups.*.weights.num_bits``; the
-    most of its groups', where they differ)."""
-    groups = q.get("config_groups")
-    bits = [g.get("weights", {}).get("num_bits") for g in groups.values() if isinstance(g, dict)
-            and isinstance(g.get("weights"), dict)] if isinstance(groups, dict) else []
-    if not bits or any(isinstance(b, bool) or b not in WEIGHT_BITS for b in bits):
+    most of its groups', where they differ); None where no group quantises weights (only the KV cache
+    or the activations, or a sparsity-only configuration)."""
+    groups = q.get("config_groups") or {}
+    if not isinstance(groups, dict) or not all(isinstance(g, dict) and isinstance(g.get("weights") or {}, dict)
+                                               for g in groups.values()):
+        raise CheckpointError(f"{path}: a compressed-tensors config_groups must map names to groups, each with a "
+                              f"weights object or none, got {groups!r}")
+    bits = [g["weights"].get("num_bits") for g in groups.values() if g.get("weights")]
+    if any(isinstance(b, bool) or b not in WEIGHT_BITS for b in bits):
         raise CheckpointError(f"{path}: a compressed-tensors quantization_config needs config_groups whose weights' "
-                              f"num_bits are each one of {', '.join(map(str, WEIGHT_BITS))}, got {bits or groups!r}")
-    return int(max(bits))
+                              f"num_bits are each one of {', '.join(map(str, WEIGHT_BITS))}, got {bits!r}")
+    return int(max(bits)) if bits else None
 
 
 def _slides(cfg: dict, num_layers: int) -> bool:

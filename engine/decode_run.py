@@ -27,19 +27,35 @@ import numpy as np
 
 
 
+LATCH = -2  # ``_admission_held``: held for the run, and the run's first iteration marks SGLang's batch full
+
+
 def _admission_held(engine) -> int | None:
     """For how many iterations from now no waiting sequence can be admitted (until one finishes):
     None for as long as the run lasts, 0 when one may be admitted now. Under SGLang's rule the
-    ratio falls every iteration, so the head may fit after a while: ``_sglang_held`` says when."""
+    ratio falls every iteration, so the head may fit after a while: ``_sglang_held`` says when.
+    Under SGLang's code a refusal for memory marks the batch full until it shrinks (``LATCH``: the
+    run's first iteration would refuse the head and mark it; a finish, which ends the run, clears it)."""
     s, kv = engine.scheduler, engine.kv
     if not s.waiting:
         return None
+    if s.ratio is not None and s.ratio.batch_full:
+        return None  # nothing is tried until the running batch shrinks
     if any(q.request.session_id is not None or q.block_table for q in s.waiting):
         return 0  # session turns skip and reclaim: step them exactly
     if len(s.running) >= s.max_num_seqs:
         return None
     head = s.waiting[0]
     nothing_to_reclaim = not any(c.block_table and c.owner is None for c in engine.sessions.values())
+    if s.ratio is not None and s.ratio.full_new:  # the scheduler's order: budget, the rule, the headroom, the blocks
+        if s.max_num_batched_tokens <= len(s.running):
+            return None
+        if s.sglang_over(s.sglang_books(), head, s.ratio.value):
+            return LATCH
+        if not nothing_to_reclaim:
+            return 0
+        if not engine.headroom_blocks() and head.blocks_for(len(head)) > kv.blocks.num_free:
+            return LATCH
     if nothing_to_reclaim and head.blocks_for(len(head)) > kv.blocks.num_free:
         return None  # free blocks only fall during the run
     if s.ratio is None and s.reserved_blocks() + head.peak_blocks > engine.overcommit * kv.num_blocks:
@@ -99,8 +115,8 @@ def decode_run(engine, until: float | None) -> int:
     books = _decode_books(running, bs, engine.max_model_len)
     if books is None:
         return 0
-    held = _admission_held(engine)
-    if held == 0:
+    admission = _admission_held(engine)
+    if admission == 0:
         return 0
     finish, first, base = books  # iterations until each sequence finishes, the first past its table
     nd = len(running)
@@ -117,7 +133,7 @@ def decode_run(engine, until: float | None) -> int:
     limit = min(x for x in (until, nxt, gone, math.inf) if x is not None)
     k = int(np.searchsorted(times[:-1], limit, side="left"))  # iterations that start before the limit
     k = min(k, horizon)
-    if held == -1:
+    if admission == -1:
         k = _sglang_held(engine, k)
     if k < 1:
         return 0
@@ -158,6 +174,8 @@ def decode_run(engine, until: float | None) -> int:
             k = int(over[0])
             if k < 1:
                 return 0
+    if admission == LATCH:
+        s.ratio.batch_full = True  # as the run's first iteration marks it; a finish in its last clears it
     _apply(engine, k, needs, durations[:k], ends[:k], nd, finish)
     return k
 

@@ -136,10 +136,11 @@ class Deployment:
             usable = self.gpu.memory_bytes * self.gpu_memory_utilization
             left = f"{kv / GB:.1f} GB is left for KV" if kv > 0 else "nothing is left for KV"
             raise ValueError(f"deployment {self.name}: the weights take {self.model.weight_bytes() / GB:.1f} GB and the "
-                             f"activations {workspace / GB:.1f} GB of the {usable / GB:.1f} GB usable "
+                             f"workspace (a full batch's activations, a sequence's KV for one layer) "
+                             f"{workspace / GB:.1f} GB of the {usable / GB:.1f} GB usable "
                              f"({self.gpu_memory_utilization:g} of {self.gpu.name}), so {left}, where one "
                              f"{self.max_model_len}-token sequence needs {need / GB:.1f} GB (as vLLM refuses it: a "
-                             f"shorter context, quantised weights or a larger GPU)")
+                             f"shorter context, CHECKPOINT_DIR@GPU:LEN for a checkpoint; quantised weights; a larger GPU)")
         return kv
 
     def num_blocks(self) -> int:
@@ -206,7 +207,7 @@ def deployment(name: str) -> Deployment:
     if "@" in name:
         return _checkpoint_deployment(name)
     raise ValueError(f"unknown deployment {name!r}; known: {', '.join(DEPLOYMENTS)}, "
-                     f"or CHECKPOINT_DIR@GPU[:CONTEXT] with GPU one of {', '.join(GPUS)} "
+                     f"or CHECKPOINT_DIR@GPU[:LEN] with GPU one of {', '.join(GPUS)} "
                      f"(shipped checkpoints: {', '.join(_shipped_checkpoints())})")
 
 
@@ -226,12 +227,12 @@ def _checkpoint_deployment(name: str) -> Deployment:
     from experiments import CHECKPOINTS
 
     directory, gpu = name.rsplit("@", 1)
-    gpu, _, context = gpu.partition(":")
+    gpu, colon, context = gpu.partition(":")
     if not Path(directory).exists() and len(Path(directory).parts) == 1 and (CHECKPOINTS / directory).is_dir():
         directory = str(CHECKPOINTS / directory)
     if gpu.lower() not in GPUS:
         raise ValueError(f"deployment {name!r}: GPU {gpu!r} is not one of {', '.join(GPUS)}")
-    if context and not (context.isascii() and context.isdigit() and int(context) >= 2):
+    if colon and not (context.isascii() and context.isdigit() and int(context) >= 2):
         raise ValueError(f"deployment {name!r}: the context after ':' must be a whole number of tokens >= 2, "
                          f"got {context!r}")
     try:
@@ -241,8 +242,8 @@ def _checkpoint_deployment(name: str) -> Deployment:
         shipped = "" if Path(directory).exists() else f" (shipped checkpoints: {', '.join(_shipped_checkpoints())})"
         raise ValueError(f"deployment {name!r}: {exc}{shipped}") from None
     if context and int(context) > model.max_position:
-        raise ValueError(f"deployment {name!r}: a context of {context} tokens is past the model's "
-                         f"max_position_embeddings ({model.max_position})")
+        raise ValueError(f"deployment {name!r}: a context of {context} tokens is past the model's own "
+                         f"({model.max_position}: max_position_embeddings, extended by a RoPE scaling as vLLM extends it)")
     model = replace(model, dtype="float16" if model.dtype == "float32" else model.dtype,
                     weight_bits=bits)
     d = Deployment(name, GPUS[gpu.lower()], model, notes=tuple(notes),

@@ -57,7 +57,12 @@ class NewTokenRatio:
     ``value`` starts at ``init`` and falls linearly to ``init x min_factor`` over ``decay_steps``
     decode iterations. When a decode iteration finds no free block and retracts a request, it goes
     back to ``init`` (issue 9's rule) or is re-estimated from the requests still running
-    (``estimate_after_retract``, SGLang's code, which also puts it back to ``init`` when idle)."""
+    (``estimate_after_retract``, SGLang's code, which also puts it back to ``init`` when idle).
+
+    SGLang's code also stops trying to admit once an admission is refused for memory: the running
+    batch is marked full (``batch_is_full``) until it shrinks, a request finishing or retracted, so a
+    falling ratio alone admits no one (``batch_full``; not issue 9's rule). A batch that was empty is
+    replaced by the requests admitted with the refusal, unmarked."""
 
     def __init__(self, init: float, min_factor: float, decay_steps: int, clip: int, full_new: bool = False) -> None:
         self.init, self.clip, self.full_new = init, clip, full_new
@@ -65,6 +70,7 @@ class NewTokenRatio:
         self.step = (init - self.min) / decay_steps
         self.value = init
         self.set_by_retract = False  # SGLang's code sets it in the decode batch that retracts, and decays it in the others
+        self.batch_full = False  # SGLang's code: an admission refused for memory; cleared when the running batch shrinks
 
     def decode_batch(self) -> None:
         """One decode iteration: the ratio decays, unless a retract set it in this one."""
@@ -135,6 +141,8 @@ class Scheduler:
             for queue in (self.waiting, self.running, self.swapped):
                 if seq in queue:
                     queue.remove(seq)
+                    if queue is self.running:
+                        self._shrunk()
                     break
             if seq.block_table:
                 self.kv.free(seq.block_table)
@@ -276,9 +284,14 @@ class Scheduler:
 
         if self.swapped or not admit or not self.waiting:
             return work  # nothing new is admitted while admitted work waits on the host (or nothing waits)
+        if self.ratio is not None and self.ratio.batch_full and self.running:
+            return work  # SGLang's code: refused for memory, it tries again once the running batch shrinks
         limit = overcommit * self.kv.num_blocks
         reserved = self.reserved_blocks()
         books = self.sglang_books() if self.ratio is not None else None
+        # SGLang's code marks the running batch full on a refusal for memory; with none running before this
+        # iteration the batch it marks is replaced by the one admitted now, and the mark is lost
+        marks = self.ratio is not None and self.ratio.full_new and bool(self.running)
         available = None  # free and reclaimable blocks, counted when a request first meets the headroom
         for seq in list(self.waiting):
             if len(self.running) >= self.max_num_seqs or budget <= 0:
@@ -290,6 +303,7 @@ class Scheduler:
                 if self.ratio is None and reserved + seq.peak_blocks > limit:
                     break
                 if self.ratio is not None and self.sglang_over(books, seq, self.ratio.value):
+                    self.ratio.batch_full = marks
                     break
                 if headroom:
                     if available is None:
@@ -300,6 +314,8 @@ class Scheduler:
                 self._attach(seq)
                 self._grow(seq, len(seq))  # the whole prompt's blocks must be free now
             except NeedBlocks:
+                if self.ratio is not None:
+                    self.ratio.batch_full = marks
                 break
             self._admit(seq)
             reserved += seq.peak_blocks
@@ -362,9 +378,15 @@ class Scheduler:
             return None
         return self._preempt(min(self.running, key=lambda s: (s.num_generated, -s.request.prompt_len)), front=False)
 
+    def _shrunk(self) -> None:
+        """The running batch lost a sequence: SGLang's code tries to admit again."""
+        if self.ratio is not None:
+            self.ratio.batch_full = False
+
     def _preempt(self, seq: Sequence, front: bool) -> int:
         lost = seq.num_computed
         self.running.remove(seq)
+        self._shrunk()
         self.kv.free(seq.block_table)
         self.requeue(seq, front)
         seq.record.preemptions += 1
@@ -376,6 +398,7 @@ class Scheduler:
         caller. Returns the sequences that were held."""
         held = sorted(self.running + list(self.swapped), key=lambda q: q.admit_order)
         self.running, self.swapped = [], deque()
+        self._shrunk()
         for seq in self.waiting:
             seq.block_table, seq.num_computed = [], 0
         for seq in reversed(held):
@@ -386,6 +409,7 @@ class Scheduler:
         """A finished sequence leaves: its blocks are freed, or kept by its session for the next turn."""
         seq.status = Status.FINISHED
         self.running.remove(seq)
+        self._shrunk()
         if seq.request.session_id is None:
             self.kv.free(seq.block_table)
         else:
@@ -411,6 +435,7 @@ class Scheduler:
             report.bytes += n * self.kv.pool.block_bytes
             if isinstance(v, Sequence):
                 self.running.remove(v)
+                self._shrunk()
                 v.status = Status.SWAPPED
                 self.swapped.append(v)
                 report.sequences += 1

@@ -112,7 +112,7 @@ def eval_scenario(scenario: str | None, trace: str | None, time_scale: float | N
         if steps <= 0:
             raise ValueError(f"--steps must be > 0, got {steps}")
         sc = dataclasses.replace(sc, max_steps=steps)
-    if trace is not None and (note := trace_outlasted(sc, trace, load)):
+    if isinstance(sc.workload, TraceWorkload) and (note := trace_outlasted(sc, sc.workload.trace, load)):
         say(note)
     return sc
 
@@ -137,15 +137,16 @@ def thin_windows_note(sc, results: dict, seed: int) -> str:
     gives (a trace's arrivals may have gaps or a daily cycle, and ``--load`` reads the mean): those ran
     below the load asked. Empty where none does, or the workload is no trace with arrival times."""
     from env.scenario import TraceWorkload
-    from env.workload_builder import load_trace
+    from env.workload_builder import load_trace, trace_span
 
     w = sc.workload
     if not isinstance(w, TraceWorkload) or w.rate_rps is not None:
         return ""
-    t = load_trace(w.trace)
-    if len(t) < 2 or t.last_arrival_s <= 0:
+    t, span = load_trace(w.trace), trace_span(w)
+    if len(t) < 2 or span <= 0:
         return ""
-    expected = (len(t) - 1) / t.last_arrival_s * sc.episode_s * w.time_scale
+    # a window past the trace's end holds only what the trace has (trace_outlasted says so)
+    expected = (len(t) - 1) / span * min(sc.episode_s * w.time_scale, span)
     counts = [e["requests_submitted"] for e in next(iter(results.values()))["episodes"]]
     thin = [(seed + k, n) for k, n in enumerate(counts) if n < expected / 2]
     if expected < 10 or not thin:  # below ten requests a window, chance alone halves one

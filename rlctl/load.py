@@ -19,13 +19,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-import numpy as np
-
 from engine.config import max_model_len
 from engine.roofline import Deployment
 from engine.scheduler import BatchShape
 from env.workload_builder import load_trace
-from env.workloads import MaxTokensRule
+from env.workloads import MaxTokensRule, clip_length_arrays
 
 
 @dataclass(frozen=True)
@@ -56,9 +54,8 @@ def trace_load(trace: str, deployment: Deployment, max_tokens: str, load: float)
     cfg = deployment.engine_config()
     mml = max_model_len(deployment.model, cfg)
     MaxTokensRule.parse(max_tokens, name="--max-tokens")  # a declared limit is at least the real output, so
-    # it never lowers an output here: the lengths are fitted to the context as a replay fits them (clip_lengths)
-    prompts = np.minimum(np.maximum(t.prompt_lens, 1), mml - 1)
-    outputs = np.minimum(np.maximum(t.output_lens, 1), mml - prompts)
+    # it never lowers an output here: the lengths are fitted to the context as a replay fits them
+    prompts, outputs = clip_length_arrays(t.prompt_lens, t.output_lens, mml)
     if t.has_arrivals:
         first, last = float(t.arrivals.min()), float(t.arrivals.max())
         if last <= first:
@@ -85,16 +82,16 @@ def lengths_note(trace: str, deployment: Deployment) -> str:
     BurstGPT failed request's 0 response tokens) served as one token; empty where it changes none."""
     t = load_trace(trace)
     mml = max_model_len(deployment.model, deployment.engine_config())
-    prompts = np.minimum(np.maximum(t.prompt_lens, 1), mml - 1)
+    prompts, outputs = clip_length_arrays(t.prompt_lens, t.output_lens, mml)
     parts = []
     if n := int((t.prompt_lens > mml - 1).sum()):
         parts.append(f"{n} of the trace's {len(t)} prompts leave no room for an output in {deployment.name}'s context "
                      f"({mml} tokens) and are cut to {mml - 1}, where an engine would refuse them")
-    if n := int(((t.prompt_lens <= mml - 1) & (np.maximum(t.output_lens, 1) > mml - prompts)).sum()):
+    if n := int(((t.prompt_lens <= mml - 1) & (outputs < t.output_lens)).sum()):
         parts.append(f"{n} of the others' outputs are cut to end at the context")
-    zero = [(int((column == 0).sum()), what) for column, what in ((t.output_lens, "output"), (t.prompt_lens, "prompt"))]
-    if any(n for n, _ in zero):
-        parts.append(" and ".join(f"{n} record 0 {what} tokens" for n, what in zero if n)
-                     + (" (BurstGPT's failed requests)" if t.format == "burstgpt" and zero[0][0] else "")
-                     + ", replayed as 1 token")
+    failed = " (BurstGPT's failed requests)" if t.format == "burstgpt" else ""
+    zero = [f"{n} record 0 {what} tokens{note}" for n, what, note in
+            ((int((t.output_lens == 0).sum()), "output", failed), (int((t.prompt_lens == 0).sum()), "prompt", "")) if n]
+    if zero:
+        parts.append(" and ".join(zero) + ", replayed as 1 token")
     return f"lengths: {'; '.join(parts)}" if parts else ""

@@ -55,7 +55,7 @@ def test_quantised_weights_leave_the_kv_more_room(tmp_path):
 @pytest.mark.parametrize("config, gpu, match", [
     (QWEN25_7B, "b200", "GPU 'b200' is not one of h100, h200, a10, l40s"),
     ({**QWEN25_7B, "num_hidden_layers": 80, "hidden_size": 8192, "num_attention_heads": 64}, "a10",
-     r"the weights take 102\.3 GB and the activations 4\.0 GB of the 21\.6 GB usable \(0\.9 of NVIDIA A10 24GB\), so nothing is left for KV, "
+     r"the weights take 102\.3 GB and the workspace \(a full batch's activations, a sequence's KV for one layer\) 4\.0 GB of the 21\.6 GB usable \(0\.9 of NVIDIA A10 24GB\), so nothing is left for KV, "
      r"where one 32768-token sequence needs"),  # a 72B-sized model on a 24 GB GPU
     ({**QWEN25_7B, "quantization_config": {"quant_method": "hqq"}}, "h100", "quant_method 'hqq' and no 'bits'"),
     ({**QWEN25_7B, "model_type": "gemma"}, "h100", "model_type 'gemma' is not one of"),
@@ -89,10 +89,16 @@ def test_a_context_is_given_as_vllm_max_model_len_is(tmp_path):
     assert short.max_model_len == 8192 and short.num_blocks() * short.block_size >= 8192
     assert short.engine_config().max_model_len == 8192
     assert deployment(f"{directory}@h100:8192").num_blocks() > deployment(f"{directory}@h100").num_blocks()
-    for bad, match in ((":0", "must be a whole number of tokens >= 2, got '0'"), (":8k", "got '8k'"),
-                       (":65536", "past the model's max_position_embeddings \\(32768\\)")):
+    for bad, match in ((":0", "must be a whole number of tokens >= 2, got '0'"), (":8k", "got '8k'"), (":", "got ''"),
+                       (":65536", "past the model's own \\(32768: max_position_embeddings")):
         with pytest.raises(ValueError, match=match):
             deployment(f"{directory}@a10{bad}")
+    # YaRN extends the context as vLLM derives it: original_max_position_embeddings x factor
+    yarn = checkpoint(tmp_path, "yarn", {**QWEN25_7B, "rope_scaling": {"type": "yarn", "factor": 4.0,
+                                                                       "original_max_position_embeddings": 32768}})
+    assert deployment(f"{yarn}@h200:65536").max_model_len == 65536
+    with pytest.raises(ValueError, match="past the model's own \\(131072"):
+        deployment(f"{yarn}@h200:262144")
 
 
 def test_sizing_reads_past_what_only_running_the_weights_needs(tmp_path):
@@ -131,6 +137,22 @@ def test_compressed_tensors_and_modelopt_weights_are_counted_at_their_bits(tmp_p
     (beside / "hf_quant_config.json").write_text(json.dumps({"quantization": {"quant_algo": "INT3"}}))
     with pytest.raises(ValueError, match="hf_quant_config.json: quant_algo 'INT3' is not one of FP8"):
         deployment(f"{beside}@h100")
+    (beside / "hf_quant_config.json").write_text(json.dumps({"quantization": ["FP8"]}))
+    with pytest.raises(ValueError, match="hf_quant_config.json: quantization must be an object"):
+        deployment(f"{beside}@l40s")
+    # only the KV cache quantised (ModelOpt's quant_algo null, compressed-tensors' groups empty): the
+    # weights keep their dtype, as does a checkpoint that quantises nothing
+    kv_only = checkpoint(tmp_path, "kvfp8", QWEN25_7B)
+    (kv_only / "hf_quant_config.json").write_text(json.dumps({"quantization": {"quant_algo": None,
+                                                                               "kv_cache_quant_algo": "FP8"}}))
+    ct_kv = {"quant_method": "compressed-tensors", "config_groups": {}, "kv_cache_scheme": {"num_bits": 8}}
+    inline = {"quant_method": "modelopt", "quantization": {"quant_algo": "FP8"}}
+    assert deployment(f"{kv_only}@a10").model.weight_bits is None
+    assert deployment(f"{checkpoint(tmp_path, 'ctkv', {**QWEN25_7B, 'quantization_config': ct_kv})}@a10").model.weight_bits is None
+    assert deployment(f"{checkpoint(tmp_path, 'moin', {**QWEN25_7B, 'quantization_config': inline})}@a10").model.weight_bits == 8
+    junk = {**ct_kv, "config_groups": {"g0": {"weights": {"num_bits": 4}}, "g1": "junk"}}
+    with pytest.raises(ValueError, match="config_groups must map names to groups"):
+        deployment(f"{checkpoint(tmp_path, 'ctj', {**QWEN25_7B, 'quantization_config': junk})}@a10")
 
 
 def test_a_config_json_that_is_not_an_object_is_refused_by_name(tmp_path):

@@ -154,6 +154,12 @@ def test_eval_names_the_windows_a_gappy_trace_leaves_thin_and_states_the_deploym
     assert "episode(s) drew a window of " in out and "seed 0: 0" in out
     assert main([*base, str(even)]) == 0
     assert "drew a window" not in capsys.readouterr().out
+    # an episode that outlasts an even trace holds all of it: said by the note on the trace's end, not this one
+    short = _azure(tmp_path / "short.csv", [(float(i), 300, 40) for i in range(40)])
+    assert main(["eval", "--policy", "static:1.0", "--episodes", "2", "--steps", "60", "--time-scale", "1",
+                 "--trace", short]) == 0
+    out = capsys.readouterr().out
+    assert "drew a window" not in out and "only drains" in out
 
 
 def test_every_trace_replay_says_which_lengths_it_changed(tmp_path, capsys):

@@ -71,6 +71,32 @@ def test_sglangs_code_charges_the_request_it_admits_in_full():
     assert counts == {"spec": 3, "code": 2}
 
 
+@pytest.mark.parametrize("rule", ["spec", "code"])
+def test_sglangs_code_tries_again_only_once_the_running_batch_shrinks(rule):
+    # 128 blocks x 16 = 2,048 tokens. "a" runs (declared 1,500, it stops at 30); "b" (100 + 1,000)
+    # arrives and is refused: 101 + 0.7 x 1,499 + 1,100 reaches 2,048. As the ratio falls the rule
+    # alone would let b in within a few iterations; SGLang's code marked its running batch full at
+    # the refusal (``batch_is_full``) and tries again only when the batch shrinks: when a finishes
+    eng = sglang_engine(num_blocks=128, max_model_len=2048, sglang_rule=rule, sglang_new_token_ratio_decay_steps=10)
+    eng.submit(Request("a", 0.0, 100, 30, 1500))
+    eng.step()
+    eng.submit(Request("b", eng.clock, 100, 20, 1000))
+    admitted_at = None
+    for i in range(40):
+        eng.step()
+        if admitted_at is None and any(q.request.request_id == "b" for q in eng.scheduler.running):
+            admitted_at = i
+        if i == 20 and rule == "code":  # the rule alone admits b now; the mark holds it
+            s = eng.scheduler
+            assert not s.sglang_over(s.sglang_books(), s.waiting[0], s.ratio.value) and s.ratio.batch_full
+    a_done = eng.records["a"].finish_s is not None
+    assert a_done
+    if rule == "code":
+        assert admitted_at is not None and eng.records["b"].first_token_s >= eng.records["a"].finish_s
+    else:
+        assert admitted_at is not None and admitted_at < 10 and eng.records["b"].first_token_s < eng.records["a"].finish_s
+
+
 def test_sglangs_code_refuses_a_request_that_reaches_the_capacity_and_books_its_declared_tokens():
     # 128 blocks x 16 = 2,048 tokens. The head is admitted whatever the rule and booked 100 + 600;
     # a second of 148 + 1,200 reaches 2,048 exactly: SGLang refuses it (``>=``), one token less fits.

@@ -173,6 +173,13 @@ def test_vidur_traces_with_arrived_at_replay_their_own_arrivals(tmp_path):
                                                      "0,1,1\nsoon,2,2\n"))
 
 
+def test_a_count_past_any_request_is_refused_by_line_not_overflowing_the_columns(tmp_path):
+    with pytest.raises(TraceError, match=r"huge\.csv:3: token count num_prefill_tokens=99999999999999999999999 is past"):
+        read_trace(write(tmp_path, "huge.csv", "num_prefill_tokens,num_decode_tokens\n5,3\n99999999999999999999999,3\n"))
+    with pytest.raises(TraceError, match=r"huge\.jsonl:1: token count input_length=\d+ is past"):
+        read_trace(write(tmp_path, "huge.jsonl", mooncake_line(0, 10**20, 3)))
+
+
 def test_csv_fields_may_be_quoted_with_commas_and_line_breaks_inside(tmp_path):
     path = write(
         tmp_path,

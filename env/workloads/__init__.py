@@ -14,7 +14,7 @@ from env.workloads.lengths import (
 )
 from env.workloads.replay import ReplaySpec, build_requests
 from engine.request import Request
-from env.workloads.sizing import MaxTokensRule, clip_lengths
+from env.workloads.sizing import MaxTokensRule, clip_length_arrays, clip_lengths
 from env.workloads.traces import FORMATS, Trace, TraceError, TraceRecord, bundled_trace, read_trace
 
 __all__ = [
@@ -35,6 +35,7 @@ __all__ = [
     "TraceRecord",
     "build_requests",
     "bundled_trace",
+    "clip_length_arrays",
     "clip_lengths",
     "generate",
     "generate_phases",

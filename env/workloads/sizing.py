@@ -11,6 +11,8 @@ import re
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 
+import numpy as np
+
 from engine.request import Request
 
 
@@ -68,6 +70,12 @@ def clip_lengths(prompt_len: int, output_len: int, max_model_len: int | None) ->
         prompt_len = min(prompt_len, max_model_len - 1)
         output_len = min(output_len, max_model_len - prompt_len)
     return prompt_len, output_len
+
+
+def clip_length_arrays(prompt_lens, output_lens, max_model_len: int):
+    """``clip_lengths`` over numpy arrays of lengths, as a whole trace's: the same rule, elementwise."""
+    prompts = np.minimum(np.maximum(prompt_lens, 1), max_model_len - 1)
+    return prompts, np.minimum(np.maximum(output_lens, 1), max_model_len - prompts)
 
 
 def sized_request(

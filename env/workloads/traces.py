@@ -27,6 +27,7 @@ import numpy as np
 
 FORMATS = ("azure", "burstgpt", "mooncake", "vidur", "lengths")
 MOONCAKE_HASH_BLOCK_TOKENS = 512  # Mooncake traces hash prompts in 512-token prefix blocks
+MAX_COUNT = 10**15  # a token count past it is no request's: refused, where it would overflow the columns
 
 _AZURE_COLUMNS = ("timestamp", "contexttokens", "generatedtokens")
 _LENGTH_COLUMNS = ("num_prefill_tokens", "num_decode_tokens")
@@ -128,6 +129,8 @@ def read_trace(path: str | os.PathLike) -> Trace:
 
 
 def _read(path: Path, f) -> Trace:
+    """The trace in the open text file ``f``: its format told by its first non-blank line, its rows
+    checked and gathered into columns one at a time."""
     skipped = []  # blank lines before the first row, handed on to the reader so that line numbers hold
     for line in f:
         skipped.append(line)
@@ -202,7 +205,7 @@ def _csv_rows(path: Path, lines) -> Iterator[tuple[int, list[str]]]:
 def _count(path: Path, number: int, name: str, value: object) -> int:
     """A token count: a non-negative integer, as text (CSV) or a JSON number; a whole number written
     with a point (``1000.0``, as a data frame writes a column with a gap) too, in either."""
-    if type(value) is str and value.isascii() and value.isdigit():  # the common case, first: a trace has millions
+    if type(value) is str and value.isascii() and value.isdigit() and len(value) < 16:  # the common case, first
         return int(value)
     if value == "":
         raise TraceError(path, f"missing field {name}: empty value", number)
@@ -214,11 +217,13 @@ def _count(path: Path, number: int, name: str, value: object) -> int:
         raise TraceError(path, f"non-integer token count {name}={value!r}", number)
     if value < 0:
         raise TraceError(path, f"negative token count {name}={value}", number)
+    if value > MAX_COUNT:
+        raise TraceError(path, f"token count {name}={value} is past {MAX_COUNT:,} (no request is that long)", number)
     return value
 
 
 def _seconds(path: Path, number: int, text: str) -> tuple[int, float]:
-    """BurstGPT's time: seconds from the trace's start, as (0, seconds)."""
+    """BurstGPT's ``Timestamp`` and vidur's ``arrived_at``: seconds from the trace's start, as (0, seconds)."""
     try:
         value = float(text)
     except ValueError:
