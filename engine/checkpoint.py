@@ -335,7 +335,7 @@ def _slides(cfg: dict, num_layers: int) -> bool:
             raise ValueError(f"layer_types must be a list, got {cfg['layer_types']!r}")
         return any(kind != "full_attention" for kind in cfg["layer_types"] or [])
     if cfg["model_type"] in ("qwen2", "qwen3", "qwen2_moe", "qwen3_moe"):
-        return bool(cfg.get("use_sliding_window")) and _int(cfg, "max_window_layers", 0) < num_layers
+        return bool(cfg.get("use_sliding_window")) and _int(cfg, "max_window_layers", 28) < num_layers  # transformers' default
     return True
 
 

@@ -28,6 +28,8 @@ import numpy as np
 
 
 LATCH = -2  # ``_admission_held``: held for the run, and the run's first iteration marks SGLang's batch full
+RULE_LATER = -3  # held for the run after SGLang's code's rule, which each iteration checks first: it marks the
+# batch full at the first iteration of the run whose sums refuse the head (``_sglang_first``)
 
 
 def _admission_held(engine) -> int | None:
@@ -54,8 +56,12 @@ def _admission_held(engine) -> int | None:
             return LATCH
         if not nothing_to_reclaim:
             return 0
-        if not engine.headroom_blocks() and head.blocks_for(len(head)) > kv.blocks.num_free:
+        headroom, short = engine.headroom_blocks(), head.blocks_for(len(head)) > kv.blocks.num_free
+        if not headroom and short:
             return LATCH
+        if short or (headroom and kv.blocks.num_free + s.reclaimable_blocks() - head.blocks_for(len(head)) < headroom):
+            return RULE_LATER
+        return 0
     if nothing_to_reclaim and head.blocks_for(len(head)) > kv.blocks.num_free:
         return None  # free blocks only fall during the run
     if s.ratio is None and s.reserved_blocks() + head.peak_blocks > engine.overcommit * kv.num_blocks:
@@ -67,9 +73,15 @@ def _admission_held(engine) -> int | None:
 
 
 def _sglang_held(engine, k: int) -> int:
-    """How many of the next ``k`` iterations SGLang's rule holds the head back: at iteration j the
-    running sequences hold j - 1 more tokens each, may generate j - 1 fewer, and the ratio has
-    decayed j - 1 more times (the same sums, in the same arithmetic, as the scheduler's)."""
+    """How many of the next ``k`` iterations SGLang's rule holds the head back."""
+    return _sglang_first(engine, k, over=False)
+
+
+def _sglang_first(engine, k: int, over: bool) -> int:
+    """The first of the next ``k`` iterations (0-based) in which SGLang's rule refuses the head
+    (``over``) or admits it, ``k`` if none: at iteration j the running sequences hold j more tokens
+    each, may generate j fewer, and the ratio has decayed j more times (the same sums, in the same
+    arithmetic, as the scheduler's)."""
     s = engine.scheduler
     ratio, head = s.ratio, s.waiting[0]
     held, _, _ = s.sglang_books()
@@ -78,7 +90,7 @@ def _sglang_held(engine, k: int) -> int:
     value = ratio.value
     for j in range(k):
         future = int(np.minimum(remaining - j, ratio.clip).sum())
-        if not s.sglang_over((held + nd * j, future, 0), head, value):
+        if s.sglang_over((held + nd * j, future, 0), head, value) == over:
             return j
         value = max(value - ratio.step, ratio.min)
     return k
@@ -174,8 +186,8 @@ def decode_run(engine, until: float | None) -> int:
             k = int(over[0])
             if k < 1:
                 return 0
-    if admission == LATCH:
-        s.ratio.batch_full = True  # as the run's first iteration marks it; a finish in its last clears it
+    if admission == LATCH or (admission == RULE_LATER and _sglang_first(engine, k, over=True) < k):
+        s.ratio.batch_full = True  # as the iteration that refuses the head marks it; a finish in the last clears it
     _apply(engine, k, needs, durations[:k], ends[:k], nd, finish)
     return k
 

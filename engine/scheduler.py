@@ -289,9 +289,11 @@ class Scheduler:
         limit = overcommit * self.kv.num_blocks
         reserved = self.reserved_blocks()
         books = self.sglang_books() if self.ratio is not None else None
-        # SGLang's code marks the running batch full on a refusal for memory; with none running before this
-        # iteration the batch it marks is replaced by the one admitted now, and the mark is lost
-        marks = self.ratio is not None and self.ratio.full_new and bool(self.running)
+        # SGLang's code marks the running batch full on a refusal for memory; with none decoding before this
+        # iteration (a prompt still in chunks is not in SGLang's running batch) the batch it marks is replaced
+        # by the requests prefilled now, and the mark is lost
+        marks = (self.ratio is not None and self.ratio.full_new
+                 and any(len(q.token_ids) - q.num_computed <= 1 for q in self.running))
         available = None  # free and reclaimable blocks, counted when a request first meets the headroom
         for seq in list(self.waiting):
             if len(self.running) >= self.max_num_seqs or budget <= 0:

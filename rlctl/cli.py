@@ -220,7 +220,7 @@ def _replay_runs(a: argparse.Namespace, trace, factors: list[float]) -> dict[str
     for f, e in zip(factors, engines):
         runs[f"overcommit {f:g}"] = {**replay(requests, e), "overcommit": f, "oom_mode": a.oom,
                                      "trace": str(trace), "workload": spec.describe(), "engine": asdict(e.config),
-                                     "model": asdict(e.model_config)}
+                                     "model": asdict(e.model_config), "context_tokens": e.max_model_len}
     return runs
 
 

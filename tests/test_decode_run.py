@@ -99,3 +99,28 @@ def test_random_engines_keep_the_same_books(seed, mode, factor, num_blocks, tena
                 [vars(r) for r in eng.records.values()])
 
     assert books(False) == books(True)
+
+
+def test_sglangs_code_marks_its_batch_full_in_the_middle_of_a_run_as_stepping_does():
+    # "H" is held back by the admission headroom, which the scheduler checks after SGLang's rule; with
+    # the ratio at its floor the rule's sums grow with every decode and refuse H part way through the
+    # run, marking the batch full, so that once H's client gives up "H2" still waits for A to finish.
+    # A run that only saw the headroom would have tried H2 (a review found it)
+    def run(fast: bool):
+        cfg = EngineConfig(num_blocks=100, max_num_seqs=12, max_num_batched_tokens=2048, max_model_len=1600,
+                           admission="sglang", sglang_rule="code", sglang_new_token_ratio_decay_steps=10,
+                           client_timeout_s=1.0)
+        eng = Engine(ModelConfig(), cfg, executor=ProfiledExecutor(COST), fast_forward=fast)
+        eng.set_admit_headroom(0.15)
+        eng.submit(Request("A", 0.0, 800, 1000, 1000))
+        eng.run(until=0.06)
+        eng.submit(Request("H", eng.clock, 560, 10, 10))
+        eng.submit(Request("H2", eng.clock + 0.1, 16, 5, 5))
+        eng.run(until=eng.clock + 0.999)
+        marked = eng.scheduler.ratio.batch_full
+        eng.run()
+        return marked, summarize(eng), log(eng), [vars(r) for r in eng.records.values()]
+
+    exact, fast = run(False), run(True)
+    assert exact[0] and exact[3][2]["first_token_s"] is None  # H2 never served: it gave up behind the mark
+    assert fast == exact
