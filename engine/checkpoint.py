@@ -89,7 +89,8 @@ def read_sizes(directory: str | Path) -> tuple[ModelConfig, list[str]]:
 
 
 def _read_config(directory: str | Path, run: bool) -> tuple[ModelConfig, list[str]]:
-    path = Path(directory) / "config.json"
+    directory = Path(directory).expanduser()
+    path = directory / "config.json"
     if not Path(directory).is_dir():
         raise CheckpointError(f"{directory}: no such checkpoint directory")
     if not path.is_file():
@@ -342,6 +343,7 @@ def _slides(cfg: dict, num_layers: int) -> bool:
 def load_checkpoint(directory: str | Path, device: str | torch.device = "cpu",
                     dtype: str | None = None) -> LlamaModel:
     """The model in ``directory``, with its weights; ``dtype`` overrides the checkpoint's."""
+    directory = Path(directory).expanduser()
     mc = read_config(directory)
     if dtype is not None:
         mc = ModelConfig(**{**mc.__dict__, "dtype": dtype})

@@ -13,6 +13,8 @@ blocks; the device itself is the whole GPU, so a co-tenant can take the rest and
 from __future__ import annotations
 
 import functools
+import json
+import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -227,6 +229,7 @@ def _checkpoint_deployment(name: str) -> Deployment:
     from experiments import CHECKPOINTS
 
     directory, gpu = name.rsplit("@", 1)
+    directory = os.path.expanduser(directory)
     gpu, colon, context = gpu.partition(":")
     if not Path(directory).exists() and len(Path(directory).parts) == 1 and (CHECKPOINTS / directory).is_dir():
         directory = str(CHECKPOINTS / directory)
@@ -238,12 +241,14 @@ def _checkpoint_deployment(name: str) -> Deployment:
     try:
         model, notes = read_sizes(directory)
         bits = weight_bits(directory)
+        raw_max_position = json.loads((Path(directory) / "config.json").read_text()).get("max_position_embeddings") or 2048
     except ValueError as exc:  # the checkpoint's own refusal names its file and field
         shipped = "" if Path(directory).exists() else f" (shipped checkpoints: {', '.join(_shipped_checkpoints())})"
         raise ValueError(f"deployment {name!r}: {exc}{shipped}") from None
     if context and int(context) > model.max_position:
         raise ValueError(f"deployment {name!r}: a context of {context} tokens is past the model's own "
-                         f"({model.max_position}: max_position_embeddings, extended by a RoPE scaling as vLLM extends it)")
+                         f"({model.max_position}: max_position_embeddings" + (", extended by its RoPE scaling as vLLM "
+                         "extends it" if model.max_position > raw_max_position else "") + ")")
     model = replace(model, dtype="float16" if model.dtype == "float32" else model.dtype,
                     weight_bits=bits)
     d = Deployment(name, GPUS[gpu.lower()], model, notes=tuple(notes),

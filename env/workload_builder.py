@@ -22,7 +22,7 @@ from env.workloads._checks import positive
 
 def trace_path(name: str) -> Path:
     """A bundled trace by file name, or a path."""
-    p = Path(name)
+    p = Path(name).expanduser()
     if not p.exists() and bundled_trace(name).exists():
         return bundled_trace(name)
     if not p.exists():

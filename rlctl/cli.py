@@ -211,7 +211,8 @@ def _replay_runs(a: argparse.Namespace, trace, factors: list[float]) -> dict[str
     cfg = _engine_config(a)
     engines = [build_engine(cfg, f, a.oom, a.model_dir, a.device) for f in factors]
     spec = _spec(a, engines[0].max_model_len)  # clip to what the engine can hold
-    requests = load_requests(trace, spec)
+    with _flags_named():
+        requests = load_requests(trace, spec)
     print(f"replay: {trace}: {len(requests)} requests; {spec.describe()}")
     print(f"engine: {cfg.num_blocks} KV blocks x {cfg.block_size} tokens, context {engines[0].max_model_len} tokens "
           f"(the least of --max-model-len, the model's max_position_embeddings or sliding window, and the KV), "

@@ -94,8 +94,6 @@ def eval_scenario(scenario: str | None, trace: str | None, time_scale: float | N
             fit = trace_load(trace, find_deployment(sc.deployment), rule, load)
             say(fit.describe(trace, sc.deployment))
             time_scale = fit.time_scale
-        if note := lengths_note(trace, find_deployment(sc.deployment)):
-            say(note)
         # a length-only trace gets Poisson arrivals, one per trace second
         rate = None if load_trace(trace).has_arrivals else 1.0
         workload = TraceWorkload(trace=trace, time_scale=time_scale or (base.time_scale if base else 1.0),
@@ -112,8 +110,11 @@ def eval_scenario(scenario: str | None, trace: str | None, time_scale: float | N
         if steps <= 0:
             raise ValueError(f"--steps must be > 0, got {steps}")
         sc = dataclasses.replace(sc, max_steps=steps)
-    if isinstance(sc.workload, TraceWorkload) and (note := trace_outlasted(sc, sc.workload.trace, load)):
-        say(note)
+    if isinstance(sc.workload, TraceWorkload):  # a trace given or the scenario's own: what its replay changes
+        for note in (lengths_note(sc.workload.trace, find_deployment(sc.deployment), sc.engine_config()),
+                     trace_outlasted(sc, sc.workload.trace, load)):
+            if note:
+                say(note)
     return sc
 
 
@@ -129,6 +130,8 @@ def deployment_line(sc) -> str:
             f"sequences and {cfg.max_num_batched_tokens} tokens an iteration")
     if cfg.num_blocks != d.num_blocks():
         line += f"; the scenario sizes its KV to {cfg.num_blocks} blocks ({cfg.num_blocks * cfg.block_size} tokens)"
+        if cfg.num_blocks > d.num_blocks():
+            line += f", more than the {d.gpu.name} holds beside the weights"
     return line
 
 

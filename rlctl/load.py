@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from engine.config import max_model_len
+from engine.config import EngineConfig, max_model_len
 from engine.roofline import Deployment
 from engine.scheduler import BatchShape
 from env.workload_builder import load_trace
@@ -76,22 +76,28 @@ def trace_load(trace: str, deployment: Deployment, max_tokens: str, load: float)
     return Load(rps, p, o, batch, sustainable, load)
 
 
-def lengths_note(trace: str, deployment: Deployment) -> str:
-    """What a replay of ``trace`` on ``deployment`` changes in its lengths (``clip_lengths``): prompts
-    that leave no room for an output in the context, outputs cut to fit it, and zero lengths (a
-    BurstGPT failed request's 0 response tokens) served as one token; empty where it changes none."""
+def lengths_note(trace: str, deployment: Deployment, cfg: EngineConfig | None = None) -> str:
+    """What a replay of ``trace`` on ``deployment`` (with engine settings ``cfg``, a scenario's; default
+    the deployment's) changes in its lengths (``clip_lengths``): prompts that leave no room for an
+    output in the context, outputs cut to fit it, and zero lengths (a BurstGPT failed request's 0
+    response tokens) served as one token; empty where it changes none."""
     t = load_trace(trace)
-    mml = max_model_len(deployment.model, deployment.engine_config())
+    mml = max_model_len(deployment.model, cfg or deployment.engine_config())
     prompts, outputs = clip_length_arrays(t.prompt_lens, t.output_lens, mml)
     parts = []
     if n := int((t.prompt_lens > mml - 1).sum()):
-        parts.append(f"{n} of the trace's {len(t)} prompts leave no room for an output in {deployment.name}'s context "
-                     f"({mml} tokens) and are cut to {mml - 1}, where an engine would refuse them")
+        parts.append(f"{n} of the trace's {len(t)} prompts {_verb(n, 'leaves', 'leave')} no room for an output in "
+                     f"{deployment.name}'s context ({mml} tokens) and {_verb(n, 'is', 'are')} cut to {mml - 1}, where "
+                     f"an engine would refuse {_verb(n, 'it', 'them')}")
     if n := int(((t.prompt_lens <= mml - 1) & (outputs < t.output_lens)).sum()):
-        parts.append(f"{n} of the others' outputs are cut to end at the context")
+        parts.append(f"{n} of the others' outputs {_verb(n, 'is', 'are')} cut to end at the context")
     failed = " (BurstGPT's failed requests)" if t.format == "burstgpt" else ""
-    zero = [f"{n} record 0 {what} tokens{note}" for n, what, note in
+    zero = [f"{n} {_verb(n, 'records', 'record')} 0 {what} tokens{note}" for n, what, note in
             ((int((t.output_lens == 0).sum()), "output", failed), (int((t.prompt_lens == 0).sum()), "prompt", "")) if n]
     if zero:
         parts.append(" and ".join(zero) + ", replayed as 1 token")
     return f"lengths: {'; '.join(parts)}" if parts else ""
+
+
+def _verb(n: int, one: str, many: str) -> str:
+    return one if n == 1 else many

@@ -239,15 +239,17 @@ def _cli_cases(tmp: "Path") -> list[tuple[list[str], str]]:
         (["replay", "--trace", azure, "--duration", "-1"], "--duration must be > 0, got -1.0"),
         (["replay", "--trace", azure, "--client-timeout", "-3"], "--client-timeout must be a finite number"),
         (["replay", "--trace", azure, "--limit", "0"], "--limit must be >= 1, got 0"),
+        (["replay", "--trace", "sharegpt_8k_lengths_llama2tok.csv", "--duration", "3"],
+         "--rate is required: "),  # it said rate_rps
         (["train", "--config", "steady", "--timesteps", "0", "--logdir", str(tmp / "runs")],
          "argument --timesteps: expected a whole number > 0, got 0"),  # it named the config file's field
     ]
 
 
-@pytest.mark.parametrize("case", range(24))
+@pytest.mark.parametrize("case", range(25))
 def test_a_bad_option_is_refused_before_anything_runs_naming_it(case, tmp_path, capsys):
     cases = _cli_cases(tmp_path)
-    assert len(cases) == 24
+    assert len(cases) == 25
     argv, message = cases[case]
     out, err = _cli_refusal(argv, capsys)
     assert message in err

@@ -101,6 +101,16 @@ def test_a_context_is_given_as_vllm_max_model_len_is(tmp_path):
         deployment(f"{yarn}@h200:262144")
 
 
+def test_a_checkpoint_path_may_start_at_home(tmp_path, monkeypatch):
+    # a scenario's deployment: is not seen by a shell, so ~ is expanded here, as for a trace's path
+    monkeypatch.setenv("HOME", str(tmp_path))
+    checkpoint(tmp_path, "home", QWEN25_7B)
+    assert deployment("~/home@l40s").num_blocks() == deployment(f"{tmp_path / 'home'}@l40s").num_blocks()
+    # a context past a max_position_embeddings no RoPE scaling extends says only that
+    with pytest.raises(ValueError, match=r"past the model's own \(32768: max_position_embeddings\)$"):
+        deployment("~/home@h100:65536")
+
+
 def test_sizing_reads_past_what_only_running_the_weights_needs(tmp_path):
     # Phi-3.5's LongRoPE, Qwen's YaRN block, a GELU or MLP biases change the arithmetic, not the memory
     # or the cost model's time: a deployment is sized from them, where loading the weights refuses them

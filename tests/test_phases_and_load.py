@@ -172,10 +172,25 @@ def test_every_trace_replay_says_which_lengths_it_changed(tmp_path, capsys):
     assert main(["eval", "--policy", "static:1.0", "--episodes", "1", "--steps", "2", "--deployment", "llama3-8b-l40s",
                  "--time-scale", "1", "--trace", str(burst)]) == 0
     line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("lengths: "))
-    assert line == ("lengths: 1 of the trace's 4 prompts leave no room for an output in llama3-8b-l40s's context "
-                    "(32768 tokens) and are cut to 32767, where an engine would refuse them; 1 of the others' outputs "
-                    "are cut to end at the context; 1 record 0 output tokens (BurstGPT's failed requests), replayed "
+    assert line == ("lengths: 1 of the trace's 4 prompts leaves no room for an output in llama3-8b-l40s's context "
+                    "(32768 tokens) and is cut to 32767, where an engine would refuse it; 1 of the others' outputs "
+                    "is cut to end at the context; 1 records 0 output tokens (BurstGPT's failed requests), replayed "
                     "as 1 token")
     assert main(["eval", "--policy", "static:1.0", "--episodes", "1", "--steps", "2", "--trace", _azure(
         tmp_path / "plain.csv", [(0.0, 300, 40), (1.0, 200, 10)])]) == 0
     assert "lengths: " not in capsys.readouterr().out
+    # a scenario's own trace, on the context its engine settings give (8,192 here, not the deployment's 32,768)
+    import yaml
+
+    scenario = tmp_path / "own.yaml"
+    scenario.write_text(yaml.safe_dump({"name": "own", "deployment": "llama3-8b-l40s", "max_steps": 2,
+                                        "engine": {"max_model_len": 8192},
+                                        "workload": {"trace": str(burst), "time_scale": 1.0, "max_tokens": "fixed:64"}}))
+    assert main(["eval", "--policy", "static:1.0", "--episodes", "1", "--scenario", str(scenario)]) == 0
+    out = capsys.readouterr().out
+    assert "lengths: 2 of the trace's 4 prompts leave no room for an output in llama3-8b-l40s's context (8192 tokens)" in out
+    # a scenario's KV past what the GPU holds is said in its deployment line
+    scenario.write_text(yaml.safe_dump({**yaml.safe_load(scenario.read_text()), "engine": {"num_blocks": 10**7}}))
+    assert main(["eval", "--policy", "static:1.0", "--episodes", "1", "--scenario", str(scenario)]) == 0
+    assert ("the scenario sizes its KV to 10000000 blocks (160000000 tokens), more than the NVIDIA L40S 48GB holds "
+            "beside the weights") in capsys.readouterr().out
