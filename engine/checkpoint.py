@@ -91,7 +91,7 @@ def read_sizes(directory: str | Path) -> tuple[ModelConfig, list[str]]:
 def _read_config(directory: str | Path, run: bool) -> tuple[ModelConfig, list[str]]:
     directory = Path(directory).expanduser()
     path = directory / "config.json"
-    if not Path(directory).is_dir():
+    if not directory.is_dir():
         raise CheckpointError(f"{directory}: no such checkpoint directory")
     if not path.is_file():
         needs = "config.json and *.safetensors" if run else "its config.json"

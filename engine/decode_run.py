@@ -49,6 +49,12 @@ def _admission_held(engine) -> int | None:
         return None
     head = s.waiting[0]
     nothing_to_reclaim = not any(c.block_table and c.owner is None for c in engine.sessions.values())
+    need, headroom = head.blocks_for(len(head)), engine.headroom_blocks()
+    short = need > kv.blocks.num_free
+
+    def below_headroom() -> bool:  # counting reclaimable blocks is the dearer test: asked last
+        return bool(headroom) and kv.blocks.num_free + s.reclaimable_blocks() - need < headroom
+
     if s.ratio is not None and s.ratio.full_new:  # the scheduler's order: budget, the rule, the headroom, the blocks
         if s.max_num_batched_tokens <= len(s.running):
             return None
@@ -56,19 +62,15 @@ def _admission_held(engine) -> int | None:
             return LATCH
         if not nothing_to_reclaim:
             return 0
-        headroom, short = engine.headroom_blocks(), head.blocks_for(len(head)) > kv.blocks.num_free
-        if not headroom and short:
+        if short and not headroom:
             return LATCH
-        if short or (headroom and kv.blocks.num_free + s.reclaimable_blocks() - head.blocks_for(len(head)) < headroom):
-            return RULE_LATER
-        return 0
-    if nothing_to_reclaim and head.blocks_for(len(head)) > kv.blocks.num_free:
+        return RULE_LATER if short or below_headroom() else 0
+    if nothing_to_reclaim and short:
         return None  # free blocks only fall during the run
     if s.ratio is None and s.reserved_blocks() + head.peak_blocks > engine.overcommit * kv.num_blocks:
         return None
-    headroom = engine.headroom_blocks()  # after the factor: counting reclaimable blocks is the dearer test
-    if headroom and kv.blocks.num_free + s.reclaimable_blocks() - head.blocks_for(len(head)) < headroom:
-        return None  # and idle contexts only go when reclaimed, which a run never does
+    if below_headroom():  # idle contexts only go when reclaimed, which a run never does
+        return None
     return 0 if s.ratio is None else -1  # SGLang's rule: counted over the run by ``_sglang_held``
 
 

@@ -145,11 +145,11 @@ def thin_windows_note(sc, results: dict, seed: int) -> str:
     w = sc.workload
     if not isinstance(w, TraceWorkload) or w.rate_rps is not None:
         return ""
-    t, span = load_trace(w.trace), trace_span(w)
-    if len(t) < 2 or span <= 0:
+    rate = load_trace(w.trace).mean_rate_rps
+    if rate is None:
         return ""
     # a window past the trace's end holds only what the trace has (trace_outlasted says so)
-    expected = (len(t) - 1) / span * min(sc.episode_s * w.time_scale, span)
+    expected = rate * min(sc.episode_s * w.time_scale, trace_span(w))
     counts = [e["requests_submitted"] for e in next(iter(results.values()))["episodes"]]
     thin = [(seed + k, n) for k, n in enumerate(counts) if n < expected / 2]
     if expected < 10 or not thin:  # below ten requests a window, chance alone halves one

@@ -56,14 +56,10 @@ def trace_load(trace: str, deployment: Deployment, max_tokens: str, load: float)
     MaxTokensRule.parse(max_tokens, name="--max-tokens")  # a declared limit is at least the real output, so
     # it never lowers an output here: the lengths are fitted to the context as a replay fits them
     prompts, outputs = clip_length_arrays(t.prompt_lens, t.output_lens, mml)
-    if t.has_arrivals:
-        first, last = float(t.arrivals.min()), float(t.arrivals.max())
-        if last <= first:
-            raise ValueError(f"--load needs a trace whose arrivals span some time to read its rate from: {trace}'s "
-                             f"{len(t)} request(s) all arrive at {first:g} s; give --time-scale instead")
-        rps = (len(t) - 1) / (last - first)
-    else:
-        rps = 1.0
+    rps = t.mean_rate_rps if t.has_arrivals else 1.0
+    if rps is None:
+        raise ValueError(f"--load needs a trace whose arrivals span some time to read its rate from: {trace}'s "
+                         f"{len(t)} request(s) all arrive at {float(t.arrivals.min()):g} s; give --time-scale instead")
     p, o = float(prompts.mean()), float(outputs.mean())
     cost = deployment.cost_model()
     kv_tokens = cfg.num_blocks * cfg.block_size

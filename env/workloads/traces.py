@@ -88,6 +88,14 @@ class Trace:
         """The last record's arrival, in the trace's own seconds (a trace with arrival times)."""
         return float(self.arrivals.max())
 
+    @property
+    def mean_rate_rps(self) -> float | None:
+        """Requests a second of trace time, from the first arrival to the last; None for a trace
+        without arrival times, or whose arrivals all come at one time."""
+        if self.arrivals is None or self.last_arrival_s <= 0:  # arrivals count from the earliest, at 0
+            return None
+        return (len(self) - 1) / self.last_arrival_s
+
     def record(self, row: int) -> TraceRecord:
         """Row ``row`` (0-based, file order) as one record."""
         return TraceRecord(None if self.arrivals is None else float(self.arrivals[row]), int(self.prompt_lens[row]),
