@@ -83,6 +83,22 @@ class VLLM(Policy):
 
 
 @dataclass
+class VLLMCode(Policy):
+    """``vllm`` as vLLM v1's scheduler allocates (``EngineConfig.prompt_blocks: chunk``): a new
+    request takes its first chunk's blocks, and each later chunk its own as it is scheduled
+    (``KVCacheManager.allocate_slots``), where ``vllm`` takes the whole prompt's at admission; a chunk
+    that finds no free block preempts the newest request, as a decode does (README, "How close vllm
+    and sglang are")."""
+
+    name: str = "vllm_code"
+    engine_overrides: dict = field(default_factory=lambda: {"overcommit": math.inf, "oom_mode": "preempt",
+                                                            "prompt_blocks": "chunk"})
+
+    def act(self, obs: np.ndarray) -> int:
+        return HOLD
+
+
+@dataclass
 class SGLang(Policy):
     name: str = "sglang"
     engine_overrides: dict = field(default_factory=lambda: {"admission": "sglang", "oom_mode": "preempt"})

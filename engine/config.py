@@ -252,6 +252,11 @@ class EngineConfig:
     # whenever the engine falls idle)
     sglang_rule: str = "spec"
     sglang_retract_decode_steps: int = 20            # SGLANG_RETRACT_DECODE_STEPS
+    # when a request's prompt takes its blocks: "whole" (at admission, all of them: the prompt's blocks
+    # must be free now) or "chunk" (as each chunk is scheduled, as vLLM v1's ``allocate_slots`` takes
+    # them: a request is admitted when its first chunk's blocks are free, and a later chunk that finds
+    # none is a running sequence that cannot grow, an OOM event: a crash or a preemption)
+    prompt_blocks: str = "whole"
 
     def __post_init__(self) -> None:
         for name in ("block_size", "num_blocks", "segment_blocks", "max_num_seqs",
@@ -286,6 +291,8 @@ class EngineConfig:
             raise ValueError("sglang_new_token_ratio_decay_steps and sglang_clip_max_new_tokens must be > 0")
         if self.sglang_rule not in ("spec", "code"):
             raise ValueError(f"sglang_rule must be 'spec' or 'code', got {self.sglang_rule!r}")
+        if self.prompt_blocks not in ("whole", "chunk"):
+            raise ValueError(f"prompt_blocks must be 'whole' or 'chunk', got {self.prompt_blocks!r}")
         if self.sglang_retract_decode_steps < 0:
             raise ValueError(f"sglang_retract_decode_steps must be >= 0, got {self.sglang_retract_decode_steps}")
 

@@ -50,7 +50,9 @@ def _admission_held(engine) -> int | None:
     head = s.waiting[0]
     nothing_to_reclaim = not any(c.block_table and c.owner is None for c in engine.sessions.values())
     need, headroom = head.blocks_for(len(head)), engine.headroom_blocks()
-    short = need > kv.blocks.num_free
+    # the blocks admission takes now: the whole prompt's, or (vLLM v1) its first chunk's in what the decodes leave
+    first = head.blocks_for(min(len(head), s.max_num_batched_tokens - len(s.running))) if s.prompt_chunks else need
+    short = first > kv.blocks.num_free
 
     def below_headroom() -> bool:  # counting reclaimable blocks is the dearer test: asked last
         return bool(headroom) and kv.blocks.num_free + s.reclaimable_blocks() - need < headroom

@@ -86,7 +86,8 @@ class Engine:
                               cfg.sglang_new_token_ratio_decay_steps, cfg.sglang_clip_max_new_tokens,
                               full_new=cfg.sglang_rule == "code")
         self.scheduler = Scheduler(self.kv, self.sessions, cfg.max_num_seqs, cfg.max_num_batched_tokens,
-                                   ratio if cfg.admission == "sglang" else None)
+                                   ratio if cfg.admission == "sglang" else None,
+                                   prompt_chunks=cfg.prompt_blocks == "chunk")
         self.executor.bind(self.model, self.pool)
         self.overcommit = cfg.overcommit
         self.records: dict[str, RequestRecord] = {}

@@ -5,7 +5,8 @@ place a sequence moves between them: arrive, admit, preempt, requeue, finish, sw
 and the crash that sends everything back. Each iteration mixes decodes and prefill chunks under
 ``max_num_seqs`` and ``max_num_batched_tokens``. New requests are admitted first come, first
 served by the overcommit rule: the peak demand (``prompt + max_tokens``, in blocks) of everything
-held may reach ``overcommit x`` KV capacity, and the prompt's blocks must be free now.
+held may reach ``overcommit x`` KV capacity, and the prompt's blocks must be free now (or, as vLLM
+v1 allocates, its first chunk's: ``prompt_chunks``).
 """
 from __future__ import annotations
 
@@ -105,11 +106,12 @@ class NewTokenRatio:
 class Scheduler:
     """Before any allocation fails, blocks that no running sequence needs are reclaimed
     (``reclaim``): blocks a waiting turn took, then idle session contexts. ``ratio`` (SGLang's
-    admission rule) replaces the overcommit rule when given."""
+    admission rule) replaces the overcommit rule when given. With ``prompt_chunks`` a new request
+    takes only its first chunk's blocks (``EngineConfig.prompt_blocks: chunk``, vLLM v1's way)."""
 
     def __init__(self, kv: KVCache, sessions: Sessions, max_num_seqs: int, max_num_batched_tokens: int,
-                 ratio: NewTokenRatio | None = None) -> None:
-        self.kv, self.sessions, self.ratio = kv, sessions, ratio
+                 ratio: NewTokenRatio | None = None, prompt_chunks: bool = False) -> None:
+        self.kv, self.sessions, self.ratio, self.prompt_chunks = kv, sessions, ratio, prompt_chunks
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.pending: list[tuple[float, int, Sequence]] = []  # a heap of (arrival time, submission order, seq)
@@ -314,7 +316,9 @@ class Scheduler:
                         break
             try:
                 self._attach(seq)
-                self._grow(seq, len(seq))  # the whole prompt's blocks must be free now
+                n = min(seq.num_uncomputed, budget)
+                # the whole prompt's blocks must be free now, or (vLLM v1) its first chunk's
+                self._grow(seq, seq.num_computed + n if self.prompt_chunks else len(seq))
             except NeedBlocks:
                 if self.ratio is not None:
                     self.ratio.batch_full = marks
@@ -325,7 +329,6 @@ class Scheduler:
                 available -= seq.blocks_for(len(seq))
             if self.ratio is not None:
                 books = self.sglang_with(books, seq)
-            n = min(seq.num_uncomputed, budget)
             work.append(Work(seq, n))
             budget -= n
         return work

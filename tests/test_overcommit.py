@@ -115,3 +115,40 @@ def test_without_tensors_the_engine_keeps_the_same_books():
         runs.append(([(r.request_id, r.finish_s, r.restarts) for r in order], blocks, engine.counters.oom_events))
     assert runs[0] == runs[1]
     assert runs[0][2] > 0
+
+
+def test_vllm_v1_takes_a_prompts_blocks_chunk_by_chunk_and_loses_no_token():
+    """``prompt_blocks: chunk`` (``vllm_code``): a prompt longer than the free blocks is admitted on
+    its first chunk's, where the whole prompt's must wait; a later chunk that finds no block preempts
+    the newest request (here the prompt itself, part way through its prefill), which is recomputed
+    and generates the same tokens as when nothing was preempted."""
+    from dataclasses import replace
+    from engine.engine import Engine
+    from engine.config import ModelConfig
+    from engine.request import Request
+
+    def serve(prompt_blocks: str):
+        cfg = replace(DEPLOYMENT, num_blocks=32, max_model_len=512, max_num_batched_tokens=64, oom_mode="preempt",
+                      overcommit=float("inf"), overcommit_max=float("inf"), prompt_blocks=prompt_blocks)
+        engine = Engine(ModelConfig(), cfg, executor=ProfiledExecutor(CPU_COST, materialize=True))
+        engine.keep_outputs = True
+        engine.submit(Request("A", 0.0, 300, 120, 120))  # 19 blocks once prefilled, 27 at its end
+        engine.submit(Request("B", 0.0, 250, 20, 20))    # 16 blocks: more than A leaves free
+        together, cut = False, False
+        while engine.step():
+            running = {q.request.request_id: q for q in engine.scheduler.running}
+            if "A" in running and "B" in running and engine.records["A"].first_token_s is not None:
+                together = True
+                assert len(running["B"].block_table) < running["B"].blocks_for(250)  # only its chunks so far
+            b = engine.records["B"]
+            cut |= b.preemptions > 0 and b.first_token_s is None
+        return engine, together, cut
+
+    whole, together, cut = serve("whole")
+    assert not together and whole.counters.preemptions == 0  # B waits for A's blocks
+    chunked, together, cut = serve("chunk")
+    assert together and cut and chunked.counters.preemptions > 0
+    assert chunked.records["B"].finish_s is not None and chunked.records["A"].finish_s is not None
+    assert chunked.outputs == whole.outputs
+    with pytest.raises(ValueError, match="prompt_blocks must be 'whole' or 'chunk'"):
+        replace(DEPLOYMENT, prompt_blocks="chunks")
