@@ -83,14 +83,17 @@ class VLLM(Policy):
 
 
 @dataclass
-class VLLMCode(Policy):
-    """``vllm`` as vLLM v1's scheduler allocates (``EngineConfig.prompt_blocks: chunk``): a new
-    request takes its first chunk's blocks, and each later chunk its own as it is scheduled
-    (``KVCacheManager.allocate_slots``), where ``vllm`` takes the whole prompt's at admission; a chunk
-    that finds no free block preempts the newest request, as a decode does (README, "How close vllm
-    and sglang are")."""
+class VLLMChunked(Policy):
+    """``vllm`` with vLLM v1's allocation (``EngineConfig.prompt_blocks: chunk``): a new request
+    takes its first chunk's blocks and each later chunk its own as it is scheduled
+    (``KVCacheManager.allocate_slots``), where ``vllm`` takes the whole prompt's at admission (as
+    vLLM v0's block manager did); a chunk that finds no free block preempts the newest request, as a
+    decode does. Without vLLM's prefix cache, which keeps a preempted request's computed blocks
+    while nothing else takes them, every readmission recomputes from the start: a reference for how
+    much the whole-prompt hold spares the peer (README, "How close vllm and sglang are"), not a
+    better model of vLLM."""
 
-    name: str = "vllm_code"
+    name: str = "vllm_chunked"
     engine_overrides: dict = field(default_factory=lambda: {"overcommit": math.inf, "oom_mode": "preempt",
                                                             "prompt_blocks": "chunk"})
 

@@ -118,7 +118,7 @@ def test_without_tensors_the_engine_keeps_the_same_books():
 
 
 def test_vllm_v1_takes_a_prompts_blocks_chunk_by_chunk_and_loses_no_token():
-    """``prompt_blocks: chunk`` (``vllm_code``): a prompt longer than the free blocks is admitted on
+    """``prompt_blocks: chunk`` (``vllm_chunked``): a prompt longer than the free blocks is admitted on
     its first chunk's, where the whole prompt's must wait; a later chunk that finds no block preempts
     the newest request (here the prompt itself, part way through its prefill), which is recomputed
     and generates the same tokens as when nothing was preempted."""
