@@ -102,6 +102,20 @@ class VLLMChunked(Policy):
 
 
 @dataclass
+class VLLMCached(Policy):
+    """``vllm`` with its recompute free (``EngineConfig.preempted_kv: cached``): a preempted request's
+    KV comes back at no cost, as if vLLM's prefix cache had kept all of it; an upper bound on what the
+    cache, which ``vllm`` does not model, saves it (README, "How close vllm and sglang are")."""
+
+    name: str = "vllm_cached"
+    engine_overrides: dict = field(default_factory=lambda: {"overcommit": math.inf, "oom_mode": "preempt",
+                                                            "preempted_kv": "cached"})
+
+    def act(self, obs: np.ndarray) -> int:
+        return HOLD
+
+
+@dataclass
 class SGLang(Policy):
     name: str = "sglang"
     engine_overrides: dict = field(default_factory=lambda: {"admission": "sglang", "oom_mode": "preempt"})
@@ -120,6 +134,19 @@ class SGLangCode(Policy):
     name: str = "sglang_code"
     engine_overrides: dict = field(default_factory=lambda: {"admission": "sglang", "oom_mode": "preempt",
                                                             "sglang_rule": "code"})
+
+    def act(self, obs: np.ndarray) -> int:
+        return HOLD
+
+
+@dataclass
+class SGLangCached(Policy):
+    """``sglang`` with its recompute free (``EngineConfig.preempted_kv: cached``), as if SGLang's radix
+    cache had kept all of a retracted request's KV: an upper bound on what the cache saves it."""
+
+    name: str = "sglang_cached"
+    engine_overrides: dict = field(default_factory=lambda: {"admission": "sglang", "oom_mode": "preempt",
+                                                            "preempted_kv": "cached"})
 
     def act(self, obs: np.ndarray) -> int:
         return HOLD

@@ -5,7 +5,8 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from agents.baselines import VLLM, Random, SGLang, SGLangCode, Static, VLLMChunked, Watermark
+from agents.baselines import (VLLM, Random, SGLang, SGLangCached, SGLangCode, Static, VLLMCached, VLLMChunked,
+                              Watermark)
 from agents.oracle import Lookahead, Oracle
 from agents.export import POLICY_SUFFIX, ExportedPolicy, PolicyFileError, load_policy
 from agents.policy import Policy
@@ -44,8 +45,8 @@ def static_sweep(max_factor: float) -> list[str]:
     return [static_spec(k) for k in SWEEP_FACTORS if k <= max_factor]
 
 
-_SIMPLE = {"watermark": Watermark, "vllm": VLLM, "vllm_chunked": VLLMChunked, "sglang": SGLang, "sglang_code": SGLangCode,
-           "random": Random}
+_SIMPLE = {"watermark": Watermark, "vllm": VLLM, "vllm_chunked": VLLMChunked, "vllm_cached": VLLMCached, "sglang": SGLang,
+           "sglang_code": SGLangCode, "sglang_cached": SGLangCached, "random": Random}
 REFERENCES = {"oracle": Oracle, "lookahead": Lookahead}  # evaluation references that look inside their environment; never served
 
 

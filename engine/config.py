@@ -257,6 +257,11 @@ class EngineConfig:
     # them: a request is admitted when its first chunk's blocks are free, and a later chunk that finds
     # none is a running sequence that cannot grow, an OOM event: a crash or a preemption)
     prompt_blocks: str = "whole"
+    # what a preempted (or retracted) request's lost KV costs at its readmission: "recomputed" (every
+    # token computed again) or "cached" (nothing: as if a prefix cache had kept all of it, an upper
+    # bound on what vLLM's prefix cache and SGLang's radix cache save, which keep it only while no other
+    # request takes its blocks; the blocks are still taken, and a crash still loses everything)
+    preempted_kv: str = "recomputed"
 
     def __post_init__(self) -> None:
         for name in ("block_size", "num_blocks", "segment_blocks", "max_num_seqs",
@@ -293,6 +298,8 @@ class EngineConfig:
             raise ValueError(f"sglang_rule must be 'spec' or 'code', got {self.sglang_rule!r}")
         if self.prompt_blocks not in ("whole", "chunk"):
             raise ValueError(f"prompt_blocks must be 'whole' or 'chunk', got {self.prompt_blocks!r}")
+        if self.preempted_kv not in ("recomputed", "cached"):
+            raise ValueError(f"preempted_kv must be 'recomputed' or 'cached', got {self.preempted_kv!r}")
         if self.sglang_retract_decode_steps < 0:
             raise ValueError(f"sglang_retract_decode_steps must be >= 0, got {self.sglang_retract_decode_steps}")
 

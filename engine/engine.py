@@ -87,7 +87,8 @@ class Engine:
                               full_new=cfg.sglang_rule == "code")
         self.scheduler = Scheduler(self.kv, self.sessions, cfg.max_num_seqs, cfg.max_num_batched_tokens,
                                    ratio if cfg.admission == "sglang" else None,
-                                   prompt_chunks=cfg.prompt_blocks == "chunk")
+                                   prompt_chunks=cfg.prompt_blocks == "chunk",
+                                   cache_preempted=cfg.preempted_kv == "cached")
         self.executor.bind(self.model, self.pool)
         self.overcommit = cfg.overcommit
         self.records: dict[str, RequestRecord] = {}
@@ -261,7 +262,7 @@ class Engine:
         return self._count_preemption(self.scheduler.preempt_newest())
 
     def _count_preemption(self, lost: int | None) -> bool:
-        """Count a preemption that lost ``lost`` tokens' KV; False when none was made (None)."""
+        """Count a preemption that left ``lost`` tokens to recompute; False when none was made (None)."""
         if lost is None:
             return False
         self.counters.recomputed_tokens += lost

@@ -41,9 +41,15 @@ class BatchShape(NamedTuple):
 
 
 def batch_tokens(work: list[Work]) -> BatchShape:
+    """The iteration's shape; tokens a prefix cache holds (``Sequence.cached``) are not computed."""
     num_tokens = context = attended = 0
     for w in work:
-        n, end = w.num_tokens, w.seq.num_computed + w.num_tokens
+        start, n = w.seq.num_computed, w.num_tokens
+        end = start + n
+        if w.seq.cached > start:
+            n -= min(w.seq.cached - start, n)
+            if n == 0:
+                continue
         num_tokens += n
         context += end
         attended += n * end - n * (n - 1) // 2
@@ -107,11 +113,14 @@ class Scheduler:
     """Before any allocation fails, blocks that no running sequence needs are reclaimed
     (``reclaim``): blocks a waiting turn took, then idle session contexts. ``ratio`` (SGLang's
     admission rule) replaces the overcommit rule when given. With ``prompt_chunks`` a new request
-    takes only its first chunk's blocks (``EngineConfig.prompt_blocks: chunk``, vLLM v1's way)."""
+    takes only its first chunk's blocks (``EngineConfig.prompt_blocks: chunk``, vLLM v1's way). With
+    ``cache_preempted`` a preempted sequence's lost KV is recomputed at no cost
+    (``EngineConfig.preempted_kv: cached``: ``Sequence.cached``, read by ``batch_tokens``)."""
 
     def __init__(self, kv: KVCache, sessions: Sessions, max_num_seqs: int, max_num_batched_tokens: int,
-                 ratio: NewTokenRatio | None = None, prompt_chunks: bool = False) -> None:
+                 ratio: NewTokenRatio | None = None, prompt_chunks: bool = False, cache_preempted: bool = False) -> None:
         self.kv, self.sessions, self.ratio, self.prompt_chunks = kv, sessions, ratio, prompt_chunks
+        self.cache_preempted = cache_preempted
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.pending: list[tuple[float, int, Sequence]] = []  # a heap of (arrival time, submission order, seq)
@@ -370,7 +379,8 @@ class Scheduler:
 
     def preempt_newest(self) -> int | None:
         """vLLM's preemption: the newest running sequence frees its blocks and waits to be
-        recomputed, first in the queue. The tokens whose KV it lost, or None when nothing runs."""
+        recomputed, first in the queue. The tokens it must recompute (none where a cache keeps them),
+        or None when nothing runs."""
         if not self.running:
             return None
         return self._preempt(max(self.running, key=lambda s: s.admit_order), front=True)
@@ -378,7 +388,8 @@ class Scheduler:
     def retract_fewest_outputs(self) -> int | None:
         """SGLang's retract (``ScheduleBatch.retract_decode``): the running sequence with the fewest
         output tokens (of those, the longest prompt) frees its blocks and waits to be recomputed,
-        last in the queue. The tokens whose KV it lost, or None when nothing runs."""
+        last in the queue. The tokens it must recompute (none where a cache keeps them), or None
+        when nothing runs."""
         if not self.running:
             return None
         return self._preempt(min(self.running, key=lambda s: (s.num_generated, -s.request.prompt_len)), front=False)
@@ -390,6 +401,8 @@ class Scheduler:
 
     def _preempt(self, seq: Sequence, front: bool) -> int:
         lost = seq.num_computed
+        if self.cache_preempted:  # a cache keeps the most that was ever computed: nothing is recomputed
+            seq.cached, lost = max(seq.cached, lost), 0
         self.running.remove(seq)
         self._shrunk()
         self.kv.free(seq.block_table)
@@ -405,9 +418,10 @@ class Scheduler:
         self.running, self.swapped = [], deque()
         self._shrunk()
         for seq in self.waiting:
-            seq.block_table, seq.num_computed = [], 0
+            seq.block_table, seq.num_computed, seq.cached = [], 0, 0  # the process's prefix cache goes with it
         for seq in reversed(held):
             self.requeue(seq)
+            seq.cached = 0
         return held
 
     def finish(self, seq: Sequence, now: float) -> None:

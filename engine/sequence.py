@@ -39,6 +39,9 @@ class Sequence:
         self.record = record
         self.num_computed = 0
         self.num_generated = 0
+        # tokens whose KV a prefix cache would still hold after a preemption (``EngineConfig.preempted_kv:
+        # cached``): recomputing them costs no time
+        self.cached = 0
         self.block_table: list[int] = []
         self.host_kv: torch.Tensor | None = None  # KV blocks on the host while swapped
         self.status = Status.WAITING

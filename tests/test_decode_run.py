@@ -66,9 +66,9 @@ COST = CostModel(fixed_s=2e-3, per_token_s=3e-5, per_context_token_s=4e-8, per_a
 @given(st.integers(0, 2**31), st.sampled_from(["crash", "preempt"]), st.sampled_from([1.0, 1.5, 2.5]),
        st.integers(8, 96), st.floats(0.0, 0.9), st.sampled_from(["overcommit", "sglang", "sglang:code"]),
        st.sampled_from([0.0, 0.15]),
-       st.sampled_from([None, 0.4, 1.5]), st.sampled_from(["whole", "chunk"]))
+       st.sampled_from([None, 0.4, 1.5]), st.sampled_from(["whole", "chunk"]), st.sampled_from(["recomputed", "cached"]))
 def test_random_engines_keep_the_same_books(seed, mode, factor, num_blocks, tenant_share, admission, headroom, timeout,
-                                            prompt_blocks):
+                                            prompt_blocks, preempted_kv):
     rng = np.random.default_rng(seed)
     sessions = [None, None, "a", "b"]  # idle contexts: blocks the headroom counts as free
     reqs = [Request(f"r{i}", float(rng.uniform(0, 3)), int(rng.integers(1, 200)), int(rng.integers(1, 300)),
@@ -81,7 +81,8 @@ def test_random_engines_keep_the_same_books(seed, mode, factor, num_blocks, tena
                            max_model_len=min(1024, num_blocks * 16), oom_mode=mode, restart_downtime_s=0.3,
                            overcommit_max=3.0, overcommit=factor, admission=admission.split(":")[0],
                            sglang_rule="code" if admission == "sglang:code" else "spec",
-                           sglang_new_token_ratio_decay_steps=40, client_timeout_s=timeout, prompt_blocks=prompt_blocks)
+                           sglang_new_token_ratio_decay_steps=40, client_timeout_s=timeout, prompt_blocks=prompt_blocks,
+                           preempted_kv=preempted_kv)
         eng = Engine(ModelConfig(), cfg, executor=ProfiledExecutor(COST), fast_forward=fast)
         eng.set_admit_headroom(headroom)
         for r in reqs:

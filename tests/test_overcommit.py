@@ -152,3 +152,47 @@ def test_vllm_v1_takes_a_prompts_blocks_chunk_by_chunk_and_loses_no_token():
     assert chunked.outputs == whole.outputs
     with pytest.raises(ValueError, match="prompt_blocks must be 'whole' or 'chunk'"):
         replace(DEPLOYMENT, prompt_blocks="chunks")
+
+
+def test_a_prefix_cache_bound_recomputes_a_preempted_requests_kv_at_no_cost():
+    """``preempted_kv: cached`` (``vllm_cached``, ``sglang_cached``): a preempted request's lost KV
+    costs no time when it is readmitted (the blocks are still taken), nothing is counted as
+    recomputed, every token is the same, and a crash loses the cache with everything else."""
+    from dataclasses import replace
+    from engine.records import RequestRecord
+    from engine.scheduler import Work, batch_tokens
+    from engine.sequence import Sequence
+    from engine.request import Request
+
+    requests = azure(1000.0, 30.0)
+    engines = {}
+    for kept in ("recomputed", "cached"):
+        engine = build_engine(replace(DEPLOYMENT, preempted_kv=kept), float("inf"), "preempt",
+                              executor=ProfiledExecutor(CPU_COST, materialize=True))
+        engine.keep_outputs = True
+        for r in requests:
+            engine.submit(r)
+        engine.run()
+        engines[kept] = engine
+    full, cached = engines["recomputed"], engines["cached"]
+    assert full.counters.preemptions > 0 and cached.counters.preemptions > 0
+    assert full.counters.recomputed_tokens > 0 and cached.counters.recomputed_tokens == 0
+    assert cached.outputs == full.outputs
+    # a readmitted sequence's chunk: the tokens the cache holds are neither computed nor charged
+    seq = Sequence(Request("x", 0.0, 100, 10, 10), list(range(100)), 0, 16, RequestRecord("x", 0.0, 100, 10), 2048)
+    whole = batch_tokens([Work(seq, 64)])
+    seq.cached = 40
+    part = batch_tokens([Work(seq, 64)])
+    assert (part.num_tokens, part.context_tokens) == (24, 64) and part.attended < whole.attended
+    seq.cached = 64
+    assert batch_tokens([Work(seq, 64)]).num_tokens == 0
+    # a crash takes the cache with it
+    engine = build_engine(replace(DEPLOYMENT, preempted_kv="cached"), float("inf"), "preempt",
+                          executor=ProfiledExecutor(CPU_COST))
+    for r in requests:
+        engine.submit(r)
+    while engine.counters.preemptions == 0:
+        engine.step()
+    assert any(q.cached for q in engine.scheduler.waiting)
+    engine._crash()
+    assert not any(q.cached for q in engine.scheduler.waiting)
