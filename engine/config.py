@@ -257,10 +257,10 @@ class EngineConfig:
     # them: a request is admitted when its first chunk's blocks are free, and a later chunk that finds
     # none is a running sequence that cannot grow, an OOM event: a crash or a preemption)
     prompt_blocks: str = "whole"
-    # what a preempted (or retracted) request's lost KV costs at its readmission: "recomputed" (every
-    # token computed again) or "cached" (nothing: as if a prefix cache had kept all of it, an upper
-    # bound on what vLLM's prefix cache and SGLang's radix cache save, which keep it only while no other
-    # request takes its blocks; the blocks are still taken, and a crash still loses everything)
+    # a preempted (or retracted) request's KV at its readmission: "recomputed" (every token computed
+    # again) or "cached" (kept: it takes its blocks again and computes only its last token, as if a
+    # prefix cache had kept all of it, an upper bound on what vLLM's prefix cache and SGLang's radix
+    # cache save, which keep it only while no other request takes its blocks; a crash loses it all)
     preempted_kv: str = "recomputed"
 
     def __post_init__(self) -> None:

@@ -72,6 +72,9 @@ class Engine:
         self.max_model_len = max_model_len(mcfg, cfg)
         if self.executor is None:
             self.executor = TorchExecutor()
+        if cfg.preempted_kv == "cached" and self.executor.materialize:
+            raise ValueError("preempted_kv 'cached' is a bound for the tensor-free engine (a cost model's clock): on "
+                             "real KV tensors a preempted request's KV is not kept")
         if self.model is None and self.executor.materialize:
             self.model = LlamaModel.from_seed(mcfg, cfg.seed, self.torch_device)
         self.memory = self.plan_memory(cfg)
@@ -306,7 +309,8 @@ class Engine:
         """The process ends: requests held go back to the queue, the KV (device and host) and the
         sessions' kept contexts are lost, and the engine is down for its restart time."""
         s = self.scheduler
-        self.counters.recomputed_tokens += sum(q.num_computed for q in s.running) + sum(q.num_computed for q in s.swapped)
+        self.counters.recomputed_tokens += (sum(q.num_computed for q in s.running) + sum(q.num_computed for q in s.swapped)
+                                            + sum(q.cached for q in s.waiting))  # a prefix cache's KV goes too
         for seq in self.scheduler.lose_all():
             seq.record.restarts += 1
         self.sessions.lose_all()

@@ -41,15 +41,9 @@ class BatchShape(NamedTuple):
 
 
 def batch_tokens(work: list[Work]) -> BatchShape:
-    """The iteration's shape; tokens a prefix cache holds (``Sequence.cached``) are not computed."""
     num_tokens = context = attended = 0
     for w in work:
-        start, n = w.seq.num_computed, w.num_tokens
-        end = start + n
-        if w.seq.cached > start:
-            n -= min(w.seq.cached - start, n)
-            if n == 0:
-                continue
+        n, end = w.num_tokens, w.seq.num_computed + w.num_tokens
         num_tokens += n
         context += end
         attended += n * end - n * (n - 1) // 2
@@ -114,8 +108,8 @@ class Scheduler:
     (``reclaim``): blocks a waiting turn took, then idle session contexts. ``ratio`` (SGLang's
     admission rule) replaces the overcommit rule when given. With ``prompt_chunks`` a new request
     takes only its first chunk's blocks (``EngineConfig.prompt_blocks: chunk``, vLLM v1's way). With
-    ``cache_preempted`` a preempted sequence's lost KV is recomputed at no cost
-    (``EngineConfig.preempted_kv: cached``: ``Sequence.cached``, read by ``batch_tokens``)."""
+    ``cache_preempted`` a preempted sequence is readmitted with the KV it had computed
+    (``EngineConfig.preempted_kv: cached``: ``Sequence.cached``, ``admission_start``)."""
 
     def __init__(self, kv: KVCache, sessions: Sessions, max_num_seqs: int, max_num_batched_tokens: int,
                  ratio: NewTokenRatio | None = None, prompt_chunks: bool = False, cache_preempted: bool = False) -> None:
@@ -325,13 +319,15 @@ class Scheduler:
                         break
             try:
                 self._attach(seq)
-                n = min(seq.num_uncomputed, budget)
+                start = self.admission_start(seq)
+                n = min(len(seq) - start, budget)
                 # the whole prompt's blocks must be free now, or (vLLM v1) its first chunk's
-                self._grow(seq, seq.num_computed + n if self.prompt_chunks else len(seq))
+                self._grow(seq, start + n if self.prompt_chunks else len(seq))
             except NeedBlocks:
                 if self.ratio is not None:
                     self.ratio.batch_full = marks
                 break
+            seq.num_computed = start
             self._admit(seq)
             reserved += seq.peak_blocks
             if available is not None:
@@ -341,6 +337,12 @@ class Scheduler:
             work.append(Work(seq, n))
             budget -= n
         return work
+
+    def admission_start(self, seq: Sequence) -> int:
+        """Where ``seq``'s computation starts when it is admitted: after its session's context, or
+        after what a prefix cache kept of it when it was preempted (``cache_preempted``: those tokens
+        are not computed again; its last token always is, to produce the next)."""
+        return max(seq.num_computed, min(seq.cached, len(seq) - 1))
 
     def sglang_books(self) -> tuple[int, int, int]:
         """SGLang's admission books over the running sequences: the tokens they hold, the tokens

@@ -40,7 +40,7 @@ class Sequence:
         self.num_computed = 0
         self.num_generated = 0
         # tokens whose KV a prefix cache would still hold after a preemption (``EngineConfig.preempted_kv:
-        # cached``): recomputing them costs no time
+        # cached``): readmitted, it starts computing after them
         self.cached = 0
         self.block_table: list[int] = []
         self.host_kv: torch.Tensor | None = None  # KV blocks on the host while swapped

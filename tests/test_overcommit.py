@@ -154,45 +154,43 @@ def test_vllm_v1_takes_a_prompts_blocks_chunk_by_chunk_and_loses_no_token():
         replace(DEPLOYMENT, prompt_blocks="chunks")
 
 
-def test_a_prefix_cache_bound_recomputes_a_preempted_requests_kv_at_no_cost():
-    """``preempted_kv: cached`` (``vllm_cached``, ``sglang_cached``): a preempted request's lost KV
-    costs no time when it is readmitted (the blocks are still taken), nothing is counted as
-    recomputed, every token is the same, and a crash loses the cache with everything else."""
+def test_a_prefix_cache_bound_readmits_a_preempted_request_with_its_kv():
+    """``preempted_kv: cached`` (``vllm_cached``, ``sglang_cached``), a bound for the tensor-free
+    engine: a preempted request is readmitted with the KV it had computed (it takes its blocks again
+    and computes its last token only), nothing is counted as recomputed at the preemption, and a
+    restart loses the cache with everything else and counts it."""
     from dataclasses import replace
-    from engine.records import RequestRecord
-    from engine.scheduler import Work, batch_tokens
-    from engine.sequence import Sequence
-    from engine.request import Request
+    from engine.engine import Engine
+    from engine.config import ModelConfig
 
     requests = azure(1000.0, 30.0)
     engines = {}
     for kept in ("recomputed", "cached"):
         engine = build_engine(replace(DEPLOYMENT, preempted_kv=kept), float("inf"), "preempt",
-                              executor=ProfiledExecutor(CPU_COST, materialize=True))
-        engine.keep_outputs = True
+                              executor=ProfiledExecutor(CPU_COST))
         for r in requests:
             engine.submit(r)
-        engine.run()
-        engines[kept] = engine
-    full, cached = engines["recomputed"], engines["cached"]
-    assert full.counters.preemptions > 0 and cached.counters.preemptions > 0
+        readmitted = []
+        while engine.step():
+            readmitted += [(q.num_computed, q.cached) for q in engine.scheduler.running if q.cached and q.record.preemptions]
+        engines[kept] = engine, readmitted
+    (full, none), (cached, starts) = engines["recomputed"], engines["cached"]
+    assert full.counters.preemptions > 0 and cached.counters.preemptions > 0 and not none
     assert full.counters.recomputed_tokens > 0 and cached.counters.recomputed_tokens == 0
-    assert cached.outputs == full.outputs
-    # a readmitted sequence's chunk: the tokens the cache holds are neither computed nor charged
-    seq = Sequence(Request("x", 0.0, 100, 10, 10), list(range(100)), 0, 16, RequestRecord("x", 0.0, 100, 10), 2048)
-    whole = batch_tokens([Work(seq, 64)])
-    seq.cached = 40
-    part = batch_tokens([Work(seq, 64)])
-    assert (part.num_tokens, part.context_tokens) == (24, 64) and part.attended < whole.attended
-    seq.cached = 64
-    assert batch_tokens([Work(seq, 64)]).num_tokens == 0
-    # a crash takes the cache with it
+    assert starts and all(computed >= kept for computed, kept in starts)  # it never computes the kept KV again
+    assert cached.counters.prefill_tokens < full.counters.prefill_tokens
+    assert all(r.finish_s is not None for r in cached.records.values())
+    # a restart takes the cache with it, and what it held is counted as lost
     engine = build_engine(replace(DEPLOYMENT, preempted_kv="cached"), float("inf"), "preempt",
                           executor=ProfiledExecutor(CPU_COST))
     for r in requests:
         engine.submit(r)
     while engine.counters.preemptions == 0:
         engine.step()
-    assert any(q.cached for q in engine.scheduler.waiting)
-    engine._crash()
+    held = sum(q.cached for q in engine.scheduler.waiting)
+    assert held > 0 and engine.counters.recomputed_tokens == 0
+    engine.restart()
     assert not any(q.cached for q in engine.scheduler.waiting)
+    assert engine.counters.recomputed_tokens >= held
+    with pytest.raises(ValueError, match="a bound for the tensor-free engine"):
+        Engine(ModelConfig(), replace(DEPLOYMENT, preempted_kv="cached"), executor=ProfiledExecutor(CPU_COST, True))
