@@ -103,9 +103,9 @@ class VLLMChunked(Policy):
 
 @dataclass
 class VLLMCached(Policy):
-    """``vllm`` with its recompute free (``EngineConfig.preempted_kv: cached``): a preempted request's
-    KV comes back at no cost, as if vLLM's prefix cache had kept all of it; an upper bound on what the
-    cache, which ``vllm`` does not model, saves it (README, "How close vllm and sglang are")."""
+    """``vllm`` with its recompute free (``EngineConfig.preempted_kv: cached``): a preempted request is
+    readmitted with its KV, as if vLLM's prefix cache had kept all of it, which is more than the cache
+    (not modelled by ``vllm``) can keep: an optimistic reference (README, "How close vllm and sglang are")."""
 
     name: str = "vllm_cached"
     engine_overrides: dict = field(default_factory=lambda: {"overcommit": math.inf, "oom_mode": "preempt",
@@ -142,7 +142,7 @@ class SGLangCode(Policy):
 @dataclass
 class SGLangCached(Policy):
     """``sglang`` with its recompute free (``EngineConfig.preempted_kv: cached``), as if SGLang's radix
-    cache had kept all of a retracted request's KV: an upper bound on what the cache saves it."""
+    cache had kept all of a retracted request's KV: an optimistic reference."""
 
     name: str = "sglang_cached"
     engine_overrides: dict = field(default_factory=lambda: {"admission": "sglang", "oom_mode": "preempt",

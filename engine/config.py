@@ -259,8 +259,8 @@ class EngineConfig:
     prompt_blocks: str = "whole"
     # a preempted (or retracted) request's KV at its readmission: "recomputed" (every token computed
     # again) or "cached" (kept: it takes its blocks again and computes only its last token, as if a
-    # prefix cache had kept all of it, an upper bound on what vLLM's prefix cache and SGLang's radix
-    # cache save, which keep it only while no other request takes its blocks; a crash loses it all)
+    # prefix cache had kept all of it: more than vLLM's prefix cache or SGLang's radix cache can keep,
+    # which keep a block only while no other request takes it; tensor-free only; a crash loses it all)
     preempted_kv: str = "recomputed"
 
     def __post_init__(self) -> None:
