@@ -6,7 +6,7 @@ import math
 from pathlib import Path
 
 from agents.baselines import (VLLM, Random, SGLang, SGLangCached, SGLangCode, Static, VLLMCached, VLLMChunked,
-                              Watermark)
+                              VLLMPrefixCache, Watermark)
 from agents.oracle import Lookahead, Oracle
 from agents.export import POLICY_SUFFIX, ExportedPolicy, PolicyFileError, load_policy
 from agents.policy import Policy
@@ -45,8 +45,9 @@ def static_sweep(max_factor: float) -> list[str]:
     return [static_spec(k) for k in SWEEP_FACTORS if k <= max_factor]
 
 
-_SIMPLE = {"watermark": Watermark, "vllm": VLLM, "vllm_chunked": VLLMChunked, "vllm_cached": VLLMCached, "sglang": SGLang,
-           "sglang_code": SGLangCode, "sglang_cached": SGLangCached, "random": Random}
+_SIMPLE = {"watermark": Watermark, "vllm": VLLM, "vllm_chunked": VLLMChunked, "vllm_cached": VLLMCached,
+           "vllm_prefix_cache": VLLMPrefixCache, "sglang": SGLang, "sglang_code": SGLangCode, "sglang_cached": SGLangCached,
+           "random": Random}
 REFERENCES = {"oracle": Oracle, "lookahead": Lookahead}  # evaluation references that look inside their environment; never served
 
 

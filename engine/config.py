@@ -260,7 +260,10 @@ class EngineConfig:
     # a preempted (or retracted) request's KV at its readmission: "recomputed" (every token computed
     # again) or "cached" (kept: it takes its blocks again and computes only its last token, as if a
     # prefix cache had kept all of it: more than vLLM's prefix cache or SGLang's radix cache can keep,
-    # which keep a block only while no other request takes it; tensor-free only; a crash loses it all)
+    # which keep a block only while no other request takes it) or "lru" (as vLLM's prefix cache keeps
+    # it: a preempted request's full blocks freed last first, free blocks handed out oldest first, and
+    # readmitted it computes from the end of the prefix still cached: engine/kv_cache.py ``FreeOrder``);
+    # both tensor-free only, and a crash loses it all
     preempted_kv: str = "recomputed"
 
     def __post_init__(self) -> None:
@@ -298,8 +301,8 @@ class EngineConfig:
             raise ValueError(f"sglang_rule must be 'spec' or 'code', got {self.sglang_rule!r}")
         if self.prompt_blocks not in ("whole", "chunk"):
             raise ValueError(f"prompt_blocks must be 'whole' or 'chunk', got {self.prompt_blocks!r}")
-        if self.preempted_kv not in ("recomputed", "cached"):
-            raise ValueError(f"preempted_kv must be 'recomputed' or 'cached', got {self.preempted_kv!r}")
+        if self.preempted_kv not in ("recomputed", "cached", "lru"):
+            raise ValueError(f"preempted_kv must be 'recomputed', 'cached' or 'lru', got {self.preempted_kv!r}")
         if self.sglang_retract_decode_steps < 0:
             raise ValueError(f"sglang_retract_decode_steps must be >= 0, got {self.sglang_retract_decode_steps}")
 

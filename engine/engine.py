@@ -72,9 +72,9 @@ class Engine:
         self.max_model_len = max_model_len(mcfg, cfg)
         if self.executor is None:
             self.executor = TorchExecutor()
-        if cfg.preempted_kv == "cached" and self.executor.materialize:
-            raise ValueError("preempted_kv 'cached' is a bound for the tensor-free engine (a cost model's clock): on "
-                             "real KV tensors a preempted request's KV is not kept")
+        if cfg.preempted_kv != "recomputed" and self.executor.materialize:
+            raise ValueError(f"preempted_kv {cfg.preempted_kv!r} is a model for the tensor-free engine (a cost model's "
+                             f"clock): on real KV tensors a preempted request's KV is not kept")
         if self.model is None and self.executor.materialize:
             self.model = LlamaModel.from_seed(mcfg, cfg.seed, self.torch_device)
         self.memory = self.plan_memory(cfg)
@@ -83,7 +83,7 @@ class Engine:
         self.device.charge("weights", self.memory.weights)
         self.pool = KVPool(mcfg, cfg.block_size, cfg.num_blocks, cfg.segment_blocks, self.device,
                            self.executor.materialize)
-        self.kv = KVCache(self.pool, cfg.host_bytes)
+        self.kv = KVCache(self.pool, cfg.host_bytes, lru=cfg.preempted_kv == "lru")
         self.sessions = Sessions(self.kv, self.counters, self.max_model_len)
         ratio = NewTokenRatio(cfg.sglang_init_new_token_ratio, cfg.sglang_min_new_token_ratio_factor,
                               cfg.sglang_new_token_ratio_decay_steps, cfg.sglang_clip_max_new_tokens,
@@ -91,7 +91,7 @@ class Engine:
         self.scheduler = Scheduler(self.kv, self.sessions, cfg.max_num_seqs, cfg.max_num_batched_tokens,
                                    ratio if cfg.admission == "sglang" else None,
                                    prompt_chunks=cfg.prompt_blocks == "chunk",
-                                   cache_preempted=cfg.preempted_kv == "cached")
+                                   cache_preempted=cfg.preempted_kv != "recomputed")
         self.executor.bind(self.model, self.pool)
         self.overcommit = cfg.overcommit
         self.records: dict[str, RequestRecord] = {}
@@ -219,8 +219,9 @@ class Engine:
         in preempt mode the newest sequence is recomputed and nothing new is admitted."""
         while True:
             try:
-                return self.scheduler.schedule(self.overcommit, self.free_target_blocks, admit,
-                                               self.headroom_blocks())
+                work = self.scheduler.schedule(self.overcommit, self.free_target_blocks, admit, self.headroom_blocks())
+                self.counters.recomputed_tokens += self.scheduler.take_recomputed()
+                return work
             except (NeedBlocks, DeviceOOM) as exc:
                 self._record_oom(exc)
                 if self.config.oom_mode == "crash":

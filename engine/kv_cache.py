@@ -6,6 +6,7 @@ memory behind them and a failure leaves nothing half-done.
 """
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass
 from typing import Iterable
 
@@ -73,12 +74,60 @@ class SwapTraffic:
     bytes: int = 0
 
 
+class FreeOrder:
+    """The order in which vLLM's prefix cache hands free blocks out again, kept as counts
+    (``EngineConfig.preempted_kv: lru``): a queue of who freed the free blocks, oldest first. A
+    preempted sequence frees its blocks last first, its full blocks marked as its own; an allocation
+    takes the blocks freed longest ago; what is still marked as a sequence's own when it is
+    readmitted is the prefix of its KV the cache still holds. Every other free is unmarked."""
+
+    def __init__(self, num_blocks: int) -> None:
+        self.queue: deque[list] = deque([[None, num_blocks]])  # [owner, blocks]; the oldest first
+        self.own: dict = {}  # owner -> its entry in the queue
+        self.reusing = None  # the sequence whose own blocks the next allocation takes back
+
+    def freed(self, n: int, owner=None, kept: int = 0) -> None:
+        kept = min(kept, n)
+        if n > kept:
+            self.queue.append([None, n - kept])
+        if kept:
+            self.own[owner] = entry = [owner, kept]
+            self.queue.append(entry)
+
+    def kept(self, owner) -> int:
+        """Blocks of ``owner``'s prefix still cached."""
+        entry = self.own.get(owner)
+        return entry[1] if entry is not None else 0
+
+    def taken(self, n: int) -> None:
+        """``n`` blocks allocated: the readmitted sequence's own (``reusing``) first, then the oldest."""
+        if self.reusing is not None:
+            entry = self.own.pop(self.reusing, None)
+            if entry is not None:  # its own blocks leave the queue (the entry stays, emptied, until it is first)
+                use = min(entry[1], n)
+                entry[0], entry[1], n = None, entry[1] - use, n - use
+            self.reusing = None
+        queue = self.queue
+        while n > 0:
+            entry = queue[0]
+            k = min(entry[1], n)
+            entry[1] -= k
+            n -= k
+            if entry[1] == 0:
+                queue.popleft()
+                if entry[0] is not None and self.own.get(entry[0]) is entry:
+                    del self.own[entry[0]]
+        while queue and queue[0][1] == 0:
+            queue.popleft()
+
+
 class KVCache:
-    def __init__(self, pool: KVPool, host_bytes: int) -> None:
+    def __init__(self, pool: KVPool, host_bytes: int, lru: bool = False) -> None:
         self.pool = pool
         self.traffic = SwapTraffic()
         self.blocks = BlockManager(pool.num_blocks)
         self.host = HostPool(host_bytes, pin=pool.device.torch_device.type == "cuda")
+        self.order = FreeOrder(pool.num_blocks) if lru else None
 
     @property
     def num_blocks(self) -> int:
@@ -97,17 +146,26 @@ class KVCache:
         except DeviceOOM as exc:
             self.blocks.free(ids)
             raise NeedBlocks(n, exc) from exc
+        if self.order is not None:
+            self.order.taken(n)
         return ids
 
-    def free(self, ids: list[int]) -> None:
+    def free(self, ids: list[int], owner=None, kept: int = 0) -> None:
+        """Drop a reference to each block; ``owner``'s first ``kept`` blocks stay cached for it
+        while nothing takes them (``FreeOrder``, where the engine keeps one)."""
+        if self.order is None:
+            self.blocks.free(ids)
+            return
+        used = self.blocks.num_used
         self.blocks.free(ids)
+        self.order.freed(used - self.blocks.num_used, owner, kept)
 
     def swap_out(self, ids: list[int]) -> torch.Tensor:
         """Copy blocks to the host and free them on the device; ``HostFull`` or ``DeviceOOM`` (the
         copy could not be made) leaves them in place."""
         with self.pool.device.allocating("swap out"):
             host = self.host.store(self.pool.read_blocks(ids))
-        self.blocks.free(ids)
+        self.free(ids)
         self.traffic.out_blocks += len(ids)
         self.traffic.bytes += len(ids) * self.pool.block_bytes
         return host
@@ -121,7 +179,7 @@ class KVCache:
             with self.pool.device.allocating("swap in"):
                 self.pool.write_blocks(ids, host)
         except DeviceOOM:
-            self.blocks.free(ids)
+            self.free(ids)
             raise
         self.host.drop(host)
         self.traffic.in_blocks += len(ids)
@@ -151,3 +209,5 @@ class KVCache:
             self.pool.resize(num_blocks)
         self.blocks = BlockManager(self.pool.num_blocks)
         self.host.used = 0
+        if self.order is not None:
+            self.order = FreeOrder(self.pool.num_blocks)

@@ -115,6 +115,7 @@ class Scheduler:
                  ratio: NewTokenRatio | None = None, prompt_chunks: bool = False, cache_preempted: bool = False) -> None:
         self.kv, self.sessions, self.ratio, self.prompt_chunks = kv, sessions, ratio, prompt_chunks
         self.cache_preempted = cache_preempted
+        self._recomputed = 0  # tokens readmissions will compute again that were computed before (``take_recomputed``)
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.pending: list[tuple[float, int, Sequence]] = []  # a heap of (arrival time, submission order, seq)
@@ -321,12 +322,21 @@ class Scheduler:
                 self._attach(seq)
                 start = self.admission_start(seq)
                 n = min(len(seq) - start, budget)
+                if self.kv.order is not None and seq.cached:
+                    self.kv.order.reusing = seq  # the blocks still cached for it are taken back, not new ones
                 # the whole prompt's blocks must be free now, or (vLLM v1) its first chunk's
                 self._grow(seq, start + n if self.prompt_chunks else len(seq))
             except NeedBlocks:
+                if self.kv.order is not None:
+                    self.kv.order.reusing = None
                 if self.ratio is not None:
                     self.ratio.batch_full = marks
                 break
+            if seq.cached:  # readmitted after a preemption: what the cache no longer holds is computed again
+                self._recomputed += max(seq.cached - start, 0)
+                seq.cached = 0
+                if self.kv.order is not None:
+                    self.kv.order.reusing = None  # taken by its allocation, or none was needed
             seq.num_computed = start
             self._admit(seq)
             reserved += seq.peak_blocks
@@ -342,7 +352,16 @@ class Scheduler:
         """Where ``seq``'s computation starts when it is admitted: after its session's context, or
         after what a prefix cache kept of it when it was preempted (``cache_preempted``: those tokens
         are not computed again; its last token always is, to produce the next)."""
-        return max(seq.num_computed, min(seq.cached, len(seq) - 1))
+        cached = seq.cached
+        if cached and self.kv.order is not None:  # vLLM's prefix cache: what other requests have not taken
+            cached = min(cached, self.kv.order.kept(seq) * seq.block_size)
+        return max(seq.num_computed, min(cached, len(seq) - 1))
+
+    def take_recomputed(self) -> int:
+        """Tokens computed before a preemption that readmissions since the last call compute again
+        (with a prefix cache, ``cache_preempted``; without one a preemption counts them itself)."""
+        n, self._recomputed = self._recomputed, 0
+        return n
 
     def sglang_books(self) -> tuple[int, int, int]:
         """SGLang's admission books over the running sequences: the tokens they hold, the tokens
@@ -403,11 +422,14 @@ class Scheduler:
 
     def _preempt(self, seq: Sequence, front: bool) -> int:
         lost = seq.num_computed
-        if self.cache_preempted:  # a cache keeps the most that was ever computed: nothing is recomputed
-            seq.cached, lost = max(seq.cached, lost), 0
+        if self.cache_preempted:  # a cache keeps it: what is recomputed is counted at the readmission
+            seq.cached, lost = lost, 0
         self.running.remove(seq)
         self._shrunk()
-        self.kv.free(seq.block_table)
+        if self.kv.order is not None:  # vLLM's prefix cache: its full blocks stay cached while no one takes them
+            self.kv.free(seq.block_table, owner=seq, kept=seq.cached // seq.block_size)
+        else:
+            self.kv.free(seq.block_table)
         self.requeue(seq, front)
         seq.record.preemptions += 1
         return lost

@@ -66,7 +66,7 @@ COST = CostModel(fixed_s=2e-3, per_token_s=3e-5, per_context_token_s=4e-8, per_a
 @given(st.integers(0, 2**31), st.sampled_from(["crash", "preempt"]), st.sampled_from([1.0, 1.5, 2.5]),
        st.integers(8, 96), st.floats(0.0, 0.9), st.sampled_from(["overcommit", "sglang", "sglang:code"]),
        st.sampled_from([0.0, 0.15]),
-       st.sampled_from([None, 0.4, 1.5]), st.sampled_from(["whole", "chunk"]), st.sampled_from(["recomputed", "cached"]))
+       st.sampled_from([None, 0.4, 1.5]), st.sampled_from(["whole", "chunk"]), st.sampled_from(["recomputed", "cached", "lru"]))
 def test_random_engines_keep_the_same_books(seed, mode, factor, num_blocks, tenant_share, admission, headroom, timeout,
                                             prompt_blocks, preempted_kv):
     rng = np.random.default_rng(seed)

@@ -154,32 +154,37 @@ def test_vllm_v1_takes_a_prompts_blocks_chunk_by_chunk_and_loses_no_token():
         replace(DEPLOYMENT, prompt_blocks="chunks")
 
 
-def test_a_prefix_cache_bound_readmits_a_preempted_request_with_its_kv():
-    """``preempted_kv: cached`` (``vllm_cached``, ``sglang_cached``), a bound for the tensor-free
-    engine: a preempted request is readmitted with the KV it had computed (it takes its blocks again
-    and computes its last token only), nothing is counted as recomputed at the preemption, and a
-    restart loses the cache with everything else and counts it."""
+def test_a_prefix_cache_readmits_a_preempted_request_with_what_it_still_holds():
+    """``preempted_kv`` on the tensor-free engine. ``cached`` (``vllm_cached``, ``sglang_cached``): a
+    preempted request is readmitted with all the KV it had computed, so nothing is computed again.
+    ``lru`` (``vllm_prefix_cache``): with what vLLM's prefix cache still holds of it, its full blocks
+    freed last first and free blocks handed out oldest first, so part is computed again. A restart
+    loses the cache with everything else and counts it; real KV tensors refuse both."""
     from dataclasses import replace
     from engine.engine import Engine
     from engine.config import ModelConfig
 
     requests = azure(1000.0, 30.0)
     engines = {}
-    for kept in ("recomputed", "cached"):
+    for kept in ("recomputed", "cached", "lru"):
         engine = build_engine(replace(DEPLOYMENT, preempted_kv=kept), float("inf"), "preempt",
                               executor=ProfiledExecutor(CPU_COST))
         for r in requests:
             engine.submit(r)
-        readmitted = []
+        lost, seen = 0, {}
         while engine.step():
-            readmitted += [(q.num_computed, q.cached) for q in engine.scheduler.running if q.cached and q.record.preemptions]
-        engines[kept] = engine, readmitted
-    (full, none), (cached, starts) = engines["recomputed"], engines["cached"]
-    assert full.counters.preemptions > 0 and cached.counters.preemptions > 0 and not none
+            for q in engine.scheduler.waiting:  # what each preemption left to the cache
+                if q.record.preemptions > seen.get(q.id, 0):
+                    seen[q.id] = q.record.preemptions
+                    lost += q.cached
+        engines[kept] = engine, lost
+    (full, _), (cached, _), (lru, lru_lost) = engines["recomputed"], engines["cached"], engines["lru"]
+    assert min(e.counters.preemptions for e, _ in engines.values()) > 0
     assert full.counters.recomputed_tokens > 0 and cached.counters.recomputed_tokens == 0
-    assert starts and all(computed >= kept for computed, kept in starts)  # it never computes the kept KV again
     assert cached.counters.prefill_tokens < full.counters.prefill_tokens
-    assert all(r.finish_s is not None for r in cached.records.values())
+    assert 0 < lru.counters.recomputed_tokens < lru_lost  # some of what it had computed was still cached, not all
+    for e, _ in engines.values():
+        assert all(r.finish_s is not None for r in e.records.values())
     # a restart takes the cache with it, and what it held is counted as lost
     engine = build_engine(replace(DEPLOYMENT, preempted_kv="cached"), float("inf"), "preempt",
                           executor=ProfiledExecutor(CPU_COST))
@@ -192,5 +197,26 @@ def test_a_prefix_cache_bound_readmits_a_preempted_request_with_its_kv():
     engine.restart()
     assert not any(q.cached for q in engine.scheduler.waiting)
     assert engine.counters.recomputed_tokens >= held
-    with pytest.raises(ValueError, match="a bound for the tensor-free engine"):
-        Engine(ModelConfig(), replace(DEPLOYMENT, preempted_kv="cached"), executor=ProfiledExecutor(CPU_COST, True))
+    for kept in ("cached", "lru"):
+        with pytest.raises(ValueError, match="a model for the tensor-free engine"):
+            Engine(ModelConfig(), replace(DEPLOYMENT, preempted_kv=kept), executor=ProfiledExecutor(CPU_COST, True))
+
+
+def test_vllms_free_block_order_keeps_a_victims_prefix_longest():
+    """``FreeOrder``: blocks freed longest ago are handed out first, a victim's last blocks before
+    its first, and a readmitted victim takes back what is left of its own."""
+    from engine.kv_cache import FreeOrder
+
+    order = FreeOrder(10)
+    order.taken(6)                       # 4 free, never used
+    order.freed(5, owner="v", kept=4)    # its partial last block, then its 4 full blocks, last first
+    assert order.kept("v") == 4
+    order.taken(5)                       # the 4 never used, then its partial block
+    assert order.kept("v") == 4
+    order.taken(2)                       # two of its own, its last ones
+    assert order.kept("v") == 2
+    order.freed(3)
+    order.reusing = "v"
+    order.taken(3)                       # its 2 back, and 1 from the front (its own are gone from there)
+    assert order.kept("v") == 0 and order.reusing is None
+    assert sum(n for _, n in order.queue) == 2
