@@ -116,15 +116,17 @@ class VLLMCached(Policy):
 
 
 @dataclass
-class VLLMPrefixCache(Policy):
-    """``vllm`` with vLLM's prefix cache as it keeps a preempted request's KV (``EngineConfig.preempted_kv:
-    lru``, engine/kv_cache.py ``FreeOrder``): its full blocks stay cached until other requests take
-    them, free blocks handed out freed longest ago first and a victim's last blocks before its first;
-    readmitted, it computes from the end of the prefix still cached (README, "How close vllm and sglang are")."""
+class VLLMV1(Policy):
+    """``vllm`` as vLLM v1 allocates and caches: a prompt's blocks taken chunk by chunk as each chunk
+    is scheduled (``EngineConfig.prompt_blocks: chunk``), and a preempted request's KV kept as vLLM's
+    prefix cache keeps it (``preempted_kv: lru``, engine/kv_cache.py ``FreeOrder``): its full blocks
+    stay cached until other requests take them, free blocks handed out freed longest ago first and a
+    victim's last blocks before its first; readmitted, it computes from the end of the prefix still
+    cached (README, "How close vllm and sglang are")."""
 
-    name: str = "vllm_prefix_cache"
+    name: str = "vllm_v1"
     engine_overrides: dict = field(default_factory=lambda: {"overcommit": math.inf, "oom_mode": "preempt",
-                                                            "preempted_kv": "lru"})
+                                                            "prompt_blocks": "chunk", "preempted_kv": "lru"})
 
     def act(self, obs: np.ndarray) -> int:
         return HOLD

@@ -6,7 +6,7 @@ import math
 from pathlib import Path
 
 from agents.baselines import (VLLM, Random, SGLang, SGLangCached, SGLangCode, Static, VLLMCached, VLLMChunked,
-                              VLLMPrefixCache, Watermark)
+                              VLLMV1, Watermark)
 from agents.oracle import Lookahead, Oracle
 from agents.export import POLICY_SUFFIX, ExportedPolicy, PolicyFileError, load_policy
 from agents.policy import Policy
@@ -46,7 +46,7 @@ def static_sweep(max_factor: float) -> list[str]:
 
 
 _SIMPLE = {"watermark": Watermark, "vllm": VLLM, "vllm_chunked": VLLMChunked, "vllm_cached": VLLMCached,
-           "vllm_prefix_cache": VLLMPrefixCache, "sglang": SGLang, "sglang_code": SGLangCode, "sglang_cached": SGLangCached,
+           "vllm_v1": VLLMV1, "sglang": SGLang, "sglang_code": SGLangCode, "sglang_cached": SGLangCached,
            "random": Random}
 REFERENCES = {"oracle": Oracle, "lookahead": Lookahead}  # evaluation references that look inside their environment; never served
 

@@ -157,7 +157,7 @@ def test_vllm_v1_takes_a_prompts_blocks_chunk_by_chunk_and_loses_no_token():
 def test_a_prefix_cache_readmits_a_preempted_request_with_what_it_still_holds():
     """``preempted_kv`` on the tensor-free engine. ``cached`` (``vllm_cached``, ``sglang_cached``): a
     preempted request is readmitted with all the KV it had computed, so nothing is computed again.
-    ``lru`` (``vllm_prefix_cache``): with what vLLM's prefix cache still holds of it, its full blocks
+    ``lru`` (``vllm_v1``, with chunks): with what vLLM's prefix cache still holds of it, its full blocks
     freed last first and free blocks handed out oldest first, so part is computed again. A restart
     loses the cache with everything else and counts it; real KV tensors refuse both."""
     from dataclasses import replace
