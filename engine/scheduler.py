@@ -320,12 +320,16 @@ class Scheduler:
                         break
             try:
                 self._attach(seq)
+                attached = seq.num_computed
                 start = self.admission_start(seq)
                 n = min(len(seq) - start, budget)
                 if self.kv.order is not None and seq.cached:
                     self.kv.order.reusing = seq  # the blocks still cached for it are taken back, not new ones
                 # the whole prompt's blocks must be free now, or (vLLM v1) its first chunk's
                 self._grow(seq, start + n if self.prompt_chunks else len(seq))
+                if seq.num_computed != attached:  # reclaiming took the context it had attached: all is computed
+                    start = seq.num_computed       # again (the blocks grown cover it: it starts no later)
+                    n = min(len(seq) - start, budget)
             except NeedBlocks:
                 if self.kv.order is not None:
                     self.kv.order.reusing = None

@@ -220,3 +220,29 @@ def test_vllms_free_block_order_keeps_a_victims_prefix_longest():
     order.taken(3)                       # its 2 back, and 1 from the front (its own are gone from there)
     assert order.kept("v") == 0 and order.reusing is None
     assert sum(n for _, n in order.queue) == 2
+
+
+def test_a_turn_whose_context_is_reclaimed_while_it_is_admitted_computes_it_again():
+    """A waiting session turn holds its context's blocks; when its own admission runs short and the
+    scheduler reclaims them, the turn computes its context again (it once kept the context's length
+    as computed and read another sequence's KV: a review found it), token for token as with room."""
+    from dataclasses import replace
+    from engine.engine import Engine
+    from engine.config import ModelConfig
+    from engine.request import Request
+
+    def serve(num_blocks: int):
+        cfg = replace(DEPLOYMENT, num_blocks=num_blocks, max_model_len=512, oom_mode="preempt",
+                      overcommit=float("inf"), overcommit_max=float("inf"))
+        engine = Engine(ModelConfig(), cfg, executor=ProfiledExecutor(CPU_COST, materialize=True))
+        engine.keep_outputs = True
+        engine.submit(Request("t1", 0.0, 40, 1, 1, session_id="t"))
+        engine.submit(Request("s1", 0.0, 100, 4, 4, session_id="s"))
+        engine.submit(Request("R", 0.3, 300, 40, 40))
+        engine.submit(Request("s2", 0.333, 60, 8, 8, session_id="s"))  # its context: s1's 104 tokens
+        engine.run()
+        return engine
+
+    tight, roomy = serve(32), serve(128)
+    assert tight.counters.prefill_tokens > roomy.counters.prefill_tokens  # the context was computed again
+    assert tight.outputs == roomy.outputs
