@@ -74,16 +74,21 @@ class Watermark(Policy):
 
 
 @dataclass
-class VLLM(Policy):
-    name: str = "vllm"
-    engine_overrides: dict = field(default_factory=lambda: {"overcommit": math.inf, "oom_mode": "preempt"})
+class EngineRule(Policy):
+    """A peer whose rule lives in the engine (the settings it pins, ``engine_overrides``): it only holds."""
 
     def act(self, obs: np.ndarray) -> int:
         return HOLD
 
 
 @dataclass
-class VLLMChunked(Policy):
+class VLLM(EngineRule):
+    name: str = "vllm"
+    engine_overrides: dict = field(default_factory=lambda: {"overcommit": math.inf, "oom_mode": "preempt"})
+
+
+@dataclass
+class VLLMChunked(EngineRule):
     """``vllm`` with vLLM v1's allocation (``EngineConfig.prompt_blocks: chunk``): a new request
     takes its first chunk's blocks and each later chunk its own as it is scheduled
     (``KVCacheManager.allocate_slots``), where ``vllm`` takes the whole prompt's at admission (as
@@ -97,12 +102,9 @@ class VLLMChunked(Policy):
     engine_overrides: dict = field(default_factory=lambda: {"overcommit": math.inf, "oom_mode": "preempt",
                                                             "prompt_blocks": "chunk"})
 
-    def act(self, obs: np.ndarray) -> int:
-        return HOLD
-
 
 @dataclass
-class VLLMCached(Policy):
+class VLLMCached(EngineRule):
     """``vllm`` with its recompute free (``EngineConfig.preempted_kv: cached``): a preempted request is
     readmitted with its KV, as if vLLM's prefix cache had kept all of it, which is more than the cache
     (not modelled by ``vllm``) can keep: an optimistic reference (README, "How close vllm and sglang are")."""
@@ -111,12 +113,9 @@ class VLLMCached(Policy):
     engine_overrides: dict = field(default_factory=lambda: {"overcommit": math.inf, "oom_mode": "preempt",
                                                             "preempted_kv": "cached"})
 
-    def act(self, obs: np.ndarray) -> int:
-        return HOLD
-
 
 @dataclass
-class VLLMV1(Policy):
+class VLLMV1(EngineRule):
     """``vllm`` as vLLM v1 allocates and caches: a prompt's blocks taken chunk by chunk as each chunk
     is scheduled (``EngineConfig.prompt_blocks: chunk``), and a preempted request's KV kept as vLLM's
     prefix cache keeps it (``preempted_kv: lru``, engine/kv_cache.py ``FreeOrder``): its full blocks
@@ -128,21 +127,15 @@ class VLLMV1(Policy):
     engine_overrides: dict = field(default_factory=lambda: {"overcommit": math.inf, "oom_mode": "preempt",
                                                             "prompt_blocks": "chunk", "preempted_kv": "lru"})
 
-    def act(self, obs: np.ndarray) -> int:
-        return HOLD
-
 
 @dataclass
-class SGLang(Policy):
+class SGLang(EngineRule):
     name: str = "sglang"
     engine_overrides: dict = field(default_factory=lambda: {"admission": "sglang", "oom_mode": "preempt"})
 
-    def act(self, obs: np.ndarray) -> int:
-        return HOLD
-
 
 @dataclass
-class SGLangCode(Policy):
+class SGLangCode(EngineRule):
     """``sglang`` as SGLang's code has it (``EngineConfig.sglang_rule: code``): the request being
     admitted charged its clipped future in full; a retract takes the request with the fewest
     outputs, requeues it at the back and re-estimates the ratio from those still running; the ratio
@@ -152,21 +145,15 @@ class SGLangCode(Policy):
     engine_overrides: dict = field(default_factory=lambda: {"admission": "sglang", "oom_mode": "preempt",
                                                             "sglang_rule": "code"})
 
-    def act(self, obs: np.ndarray) -> int:
-        return HOLD
-
 
 @dataclass
-class SGLangCached(Policy):
+class SGLangCached(EngineRule):
     """``sglang`` with its recompute free (``EngineConfig.preempted_kv: cached``), as if SGLang's radix
     cache had kept all of a retracted request's KV: an optimistic reference."""
 
     name: str = "sglang_cached"
     engine_overrides: dict = field(default_factory=lambda: {"admission": "sglang", "oom_mode": "preempt",
                                                             "preempted_kv": "cached"})
-
-    def act(self, obs: np.ndarray) -> int:
-        return HOLD
 
 
 @dataclass

@@ -50,11 +50,14 @@ def _admission_held(engine) -> int | None:
     head = s.waiting[0]
     nothing_to_reclaim = not any(c.block_table and c.owner is None for c in engine.sessions.values())
     need, headroom = head.blocks_for(len(head)), engine.headroom_blocks()
-    # the blocks admission takes now: the whole prompt's, or (vLLM v1) its first chunk's in what the decodes leave
-    start = s.admission_start(head)  # after what a prefix cache kept of a preempted head
-    first = head.blocks_for(start + min(len(head) - start, s.max_num_batched_tokens - len(s.running))) \
-        if s.prompt_chunks else need
-    short = first > kv.blocks.num_free
+    # the blocks admission takes now: the whole prompt's, or (vLLM v1) its first chunk's in what the decodes
+    # leave, after what a prefix cache kept of a preempted head
+    if s.prompt_chunks:
+        start = s.admission_start(head)
+        need_now = head.blocks_for(start + min(len(head) - start, s.max_num_batched_tokens - len(s.running)))
+    else:
+        need_now = need
+    short = need_now > kv.blocks.num_free
 
     def below_headroom() -> bool:  # counting reclaimable blocks is the dearer test: asked last
         return bool(headroom) and kv.blocks.num_free + s.reclaimable_blocks() - need < headroom

@@ -84,7 +84,6 @@ class FreeOrder:
     def __init__(self, num_blocks: int) -> None:
         self.queue: deque[list] = deque([[None, num_blocks]])  # [owner, blocks]; the oldest first
         self.own: dict = {}  # owner -> its entry in the queue
-        self.reusing = None  # the sequence whose own blocks the next allocation takes back
 
     def freed(self, n: int, owner=None, kept: int = 0) -> None:
         kept = min(kept, n)
@@ -99,14 +98,12 @@ class FreeOrder:
         entry = self.own.get(owner)
         return entry[1] if entry is not None else 0
 
-    def taken(self, n: int) -> None:
-        """``n`` blocks allocated: the readmitted sequence's own (``reusing``) first, then the oldest."""
-        if self.reusing is not None:
-            entry = self.own.pop(self.reusing, None)
-            if entry is not None:  # its own blocks leave the queue (the entry stays, emptied, until it is first)
-                use = min(entry[1], n)
-                entry[0], entry[1], n = None, entry[1] - use, n - use
-            self.reusing = None
+    def taken(self, n: int, owner=None) -> None:
+        """``n`` blocks allocated to ``owner``: what is still cached of its own first, then the oldest."""
+        entry = self.own.pop(owner, None) if owner is not None else None
+        if entry is not None:  # its own blocks leave the queue (the entry stays, emptied, until it is first)
+            use = min(entry[1], n)
+            entry[0], entry[1], n = None, entry[1] - use, n - use
         queue = self.queue
         while n > 0:
             entry = queue[0]
@@ -133,8 +130,9 @@ class KVCache:
     def num_blocks(self) -> int:
         return self.blocks.num_blocks
 
-    def allocate(self, n: int) -> list[int]:
-        """``n`` blocks with device memory behind them, or ``NeedBlocks`` and no change."""
+    def allocate(self, n: int, owner=None) -> list[int]:
+        """``n`` blocks with device memory behind them, or ``NeedBlocks`` and no change; where a
+        ``FreeOrder`` is kept, the blocks still cached for ``owner`` are the first taken."""
         if n <= 0:
             return []
         try:
@@ -147,7 +145,7 @@ class KVCache:
             self.blocks.free(ids)
             raise NeedBlocks(n, exc) from exc
         if self.order is not None:
-            self.order.taken(n)
+            self.order.taken(n, owner)
         return ids
 
     def free(self, ids: list[int], owner=None, kept: int = 0) -> None:

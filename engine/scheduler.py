@@ -196,13 +196,15 @@ class Scheduler:
                 return True
         return self.sessions.drop_least_recent()
 
-    def _grow(self, seq: Sequence, num_tokens: int) -> None:
+    def _grow(self, seq: Sequence, num_tokens: int, readmit: bool = False) -> None:
+        """Blocks for ``seq``'s first ``num_tokens``; ``readmit``: after a preemption, taking back
+        first what a prefix cache still holds of its own (``KVCache.allocate``)."""
         if num_tokens <= len(seq.block_table) * seq.block_size:
             return  # the table holds them already (most decodes): nothing to allocate
         need = seq.blocks_for(num_tokens) - len(seq.block_table)
         while need > 0:
             try:
-                seq.block_table += self.kv.allocate(need)
+                seq.block_table += self.kv.allocate(need, seq if readmit else None)
                 return
             except NeedBlocks:
                 if not self.reclaim():
@@ -323,24 +325,18 @@ class Scheduler:
                 attached = seq.num_computed
                 start = self.admission_start(seq)
                 n = min(len(seq) - start, budget)
-                if self.kv.order is not None and seq.cached:
-                    self.kv.order.reusing = seq  # the blocks still cached for it are taken back, not new ones
                 # the whole prompt's blocks must be free now, or (vLLM v1) its first chunk's
-                self._grow(seq, start + n if self.prompt_chunks else len(seq))
+                self._grow(seq, start + n if self.prompt_chunks else len(seq), readmit=seq.cached > 0)
                 if seq.num_computed != attached:  # reclaiming took the context it had attached: all is computed
                     start = seq.num_computed       # again (the blocks grown cover it: it starts no later)
                     n = min(len(seq) - start, budget)
             except NeedBlocks:
-                if self.kv.order is not None:
-                    self.kv.order.reusing = None
                 if self.ratio is not None:
                     self.ratio.batch_full = marks
                 break
             if seq.cached:  # readmitted after a preemption: what the cache no longer holds is computed again
                 self._recomputed += max(seq.cached - start, 0)
                 seq.cached = 0
-                if self.kv.order is not None:
-                    self.kv.order.reusing = None  # taken by its allocation, or none was needed
             seq.num_computed = start
             self._admit(seq)
             reserved += seq.peak_blocks
@@ -430,10 +426,8 @@ class Scheduler:
             seq.cached, lost = lost, 0
         self.running.remove(seq)
         self._shrunk()
-        if self.kv.order is not None:  # vLLM's prefix cache: its full blocks stay cached while no one takes them
-            self.kv.free(seq.block_table, owner=seq, kept=seq.cached // seq.block_size)
-        else:
-            self.kv.free(seq.block_table)
+        # where a prefix cache is kept (``KVCache.free``), its full blocks stay cached while no one takes them
+        self.kv.free(seq.block_table, owner=seq, kept=seq.cached // seq.block_size)
         self.requeue(seq, front)
         seq.record.preemptions += 1
         return lost

@@ -216,9 +216,8 @@ def test_vllms_free_block_order_keeps_a_victims_prefix_longest():
     order.taken(2)                       # two of its own, its last ones
     assert order.kept("v") == 2
     order.freed(3)
-    order.reusing = "v"
-    order.taken(3)                       # its 2 back, and 1 from the front (its own are gone from there)
-    assert order.kept("v") == 0 and order.reusing is None
+    order.taken(3, owner="v")            # its 2 back, and 1 from the front (its own are gone from there)
+    assert order.kept("v") == 0
     assert sum(n for _, n in order.queue) == 2
 
 
