@@ -50,26 +50,37 @@ class AttentionBatch:
     decode_mask: torch.Tensor | None = None
 
 
-def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
+            scale: float | None, cap: float | None) -> torch.Tensor:
     # q: [B, H, Q, D]; k, v: [B, KVH, T, D]; mask: additive [B, 1, Q, T] or None
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=q.shape[1] != k.shape[1])
+    if cap is None:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=q.shape[1] != k.shape[1])
+    # soft-capped scores (Gemma 2), which no SDPA kernel takes: the reference's arithmetic, step by step
+    groups = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+    scores = torch.tanh(q @ k.transpose(2, 3) * (scale or q.shape[-1] ** -0.5) / cap) * cap
+    if mask is not None:
+        scores = scores + mask
+    return torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype) @ v
 
 
-def paged_attention(q: torch.Tensor, layer: int, batch: AttentionBatch, pool: KVPool) -> torch.Tensor:
-    """Attention output [tokens, heads, head_dim] for queries [tokens, heads, head_dim]."""
+def paged_attention(q: torch.Tensor, layer: int, batch: AttentionBatch, pool: KVPool,
+                    scale: float | None = None, cap: float | None = None) -> torch.Tensor:
+    """Attention output [tokens, heads, head_dim] for queries [tokens, heads, head_dim]; ``scale``
+    multiplies the scores (None: head_dim ** -0.5) and ``cap`` soft-caps them (None: not)."""
     nd, bs = batch.num_decodes, pool.block_size
     parts = []
     if nd:
         w = batch.decode_width
         kv = pool.gather_blocks(layer, batch.decode_blocks, nd * w)  # [2, nd * w, bs, kvh, d]
         kv = kv.view(2, nd, w * bs, pool.num_kv_heads, pool.head_dim)[:, :, :batch.decode_len]
-        o = _attend(q[:nd, :, None], kv[0].transpose(1, 2), kv[1].transpose(1, 2), batch.decode_mask)
+        o = _attend(q[:nd, :, None], kv[0].transpose(1, 2), kv[1].transpose(1, 2), batch.decode_mask, scale, cap)
         parts.append(o.squeeze(2))
     for c in batch.prefills:
         kv = pool.gather_blocks(layer, c.blocks, c.num_blocks)
         kv = kv.view(2, c.num_blocks * bs, pool.num_kv_heads, pool.head_dim)[:, :c.context_len]
         o = _attend(q[c.start:c.start + c.num_tokens].transpose(0, 1)[None], kv[0].transpose(0, 1)[None],
-                    kv[1].transpose(0, 1)[None], c.mask)
+                    kv[1].transpose(0, 1)[None], c.mask, scale, cap)
         parts.append(o[0].transpose(0, 1))
     return parts[0] if len(parts) == 1 else torch.cat(parts)
 

@@ -1,5 +1,5 @@
-"""Loading a local Hugging Face Llama, Mistral, Qwen2, Qwen3, Phi-3, Mixtral, Qwen2-MoE or Qwen3-MoE checkpoint
-directory (``config.json`` + ``*.safetensors``).
+"""Loading a local Hugging Face Llama, Mistral, Qwen2, Qwen3, Phi-3, Gemma, Gemma 2, Mixtral, Qwen2-MoE or
+Qwen3-MoE checkpoint directory (``config.json`` + ``*.safetensors``).
 
 Nothing is fetched from a hub: the directory must hold everything. Every refusal names the file
 or tensor at fault.
@@ -23,8 +23,11 @@ from engine.model import LlamaModel
 # Phi-4) is Llama's with q/k/v and gate/up each stored as one tensor, as this engine computes them.
 # Mixtral is Mistral's with a mixture of eight experts for each MLP (two a token); Qwen3-MoE is
 # Qwen3's with one (e.g. 8 of 128 experts a token), some layers optionally kept dense; Qwen2-MoE
-# (Qwen1.5-MoE, Qwen2-57B-A14B) is Qwen2's with one and a gated shared expert beside it.
-MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "mixtral", "qwen2_moe", "qwen3_moe")
+# (Qwen1.5-MoE, Qwen2-57B-A14B) is Qwen2's with one and a gated shared expert beside it. Gemma is
+# Llama's with scaled embeddings, norms by 1 + weight and a GeGLU MLP; Gemma 2 adds norms around
+# attention and the MLP, soft caps on attention scores and logits, and a window on every other layer.
+MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma", "gemma2", "mixtral", "qwen2_moe", "qwen3_moe")
+GEMMA_TYPES = ("gemma", "gemma2")
 FUSED = {"self_attn.qkv_proj.weight": ("q_proj", "k_proj", "v_proj"), "mlp.gate_up_proj.weight": ("gate_proj", "up_proj")}
 MOE_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe")
 # where a layer's experts are stored, and one expert's (gate, up, down) projections there: Mixtral's
@@ -127,13 +130,15 @@ def _read_config(directory: str | Path, run: bool) -> tuple[ModelConfig, list[st
             max_position=_int(cfg, "max_position_embeddings", 2048), rope_theta=theta,
             rope_scaling=scaling,
             rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
-            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", cfg["model_type"] in GEMMA_TYPES)),
             qkv_bias=(cfg["model_type"] == "qwen2" or bool(cfg.get("attention_bias"))
                       or (cfg["model_type"] == "qwen2_moe" and bool(cfg.get("qkv_bias", True)))),
             o_bias=bool(cfg.get("attention_bias")),
             qk_norm=cfg["model_type"] in ("qwen3", "qwen3_moe"),
             explicit_head_dim=None if head_dim * heads == hidden else head_dim,
             dtype=str(cfg.get("dtype") or cfg.get("torch_dtype") or "float32"))
+        if cfg["model_type"] in GEMMA_TYPES:
+            mc = _gemma(cfg, mc)
     except KeyError as exc:
         raise CheckpointError(f"{path}: missing field {exc.args[0]!r}") from exc
     except (TypeError, ValueError) as exc:
@@ -141,7 +146,8 @@ def _read_config(directory: str | Path, run: bool) -> tuple[ModelConfig, list[st
     if cfg["model_type"] in MOE_TYPES:
         mc = _experts(cfg, mc, path)
     try:
-        window = cfg.get("sliding_window") if _slides(cfg, mc.num_layers) else None
+        window = cfg.get("sliding_window", 4096 if cfg["model_type"] == "gemma2" else None) \
+            if _slides(cfg, mc.num_layers) else None
     except (TypeError, ValueError) as exc:
         raise CheckpointError(f"{path}: {exc}") from exc
     ignored = []
@@ -155,7 +161,13 @@ def _read_config(directory: str | Path, run: bool) -> tuple[ModelConfig, list[st
                            "attention, the most it may need")
     if not run:
         return replace(mc, max_position=_longest_context(cfg, mc.max_position)), ignored
-    if cfg.get("hidden_act", "silu") != "silu":
+    if cfg["model_type"] in GEMMA_TYPES:
+        act = _gemma_activation(cfg)
+        if act != "gelu_pytorch_tanh":
+            raise CheckpointError(f"{path}: hidden_activation {act!r} is not supported (Gemma's MLP is 'gelu_pytorch_tanh')")
+        if cfg.get("use_bidirectional_attention"):
+            raise CheckpointError(f"{path}: use_bidirectional_attention is not supported (a decoder attends causally)")
+    elif cfg.get("hidden_act", "silu") != "silu":
         raise CheckpointError(f"{path}: hidden_act {cfg['hidden_act']!r} is not supported (Llama's MLP is 'silu')")
     if cfg.get("mlp_bias"):
         raise CheckpointError(f"{path}: MLP biases are not supported")
@@ -163,6 +175,32 @@ def _read_config(directory: str | Path, run: bool) -> tuple[ModelConfig, list[st
     if partial not in (None, 1, 1.0):
         raise CheckpointError(f"{path}: partial_rotary_factor {partial!r} is not supported (RoPE over the whole head)")
     return mc, ignored
+
+
+def _gemma_activation(cfg: dict) -> str:
+    """Gemma's MLP activation: ``hidden_activation``, else (Gemma's, not Gemma 2's) ``hidden_act``, where
+    Gemma's first releases wrote "gelu" and meant the tanh approximation (transformers and vLLM read it so)."""
+    act = cfg.get("hidden_activation") or (cfg.get("hidden_act") if cfg["model_type"] == "gemma" else None) \
+        or "gelu_pytorch_tanh"
+    return "gelu_pytorch_tanh" if act == "gelu" and not cfg.get("hidden_activation") else act
+
+
+def _gemma(cfg: dict, mc: ModelConfig) -> ModelConfig:
+    """``mc`` with Gemma's differences from Llama, and Gemma 2's (its defaults where config.json omits them)."""
+    mc = replace(mc, activation="gelu_tanh", norm_offset=True, embed_scale=True)
+    if cfg["model_type"] != "gemma2":
+        return mc
+
+    def positive(key: str, default: float | None) -> float | None:
+        value = cfg.get(key, default)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0):
+            raise ValueError(f"{key} must be a number > 0 or null, got {value!r}")
+        return None if value is None else float(value)
+
+    scalar = positive("query_pre_attn_scalar", 256)
+    return replace(mc, sandwich_norms=True, query_scale=None if scalar is None else scalar ** -0.5,
+                   attn_softcap=positive("attn_logit_softcapping", 50.0),
+                   logit_softcap=positive("final_logit_softcapping", 30.0))
 
 
 def _experts(cfg: dict, mc: ModelConfig, path: Path) -> ModelConfig:

@@ -17,6 +17,7 @@ def torch_dtype(name: str) -> torch.dtype:
     return _DTYPES[name]
 
 
+ACTIVATIONS = ("silu", "gelu_tanh")  # the MLP's gate: SwiGLU's, or GeGLU's with GELU's tanh approximation
 WEIGHT_BITS = (2, 3, 4, 8, 16, 32)  # the bits a weight may be stored in: quantised, or a float dtype's
 
 
@@ -79,6 +80,12 @@ class ModelConfig:
     shared expert, which every token takes, gated by a sigmoid. ``moe_float32_weights``: the routing weights stay
     float32 when they scale an expert's output (Mixtral) instead of taking the model's dtype first
     (Qwen3-MoE), which tells the two apart in bf16.
+
+    Gemma's decoder is Llama's with its embeddings scaled by sqrt(hidden_size) (``embed_scale``), its
+    RMSNorms scaling by 1 + weight in float32 before the cast (``norm_offset``) and a tanh-approximated
+    GELU gating its MLP (``activation``); Gemma 2 adds a norm after attention and on both sides of the
+    MLP (``sandwich_norms``), its own attention scale (``query_scale``) and tanh soft-caps on the
+    attention scores and the final logits (``attn_softcap``, ``logit_softcap``).
     """
 
     vocab_size: int = 512
@@ -105,6 +112,13 @@ class ModelConfig:
     moe_float32_weights: bool = False
     dense_layers: tuple[int, ...] = ()  # layers whose MLP stays dense in a mixture-of-experts model
     shared_expert_intermediate_size: int = 0  # Qwen2-MoE's shared expert beside the routed ones; 0: none
+    activation: str = "silu"  # what gates the MLP: "silu" (SwiGLU) or "gelu_tanh" (Gemma's GeGLU)
+    norm_offset: bool = False  # RMSNorm scales by 1 + weight (Gemma)
+    embed_scale: bool = False  # embeddings times sqrt(hidden_size), in the model's dtype (Gemma)
+    sandwich_norms: bool = False  # a norm on attention's output and after the MLP too (Gemma 2)
+    query_scale: float | None = None  # attention's scale; None: head_dim ** -0.5
+    attn_softcap: float | None = None  # attention scores soft-capped: cap * tanh(score / cap) (Gemma 2)
+    logit_softcap: float | None = None  # the final logits soft-capped the same way (Gemma 2)
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
@@ -132,6 +146,13 @@ class ModelConfig:
         bad = [i for i in self.dense_layers if not 0 <= i < self.num_layers]
         if bad:
             raise ValueError(f"dense_layers: layer {bad[0]} is not one of the {self.num_layers} layers")
+        if self.activation not in ACTIVATIONS:
+            raise ValueError(f"activation must be one of {', '.join(ACTIVATIONS)}, got {self.activation!r}")
+        for name in ("query_scale", "attn_softcap", "logit_softcap"):
+            value = getattr(self, name)
+            if value is not None and not (isinstance(value, (int, float)) and not isinstance(value, bool)
+                                          and math.isfinite(value) and value > 0):
+                raise ValueError(f"{name} must be a number > 0 or None, got {value!r}")
 
     @property
     def head_dim(self) -> int:
@@ -164,7 +185,8 @@ class ModelConfig:
         ``experts_per_token`` of its experts per layer, and its router)."""
         h, i = self.hidden_size, self.intermediate_size
         q, kv = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        per_layer = (h * q * 2 + h * kv * 2 + 2 * h + (q + 2 * kv) * self.qkv_bias + h * self.o_bias
+        norms = 4 if self.sandwich_norms else 2
+        per_layer = (h * q * 2 + h * kv * 2 + norms * h + (q + 2 * kv) * self.qkv_bias + h * self.o_bias
                      + 2 * self.head_dim * self.qk_norm)
         experts = self.experts_per_token if active else self.num_experts
         sparse = self.sparse_layers

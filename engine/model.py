@@ -1,7 +1,8 @@
 """A Llama-architecture decoder (RMSNorm, RoPE, grouped-query attention, SwiGLU) on a paged KV pool,
 with what some checkpoints of that architecture add: biases on the attention projections
-(Qwen2's on q, k and v), an RMSNorm over each q and k head (Qwen3's), and a mixture of SwiGLU
-experts in place of the MLP (Mixtral's, Qwen3-MoE's).
+(Qwen2's on q, k and v), an RMSNorm over each q and k head (Qwen3's), a mixture of SwiGLU
+experts in place of the MLP (Mixtral's, Qwen3-MoE's), and Gemma's and Gemma 2's differences
+(scaled embeddings, norms by 1 + weight, GeGLU, norms around attention and the MLP, soft caps).
 
 Parameter names follow Hugging Face's ``LlamaForCausalLM`` so that a local checkpoint loads as a
 plain state dict. The forward pass takes a flat batch of tokens from many sequences (prefill
@@ -11,6 +12,7 @@ the pool and which blocks each sequence reads.
 from __future__ import annotations
 
 import math
+from functools import partial
 
 import torch
 from torch import nn
@@ -22,16 +24,30 @@ from engine.kv_pool import KVPool
 
 
 class RMSNorm(nn.Module):
-    def __init__(self, size: int, eps: float) -> None:
+    """Llama's RMSNorm: normalised in float32, cast back, then scaled by the weight; with ``offset``
+    Gemma's: scaled by 1 + weight in float32, then cast back (its weights start at 0)."""
+
+    def __init__(self, size: int, eps: float, offset: bool = False) -> None:
         super().__init__()
-        self.weight = nn.Parameter(torch.ones(size))
-        self.eps = eps
+        self.weight = nn.Parameter(torch.zeros(size) if offset else torch.ones(size))
+        self.eps, self.offset = eps, offset
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # Normalise in float32 like the reference implementation, then cast back.
         xf = x.float()
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        if self.offset:
+            return (xf * (1.0 + self.weight.float())).to(x.dtype)
         return self.weight * xf.to(x.dtype)
+
+
+def norm(cfg: ModelConfig, size: int | None = None) -> RMSNorm:
+    """The RMSNorm ``cfg``'s family uses, over ``size`` (default: hidden_size) features."""
+    return RMSNorm(size or cfg.hidden_size, cfg.rms_norm_eps, offset=cfg.norm_offset)
+
+
+def softcap(x: torch.Tensor, cap: float | None) -> torch.Tensor:
+    """``cap * tanh(x / cap)`` (Gemma 2's soft cap on attention scores and logits); ``x`` without one."""
+    return x if cap is None else torch.tanh(x / cap) * cap
 
 
 def stacked(module: nn.Module, fused: str, in_features: int, parts: dict[str, int], bias: bool = False) -> nn.Linear:
@@ -127,8 +143,9 @@ class Attention(nn.Module):
         self.qkv_proj = stacked(self, "qkv_proj", cfg.hidden_size, {"q_proj": q, "k_proj": kv, "v_proj": kv},
                                 bias=cfg.qkv_bias)
         self.o_proj = nn.Linear(cfg.num_heads * cfg.head_dim, cfg.hidden_size, bias=cfg.o_bias)
-        self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
-        self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
+        self.q_norm = norm(cfg, cfg.head_dim) if cfg.qk_norm else None
+        self.k_norm = norm(cfg, cfg.head_dim) if cfg.qk_norm else None
+        self.scale, self.softcap = cfg.query_scale, cfg.attn_softcap
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
                 batch: AttentionBatch, pool: KVPool) -> torch.Tensor:
@@ -140,7 +157,7 @@ class Attention(nn.Module):
         qk = rotate(qk, *rope)  # q and k heads in one go
         q, k, v = qk[:, :h], qk[:, h:], qkv[:, h + kvh:]
         pool.write_slots(self.layer, batch.slots, k, v)
-        out = paged_attention(q, self.layer, batch, pool)
+        out = paged_attention(q, self.layer, batch, pool, scale=self.scale, cap=self.softcap)
         return self.o_proj(out.reshape(n, self.num_heads * self.head_dim))
 
 
@@ -150,10 +167,11 @@ class MLP(nn.Module):
         i = width or cfg.intermediate_size
         self.gate_up_proj = stacked(self, "gate_up_proj", cfg.hidden_size, {"gate_proj": i, "up_proj": i})
         self.down_proj = nn.Linear(i, cfg.hidden_size, bias=False)
+        self.act = F.silu if cfg.activation == "silu" else partial(F.gelu, approximate="tanh")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        return self.down_proj(self.act(gate) * up)
 
 
 class Experts(nn.Module):
@@ -208,14 +226,26 @@ class SparseMoE(nn.Module):
 
 
 class DecoderLayer(nn.Module):
+    """Attention and the MLP, each after a norm and added to the residual stream. With
+    ``sandwich_norms`` (Gemma 2) each output is normed too before it is added: there
+    ``post_attention_layernorm`` norms attention's output and ``pre_feedforward_layernorm`` the
+    MLP's input, as transformers names them."""
+
     def __init__(self, cfg: ModelConfig, layer: int) -> None:
         super().__init__()
-        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.input_layernorm = norm(cfg)
         self.self_attn = Attention(cfg, layer)
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = norm(cfg)
+        if cfg.sandwich_norms:
+            self.pre_feedforward_layernorm = norm(cfg)
+            self.post_feedforward_layernorm = norm(cfg)
+        self.sandwich = cfg.sandwich_norms
         self.mlp = SparseMoE(cfg) if cfg.is_sparse(layer) else MLP(cfg)
 
     def forward(self, x, rope, batch, pool):
+        if self.sandwich:
+            x = x + self.post_attention_layernorm(self.self_attn(self.input_layernorm(x), rope, batch, pool))
+            return x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x)))
         x = x + self.self_attn(self.input_layernorm(x), rope, batch, pool)
         return x + self.mlp(self.post_attention_layernorm(x))
 
@@ -225,7 +255,7 @@ class LlamaBody(nn.Module):
         super().__init__()
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_layers))
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.norm = norm(cfg)
 
 
 class LlamaModel(nn.Module):
@@ -248,7 +278,7 @@ class LlamaModel(nn.Module):
         with torch.no_grad():
             for name, p in model.named_parameters():
                 if name.endswith("norm.weight"):
-                    p.fill_(1.0)
+                    p.fill_(0.0 if cfg.norm_offset else 1.0)
                 else:
                     p.copy_(torch.randn(p.shape, generator=gen) * 0.02)
         return model.to(device=device, dtype=torch_dtype(cfg.dtype)).eval()
@@ -257,12 +287,14 @@ class LlamaModel(nn.Module):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, batch: AttentionBatch,
                 pool: KVPool) -> torch.Tensor:
         x = self.model.embed_tokens(input_ids)
+        if self.config.embed_scale:  # the scale rounded to the model's dtype first, as Gemma's reference
+            x = x * torch.tensor(self.config.hidden_size ** 0.5, dtype=x.dtype)
         rope = self.rotary(positions, x.dtype)
         for layer in self.model.layers:
             x = layer(x, rope, batch, pool)
         if batch.logit_rows is not None:
             x = x[batch.logit_rows]
-        return self.lm_head(self.model.norm(x))
+        return softcap(self.lm_head(self.model.norm(x)), self.config.logit_softcap)
 
     def weight_bytes(self) -> int:
         return sum(p.numel() * p.element_size() for p in self.parameters())

@@ -142,7 +142,12 @@ def test_a_checkpoint_in_the_older_config_layout_loads_its_rope_scaling(checkpoi
 
 
 @pytest.mark.parametrize("fields, match", [
-    ({"model_type": "gemma"}, "model_type 'gemma' is not one of llama, mistral, qwen2, qwen3, phi3"),
+    ({"model_type": "gemma3_text"}, "model_type 'gemma3_text' is not one of llama, mistral, qwen2, qwen3, phi3, gemma"),
+    ({"model_type": "gemma2", "hidden_activation": "silu"}, "hidden_activation 'silu' is not supported"),
+    ({"model_type": "gemma", "hidden_act": "relu"}, "hidden_activation 'relu' is not supported"),
+    ({"model_type": "gemma2", "use_bidirectional_attention": True}, "use_bidirectional_attention is not supported"),
+    ({"model_type": "gemma2", "attn_logit_softcapping": -1}, "attn_logit_softcapping must be a number > 0 or null"),
+    ({"model_type": "gemma2"}, r"tensor 'model.layers.0.post_feedforward_layernorm.weight' is missing \(2 missing"),
     ({"model_type": "phi3", "partial_rotary_factor": 0.75}, "partial_rotary_factor 0.75 is not supported"),
     ({"model_type": "qwen3"}, r"tensor 'model.layers.0.self_attn.k_norm.weight' is missing \(2 missing"),  # Llama's weights
     ({"model_type": "mistral", "sliding_window": 64.5}, "sliding_window must be a whole number of tokens >= 2, got 64.5"),

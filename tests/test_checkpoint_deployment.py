@@ -44,6 +44,23 @@ def test_a_checkpoint_on_a_gpu_is_sized_from_its_config_as_vllm_sizes_it(tmp_pat
     assert awq.param_count() == 32_763_876_352 and awq.weight_bits == 4
 
 
+def test_a_gemma_2_checkpoint_is_sized_with_its_own_norms_and_window(tmp_path):
+    # google/gemma-2-9b-it's config.json: 42 layers of 16 query heads over 8 KV heads of 256, four norms a
+    # layer, tied embeddings over 256,000 tokens: the 9,241,705,984 parameters (9.24B) its card gives; float32 on disk,
+    # served at 16 bits; every other layer attends through a 4,096-token window, sized as full attention
+    gemma2 = {"architectures": ["Gemma2ForCausalLM"], "model_type": "gemma2", "attention_bias": False,
+              "attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0, "head_dim": 256,
+              "hidden_act": "gelu_pytorch_tanh", "hidden_activation": "gelu_pytorch_tanh", "hidden_size": 3584,
+              "intermediate_size": 14336, "max_position_embeddings": 8192, "num_attention_heads": 16,
+              "num_hidden_layers": 42, "num_key_value_heads": 8, "query_pre_attn_scalar": 256, "rms_norm_eps": 1e-06,
+              "rope_theta": 10000.0, "sliding_window": 4096, "torch_dtype": "float32", "vocab_size": 256000}
+    d = deployment(f"{checkpoint(tmp_path, 'gemma-2-9b-it', gemma2)}@l40s")
+    m = d.model
+    assert m.param_count() == 9_241_705_984 and m.tie_word_embeddings and m.sandwich_norms and m.dtype_bytes == 2
+    assert m.kv_bytes_per_token() == 2 * 42 * 8 * 256 * 2 and d.max_model_len == 8192
+    assert "sliding window (4096 tokens) is not modelled: the KV is sized as full attention" in d.describe()
+
+
 def test_quantised_weights_leave_the_kv_more_room(tmp_path):
     bf16 = deployment(f"{checkpoint(tmp_path, 'bf16', QWEN25_7B)}@a10")
     awq = deployment(f"{checkpoint(tmp_path, 'awq', {**QWEN25_7B, 'quantization_config': {'quant_method': 'awq', 'bits': 4, 'group_size': 128}})}@a10")
@@ -58,7 +75,7 @@ def test_quantised_weights_leave_the_kv_more_room(tmp_path):
      r"the weights take 102\.3 GB and the workspace \(a full batch's activations, a sequence's KV for one layer\) 4\.0 GB of the 21\.6 GB usable \(0\.9 of NVIDIA A10 24GB\), so nothing is left for KV, "
      r"where one 32768-token sequence needs"),  # a 72B-sized model on a 24 GB GPU
     ({**QWEN25_7B, "quantization_config": {"quant_method": "hqq"}}, "h100", "quant_method 'hqq' and no 'bits'"),
-    ({**QWEN25_7B, "model_type": "gemma"}, "h100", "model_type 'gemma' is not one of"),
+    ({**QWEN25_7B, "model_type": "gpt_oss"}, "h100", "model_type 'gpt_oss' is not one of"),
     # a field's type or value the config.json holds wrongly is named, never cut to a whole number or
     # taken for absent, and never a traceback (a review found each)
     ({**QWEN25_7B, "quantization_config": "awq"}, "h100", "quantization_config must be an object, got 'awq'"),

@@ -6,7 +6,10 @@ import torch
 
 from conftest import hf_greedy, hf_tiny
 from rlctl.bench.engine import hf_twin
+from dataclasses import replace
+
 from engine.checkpoint import load_checkpoint
+from engine.model import LlamaModel
 from engine.config import EngineConfig
 from engine.engine import Engine
 from engine.sequence import Status
@@ -108,6 +111,69 @@ def test_local_checkpoint_loads_and_matches_transformers(tmp_path, arch):
         assert eng.outputs[f"c{i}"] == hf_greedy(hf, p, 10)
     # the twin the benchmarks and the other oracle tests compare with is the same model again
     assert hf_greedy(hf_twin(model), prompts[1], 10) == eng.outputs["c1"]
+
+
+GEMMA_PARTS = {"activation": "silu", "embed_scale": False, "norm_offset": False, "query_scale": None,
+               "attn_softcap": None, "logit_softcap": None}
+
+
+@pytest.mark.parametrize("name", ["Gemma", "Gemma2"])
+def test_a_gemma_checkpoint_loads_and_matches_transformers(tmp_path, name):
+    # Gemma: scaled embeddings, norms by 1 + weight, a tanh-GELU MLP, tied embeddings; Gemma 2 adds norms
+    # on attention's output and around the MLP, its own attention scale and soft caps (here tight enough
+    # to bite: 1.5 on the scores, 3 on the logits), with a window no context here reaches
+    extra = {"head_dim": 12}
+    if name == "Gemma2":
+        extra |= {"query_pre_attn_scalar": 20, "attn_logit_softcapping": 1.5, "final_logit_softcapping": 3.0,
+                  "sliding_window": 512}
+    hf = hf_tiny(name, **extra)
+    with torch.no_grad():  # norms start at 0 (a scale of 1): away from it a Llama norm shows; scores
+        for key, p in hf.named_parameters():  # large enough for their scale and cap to bite
+            if key.endswith("norm.weight"):
+                p.uniform_(-0.8, 2.0)
+            elif key.endswith(("v_proj.weight", "o_proj.weight")):
+                p.mul_(16)
+            elif key.endswith(("q_proj.weight", "k_proj.weight")):
+                p.mul_(8)
+            elif key.endswith("embed_tokens.weight"):
+                p.mul_(3)
+            elif ".mlp." in key:
+                p.mul_(8)
+    hf.save_pretrained(tmp_path)
+    model = load_checkpoint(tmp_path)
+    mc = model.config
+    assert (mc.tie_word_embeddings, mc.norm_offset, mc.embed_scale, mc.activation) == (True, True, True, "gelu_tanh")
+    assert mc.sandwich_norms == (name == "Gemma2") and mc.max_position == 512
+    prompts = _prompts(300, [13, 30], seed=5)
+
+    def generate(m) -> list[list[int]]:
+        eng = Engine(m.config, EngineConfig(num_blocks=32, max_model_len=512), model=m, keep_outputs=True)
+        for i, p in enumerate(prompts):
+            eng.submit(Request(f"g{i}", 0.0, len(p), 10, 10, prompt_ids=tuple(p)))
+        eng.run()
+        return [eng.outputs[f"g{i}"] for i in range(len(prompts))]
+
+    tokens = generate(model)
+    assert tokens == [hf_greedy(hf, p, 10) for p in prompts]
+    assert hf_greedy(hf_twin(model), prompts[1], 10) == tokens[1]
+
+    def first_logits(m) -> torch.Tensor:  # the prompts' last logits (greedy tokens cannot tell a soft cap)
+        seen = []
+        hook = m.register_forward_hook(lambda module, args, out: seen.append(out))
+        generate(m)
+        hook.remove()
+        return seen[0]
+
+    logits = first_logits(model)
+    with torch.no_grad():
+        torch.testing.assert_close(logits, torch.stack([hf(torch.tensor([p])).logits[0, -1] for p in prompts]))
+    # each of Gemma's differences from Llama that this checkpoint has changes them when dropped
+    for field, llama in GEMMA_PARTS.items():
+        if getattr(mc, field) == llama:
+            continue
+        other = LlamaModel(replace(mc, **{field: llama}))
+        other.load_state_dict(model.state_dict())
+        assert not torch.allclose(first_logits(other.eval()), logits, atol=1e-3), field
 
 
 @pytest.mark.parametrize("name, window", [("Mistral", 48), ("Phi3", 47), ("Qwen2", 48)])

@@ -78,8 +78,9 @@ def hf_rope_scaling(scaling: RopeScaling | None) -> dict | None:
 def hf_twin(model: LlamaModel):
     """Hugging Face's causal LM with exactly the weights of our ``model``, on its device:
     ``Qwen3ForCausalLM`` for q and k norms, ``Qwen2ForCausalLM`` for biases on q, k and v alone,
-    ``LlamaForCausalLM`` otherwise; with experts, ``Qwen3MoeForCausalLM`` or ``MixtralForCausalLM``."""
-    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3Config
+    ``LlamaForCausalLM`` otherwise; with experts, ``Qwen3MoeForCausalLM`` or ``MixtralForCausalLM``;
+    ``GemmaForCausalLM`` or ``Gemma2ForCausalLM`` for Gemma's norms."""
+    from transformers import AutoModelForCausalLM, Gemma2Config, GemmaConfig, LlamaConfig, Qwen2Config, Qwen3Config
 
     mc = model.config
     common = dict(vocab_size=mc.vocab_size, hidden_size=mc.hidden_size, intermediate_size=mc.intermediate_size,
@@ -88,7 +89,18 @@ def hf_twin(model: LlamaModel):
                   rope_theta=mc.rope_theta, rope_scaling=hf_rope_scaling(mc.rope_scaling),
                   rms_norm_eps=mc.rms_norm_eps, tie_word_embeddings=mc.tie_word_embeddings,
                   bos_token_id=None, eos_token_id=None, pad_token_id=None)
-    if mc.num_experts:
+    gemma = (mc.norm_offset, mc.embed_scale, mc.activation == "gelu_tanh")
+    if any(gemma) and not all(gemma) or mc.sandwich_norms and not mc.norm_offset:
+        raise ValueError(f"no transformers architecture has norm_offset={mc.norm_offset}, embed_scale={mc.embed_scale}, "
+                         f"activation={mc.activation!r}, sandwich_norms={mc.sandwich_norms}")
+    if mc.sandwich_norms:
+        hfc = Gemma2Config(**common, attention_bias=mc.o_bias, hidden_activation="gelu_pytorch_tanh",
+                           query_pre_attn_scalar=round(mc.query_scale ** -2) if mc.query_scale else mc.head_dim,
+                           attn_logit_softcapping=mc.attn_softcap, final_logit_softcapping=mc.logit_softcap,
+                           sliding_window=mc.max_position, layer_types=["full_attention"] * mc.num_layers)
+    elif mc.norm_offset:
+        hfc = GemmaConfig(**common, attention_bias=mc.o_bias, hidden_act="gelu_pytorch_tanh")
+    elif mc.num_experts:
         hfc = _hf_moe_config(mc, common)
     elif mc.qkv_bias and not mc.o_bias and not mc.qk_norm:
         hfc = Qwen2Config(**common, use_sliding_window=False)
