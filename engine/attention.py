@@ -27,6 +27,7 @@ class PrefillChunk:
     blocks: Located      # its first ceil(context_len / block_size) blocks, located in the pool
     num_blocks: int
     mask: torch.Tensor   # [1, 1, num_tokens, context_len] additive causal mask
+    window_mask: torch.Tensor | None = None  # the same, keys past a windowed layer's window masked too; None: as mask
 
 
 @dataclass
@@ -48,6 +49,8 @@ class AttentionBatch:
     decode_width: int = 0
     decode_len: int = 0
     decode_mask: torch.Tensor | None = None
+    # the decodes' mask for a windowed layer, keys before each one's window masked too; None: as decode_mask
+    decode_window_mask: torch.Tensor | None = None
 
 
 def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
@@ -64,23 +67,26 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tenso
     return torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype) @ v
 
 
-def paged_attention(q: torch.Tensor, layer: int, batch: AttentionBatch, pool: KVPool,
-                    scale: float | None = None, cap: float | None = None) -> torch.Tensor:
+def paged_attention(q: torch.Tensor, layer: int, batch: AttentionBatch, pool: KVPool, scale: float | None = None,
+                    cap: float | None = None, windowed: bool = False) -> torch.Tensor:
     """Attention output [tokens, heads, head_dim] for queries [tokens, heads, head_dim]; ``scale``
-    multiplies the scores (None: head_dim ** -0.5) and ``cap`` soft-caps them (None: not)."""
+    multiplies the scores (None: head_dim ** -0.5), ``cap`` soft-caps them (None: not), and a
+    ``windowed`` layer reads only the keys within the model's sliding window."""
     nd, bs = batch.num_decodes, pool.block_size
     parts = []
     if nd:
         w = batch.decode_width
         kv = pool.gather_blocks(layer, batch.decode_blocks, nd * w)  # [2, nd * w, bs, kvh, d]
         kv = kv.view(2, nd, w * bs, pool.num_kv_heads, pool.head_dim)[:, :, :batch.decode_len]
-        o = _attend(q[:nd, :, None], kv[0].transpose(1, 2), kv[1].transpose(1, 2), batch.decode_mask, scale, cap)
+        mask = batch.decode_window_mask if windowed and batch.decode_window_mask is not None else batch.decode_mask
+        o = _attend(q[:nd, :, None], kv[0].transpose(1, 2), kv[1].transpose(1, 2), mask, scale, cap)
         parts.append(o.squeeze(2))
     for c in batch.prefills:
         kv = pool.gather_blocks(layer, c.blocks, c.num_blocks)
         kv = kv.view(2, c.num_blocks * bs, pool.num_kv_heads, pool.head_dim)[:, :c.context_len]
+        mask = c.window_mask if windowed and c.window_mask is not None else c.mask
         o = _attend(q[c.start:c.start + c.num_tokens].transpose(0, 1)[None], kv[0].transpose(0, 1)[None],
-                    kv[1].transpose(0, 1)[None], c.mask, scale, cap)
+                    kv[1].transpose(0, 1)[None], mask, scale, cap)
         parts.append(o[0].transpose(0, 1))
     return parts[0] if len(parts) == 1 else torch.cat(parts)
 
@@ -103,7 +109,7 @@ def workspace_bytes(model: ModelConfig, block_size: int, decode_contexts: list[i
                     chunks: list[tuple[int, int]]) -> int:
     """Peak bytes ``paged_attention`` and its metadata take in one step beyond the pool: the masks
     ``TorchExecutor.prepare`` builds for the whole step (the decodes' padding mask, each prefill
-    chunk's causal mask), the largest of the step's SDPA calls (they run one after another, each
+    chunk's causal mask, each again for a model's windowed layers), the largest of the step's SDPA calls (they run one after another, each
     with its own gathered K/V), and the per-sequence outputs with their concatenation.
 
     ``decode_contexts``: the context length of each decode after the step; ``chunks``: (new
@@ -120,4 +126,6 @@ def workspace_bytes(model: ModelConfig, block_size: int, decode_contexts: list[i
         masks += n * ctx * dt
         calls.append(_sdpa_bytes(model, 1, n, ctx, -(-ctx // block_size) * block_size))
         tokens += n
+    if model.window_layers:  # a windowed layer's masks beside the others
+        masks *= 2
     return masks + max(calls) + 2 * tokens * model.num_heads * model.head_dim * dt

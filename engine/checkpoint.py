@@ -76,9 +76,8 @@ def _int(cfg: dict, key: str, default: int | None = None) -> int:
 
 def read_config(directory: str | Path) -> ModelConfig:
     """The model a checkpoint's ``config.json`` describes, refusing what the engine cannot run as its
-    author meant (another RoPE scaling, another activation, MLP biases); a model with a sliding window
-    shorter than its context is served at a context no longer than the window (``max_position``), where
-    its attention is full attention."""
+    author meant (another RoPE scaling, another activation, MLP biases); the layers a sliding window
+    shorter than the context applies to attend through it (``sliding_window``, ``window_layers``)."""
     mc, ignored = _read_config(directory, run=True)
     return mc
 
@@ -146,19 +145,18 @@ def _read_config(directory: str | Path, run: bool) -> tuple[ModelConfig, list[st
     if cfg["model_type"] in MOE_TYPES:
         mc = _experts(cfg, mc, path)
     try:
-        window = cfg.get("sliding_window", 4096 if cfg["model_type"] == "gemma2" else None) \
-            if _slides(cfg, mc.num_layers) else None
+        layers = _window_layers(cfg, mc.num_layers)
     except (TypeError, ValueError) as exc:
         raise CheckpointError(f"{path}: {exc}") from exc
     ignored = []
+    window = cfg.get("sliding_window", 4096 if cfg["model_type"] == "gemma2" else None) if layers else None
     if window is not None and (not isinstance(window, (int, float)) or window < mc.max_position):
         if isinstance(window, bool) or not isinstance(window, (int, float)) or not float(window).is_integer() or window < 2:
             raise CheckpointError(f"{path}: sliding_window must be a whole number of tokens >= 2, got {window!r}")
-        if run:  # within its window a sequence's attention is full attention: served no longer than the window, as
-            mc = replace(mc, max_position=int(window))  # vLLM caps max_model_len where its backend has no window
-        else:
-            ignored.append(f"its sliding window ({window!r} tokens) is not modelled: the KV is sized as full "
-                           "attention, the most it may need")
+        # attended through, past the window too; its KV kept whole, as for full attention: the most it may need
+        mc = replace(mc, sliding_window=int(window), window_layers=layers)
+        ignored.append(f"its sliding window ({window!r} tokens) is not modelled: the KV is sized as full "
+                       "attention, the most it may need")
     if not run:
         return replace(mc, max_position=_longest_context(cfg, mc.max_position)), ignored
     if cfg["model_type"] in GEMMA_TYPES:
@@ -365,17 +363,26 @@ def _compressed_tensors_bits(q: dict, path: Path) -> int | None:
     return int(max(bits)) if bits else None
 
 
-def _slides(cfg: dict, num_layers: int) -> bool:
-    """Whether any layer attends through a sliding window: Mistral's do when ``sliding_window`` is
-    set; Qwen2's and Qwen3's only with ``use_sliding_window``, and then from layer ``max_window_layers`` on;
-    transformers 5 also writes each layer's kind in ``layer_types``."""
-    if "layer_types" in cfg:
-        if not isinstance(cfg["layer_types"] or [], list):
-            raise ValueError(f"layer_types must be a list, got {cfg['layer_types']!r}")
-        return any(kind != "full_attention" for kind in cfg["layer_types"] or [])
+def _window_layers(cfg: dict, num_layers: int) -> tuple[int, ...]:
+    """The layers that attend through a sliding window where ``sliding_window`` is set: every layer of
+    Mistral's, Phi-3's and Mixtral's; Qwen2's and Qwen3's only with ``use_sliding_window``, and then from
+    layer ``max_window_layers`` on; Gemma 2's every other one from the first; where transformers 5
+    writes each layer's kind in ``layer_types``, those it names ``sliding_attention``."""
+    kinds = cfg.get("layer_types")
+    if kinds is not None:
+        if not isinstance(kinds, list) or len(kinds) != num_layers:
+            raise ValueError(f"layer_types must be a list of the {num_layers} layers' kinds, got {kinds!r}")
+        other = next((k for k in kinds if k not in ("full_attention", "sliding_attention")), None)
+        if other is not None:
+            raise ValueError(f"layer_types: {other!r} is not supported (full_attention, sliding_attention)")
+        return tuple(i for i, kind in enumerate(kinds) if kind == "sliding_attention")
     if cfg["model_type"] in ("qwen2", "qwen3", "qwen2_moe", "qwen3_moe"):
-        return bool(cfg.get("use_sliding_window")) and _int(cfg, "max_window_layers", 28) < num_layers  # transformers' default
-    return True
+        if not cfg.get("use_sliding_window"):
+            return ()
+        return tuple(range(_int(cfg, "max_window_layers", 28), num_layers))  # transformers' default
+    if cfg["model_type"] == "gemma2":
+        return tuple(range(0, num_layers, 2))
+    return tuple(range(num_layers))
 
 
 def load_checkpoint(directory: str | Path, device: str | torch.device = "cpu",

@@ -119,6 +119,8 @@ class ModelConfig:
     query_scale: float | None = None  # attention's scale; None: head_dim ** -0.5
     attn_softcap: float | None = None  # attention scores soft-capped: cap * tanh(score / cap) (Gemma 2)
     logit_softcap: float | None = None  # the final logits soft-capped the same way (Gemma 2)
+    sliding_window: int | None = None  # the tokens a windowed layer attends to, its own included
+    window_layers: tuple[int, ...] = ()  # the layers that attend through it (their KV is kept whole all the same)
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
@@ -146,6 +148,12 @@ class ModelConfig:
         bad = [i for i in self.dense_layers if not 0 <= i < self.num_layers]
         if bad:
             raise ValueError(f"dense_layers: layer {bad[0]} is not one of the {self.num_layers} layers")
+        bad = [i for i in self.window_layers if not 0 <= i < self.num_layers]
+        if bad:
+            raise ValueError(f"window_layers: layer {bad[0]} is not one of the {self.num_layers} layers")
+        if self.window_layers and not (is_whole(self.sliding_window) and self.sliding_window >= 1):
+            raise ValueError(f"sliding_window must be a whole number of tokens >= 1 where window_layers are "
+                             f"given, got {self.sliding_window!r}")
         if self.activation not in ACTIVATIONS:
             raise ValueError(f"activation must be one of {', '.join(ACTIVATIONS)}, got {self.activation!r}")
         for name in ("query_scale", "attn_softcap", "logit_softcap"):

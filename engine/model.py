@@ -146,6 +146,7 @@ class Attention(nn.Module):
         self.q_norm = norm(cfg, cfg.head_dim) if cfg.qk_norm else None
         self.k_norm = norm(cfg, cfg.head_dim) if cfg.qk_norm else None
         self.scale, self.softcap = cfg.query_scale, cfg.attn_softcap
+        self.windowed = layer in cfg.window_layers
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
                 batch: AttentionBatch, pool: KVPool) -> torch.Tensor:
@@ -157,7 +158,7 @@ class Attention(nn.Module):
         qk = rotate(qk, *rope)  # q and k heads in one go
         q, k, v = qk[:, :h], qk[:, h:], qkv[:, h + kvh:]
         pool.write_slots(self.layer, batch.slots, k, v)
-        out = paged_attention(q, self.layer, batch, pool, scale=self.scale, cap=self.softcap)
+        out = paged_attention(q, self.layer, batch, pool, scale=self.scale, cap=self.softcap, windowed=self.windowed)
         return self.o_proj(out.reshape(n, self.num_heads * self.head_dim))
 
 

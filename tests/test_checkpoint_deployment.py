@@ -87,6 +87,9 @@ def test_quantised_weights_leave_the_kv_more_room(tmp_path):
     ({**QWEN25_7B, "use_sliding_window": True, "max_window_layers": "abc"}, "h100",
      "config.json: max_window_layers must be a whole number, got 'abc'"),
     ({**QWEN25_7B, "layer_types": "full_attention"}, "h100", "config.json: layer_types must be a list"),
+    ({**QWEN25_7B, "layer_types": ["full_attention"] * 27}, "h100", "layer_types must be a list of the 28 layers' kinds"),
+    ({**QWEN25_7B, "layer_types": ["chunked_attention"] * 28}, "h100",
+     "layer_types: 'chunked_attention' is not supported"),
 ])
 def test_a_checkpoint_deployment_that_cannot_be_served_is_refused_by_name(tmp_path, config, gpu, match):
     name = f"{checkpoint(tmp_path, 'ck', config)}@{gpu}"

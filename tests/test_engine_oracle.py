@@ -13,7 +13,7 @@ from engine.model import LlamaModel
 from engine.config import EngineConfig
 from engine.engine import Engine
 from engine.sequence import Status
-from engine.request import Request, RequestError
+from engine.request import Request
 
 
 def _prompts(vocab: int, lengths: list[int], seed: int = 1) -> list[list[int]]:
@@ -176,12 +176,14 @@ def test_a_gemma_checkpoint_loads_and_matches_transformers(tmp_path, name):
         assert not torch.allclose(first_logits(other.eval()), logits, atol=1e-3), field
 
 
-@pytest.mark.parametrize("name, window", [("Mistral", 48), ("Phi3", 47), ("Qwen2", 48)])
-def test_a_sliding_window_checkpoint_is_served_within_its_window_as_transformers_runs_it(tmp_path, name, window):
-    # Mistral v0.1's, Phi-3-mini-4k's and Qwen2's (use_sliding_window) windows: within the window a
-    # sequence's attention is full attention, so the engine serves no longer a context than the window
-    # (as vLLM caps max_model_len where its attention backend has no window) and matches transformers
-    extra = {"use_sliding_window": True, "max_window_layers": 0} if name == "Qwen2" else {}
+@pytest.mark.parametrize("name, window, layers", [("Mistral", 48, (0, 1, 2)), ("Phi3", 47, (0, 1, 2)),
+                                                  ("Qwen2", 48, (1, 2)), ("Gemma2", 40, (0, 2))])
+def test_a_sliding_window_checkpoint_attends_through_its_window_as_transformers_runs_it(tmp_path, name, window, layers):
+    # Mistral v0.1's, Phi-3-mini-4k's, Qwen2's (use_sliding_window, from max_window_layers on) and Gemma 2's
+    # (every other layer) windows: a windowed layer's query sees the window's last keys, its own
+    # included; served past the window, prompts taken in chunks and decoded in one batch, the tokens
+    # are transformers'
+    extra = {"use_sliding_window": True, "max_window_layers": 1} if name == "Qwen2" else {}
     hf = hf_tiny(name, sliding_window=window, **extra)
     with torch.no_grad():
         for key, p in hf.named_parameters():
@@ -189,21 +191,24 @@ def test_a_sliding_window_checkpoint_is_served_within_its_window_as_transformers
                 p.mul_(16)
     hf.save_pretrained(tmp_path)
     model = load_checkpoint(tmp_path)
-    assert model.config.max_position == window
-    eng = Engine(model.config, EngineConfig(num_blocks=32, max_model_len=512), model=model, keep_outputs=True)
-    assert eng.max_model_len == window
-    prompts = _prompts(300, [13, window - 12], seed=5)
-    for i, p in enumerate(prompts):
-        eng.submit(Request(f"w{i}", 0.0, len(p), 12, 12, prompt_ids=tuple(p)))
-    eng.run()
-    for i, p in enumerate(prompts):
-        assert eng.outputs[f"w{i}"] == hf_greedy(hf, p, 12)
-    # never attended past the window: a sequence ends at it, and a prompt that fills it is refused
-    eng.submit(Request("end", 0.0, window - 4, 8, 8, prompt_ids=tuple(prompts[1][:1] * (window - 4))))
-    eng.run()
-    assert len(eng.outputs["end"]) == 4
-    with pytest.raises(RequestError, match=f"context of {window} tokens"):
-        eng.submit(Request("long", 0.0, window, 8, 8, prompt_ids=tuple(prompts[1][:1] * window)))
+    assert (model.config.sliding_window, model.config.window_layers, model.config.max_position) == (window, layers, 512)
+    prompts = _prompts(300, [13, window + 20, 2 * window + 3], seed=5)
+
+    def generate(m) -> list[list[int]]:
+        eng = Engine(m.config, EngineConfig(num_blocks=64, max_model_len=512, max_num_batched_tokens=32), model=m,
+                     keep_outputs=True)
+        assert eng.max_model_len == 512
+        for i, p in enumerate(prompts):
+            eng.submit(Request(f"w{i}", 0.0, len(p), 2 * window, 2 * window, prompt_ids=tuple(p)))
+        eng.run()
+        return [eng.outputs[f"w{i}"] for i in range(len(prompts))]
+
+    tokens = generate(model)
+    assert tokens == [hf_greedy(hf, p, 2 * window) for p in prompts]
+    assert hf_greedy(hf_twin(model), prompts[2], 2 * window) == tokens[2]  # and the twin's, window and all
+    unwindowed = LlamaModel(replace(model.config, sliding_window=None, window_layers=()))  # the window bites
+    unwindowed.load_state_dict(model.state_dict())
+    assert generate(unwindowed.eval()) != tokens
 
 
 def test_a_prompt_alone_in_chunks_that_produce_no_token_matches_transformers(make_engine):

@@ -79,8 +79,10 @@ def hf_twin(model: LlamaModel):
     """Hugging Face's causal LM with exactly the weights of our ``model``, on its device:
     ``Qwen3ForCausalLM`` for q and k norms, ``Qwen2ForCausalLM`` for biases on q, k and v alone,
     ``LlamaForCausalLM`` otherwise; with experts, ``Qwen3MoeForCausalLM`` or ``MixtralForCausalLM``;
-    ``GemmaForCausalLM`` or ``Gemma2ForCausalLM`` for Gemma's norms."""
-    from transformers import AutoModelForCausalLM, Gemma2Config, GemmaConfig, LlamaConfig, Qwen2Config, Qwen3Config
+    ``GemmaForCausalLM`` or ``Gemma2ForCausalLM`` for Gemma's norms; ``MistralForCausalLM`` for Llama's
+    with every layer windowed (Qwen's and Gemma 2's name their windowed layers)."""
+    from transformers import (AutoModelForCausalLM, Gemma2Config, GemmaConfig, LlamaConfig, MistralConfig, Qwen2Config,
+                              Qwen3Config)
 
     mc = model.config
     common = dict(vocab_size=mc.vocab_size, hidden_size=mc.hidden_size, intermediate_size=mc.intermediate_size,
@@ -93,22 +95,32 @@ def hf_twin(model: LlamaModel):
     if any(gemma) and not all(gemma) or mc.sandwich_norms and not mc.norm_offset:
         raise ValueError(f"no transformers architecture has norm_offset={mc.norm_offset}, embed_scale={mc.embed_scale}, "
                          f"activation={mc.activation!r}, sandwich_norms={mc.sandwich_norms}")
+    window = dict(sliding_window=mc.sliding_window or mc.max_position, use_sliding_window=bool(mc.window_layers),
+                  layer_types=["sliding_attention" if i in mc.window_layers else "full_attention"
+                               for i in range(mc.num_layers)])
+    if mc.window_layers and (mc.num_experts or mc.norm_offset and not mc.sandwich_norms):
+        raise ValueError("no transformers twin of a windowed mixture of experts or Gemma 1 model")
     if mc.sandwich_norms:
-        hfc = Gemma2Config(**common, attention_bias=mc.o_bias, hidden_activation="gelu_pytorch_tanh",
+        window.pop("use_sliding_window")
+        hfc = Gemma2Config(**common, **window, attention_bias=mc.o_bias, hidden_activation="gelu_pytorch_tanh",
                            query_pre_attn_scalar=round(mc.query_scale ** -2) if mc.query_scale else mc.head_dim,
-                           attn_logit_softcapping=mc.attn_softcap, final_logit_softcapping=mc.logit_softcap,
-                           sliding_window=mc.max_position, layer_types=["full_attention"] * mc.num_layers)
+                           attn_logit_softcapping=mc.attn_softcap, final_logit_softcapping=mc.logit_softcap)
     elif mc.norm_offset:
         hfc = GemmaConfig(**common, attention_bias=mc.o_bias, hidden_act="gelu_pytorch_tanh")
     elif mc.num_experts:
         hfc = _hf_moe_config(mc, common)
     elif mc.qkv_bias and not mc.o_bias and not mc.qk_norm:
-        hfc = Qwen2Config(**common, use_sliding_window=False)
+        hfc = Qwen2Config(**common, **window)
     elif mc.qkv_bias != mc.o_bias:
         raise ValueError(f"no transformers architecture has qkv_bias={mc.qkv_bias}, o_bias={mc.o_bias}, "
                          f"qk_norm={mc.qk_norm}")
     elif mc.qk_norm:
-        hfc = Qwen3Config(**common, attention_bias=mc.o_bias, use_sliding_window=False)
+        hfc = Qwen3Config(**common, **window, attention_bias=mc.o_bias)
+    elif mc.window_layers:
+        if mc.o_bias or len(mc.window_layers) != mc.num_layers:
+            raise ValueError(f"no transformers twin of Llama's attention with o_bias={mc.o_bias} windowed on layers "
+                             f"{mc.window_layers} of {mc.num_layers}")
+        hfc = MistralConfig(**common, sliding_window=mc.sliding_window)
     else:
         hfc = LlamaConfig(**common, attention_bias=mc.o_bias)
     param = next(model.parameters())
