@@ -1,5 +1,5 @@
-"""Loading a local Hugging Face Llama, Mistral, Qwen2, Qwen3, Phi-3, Gemma, Gemma 2, Mixtral, Qwen2-MoE or
-Qwen3-MoE checkpoint directory (``config.json`` + ``*.safetensors``).
+"""Loading a local Hugging Face Llama, Mistral, Qwen2, Qwen3, Phi-3, Gemma, Gemma 2, Gemma 3, Mixtral, Qwen2-MoE
+or Qwen3-MoE checkpoint directory (``config.json`` + ``*.safetensors``).
 
 Nothing is fetched from a hub: the directory must hold everything. Every refusal names the file
 or tensor at fault.
@@ -25,9 +25,19 @@ from engine.model import LlamaModel
 # Qwen3's with one (e.g. 8 of 128 experts a token), some layers optionally kept dense; Qwen2-MoE
 # (Qwen1.5-MoE, Qwen2-57B-A14B) is Qwen2's with one and a gated shared expert beside it. Gemma is
 # Llama's with scaled embeddings, norms by 1 + weight and a GeGLU MLP; Gemma 2 adds norms around
-# attention and the MLP, soft caps on attention scores and logits, and a window on every other layer.
-MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma", "gemma2", "mixtral", "qwen2_moe", "qwen3_moe")
-GEMMA_TYPES = ("gemma", "gemma2")
+# attention and the MLP, soft caps on attention scores and logits, and a window on every other layer;
+# Gemma 3 drops the caps, norms each q and k head, and its windowed layers (five of six) rotate by a
+# RoPE of their own. Its multimodal checkpoints (``gemma3``) hold the text model beside a vision tower.
+MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma", "gemma2", "gemma3_text", "gemma3", "mixtral",
+               "qwen2_moe", "qwen3_moe")
+GEMMA_TYPES = ("gemma", "gemma2", "gemma3_text")
+# transformers' Gemma3TextConfig defaults, which a multimodal checkpoint's text_config leaves out
+GEMMA3_TEXT = {"vocab_size": 262_208, "hidden_size": 2304, "intermediate_size": 9216, "num_hidden_layers": 26,
+               "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256, "max_position_embeddings": 131_072,
+               "rms_norm_eps": 1e-6, "query_pre_attn_scalar": 256, "sliding_window": 4096, "sliding_window_pattern": 6}
+# and SiglipVisionConfig's, which its vision_config leaves out
+SIGLIP = {"hidden_size": 768, "intermediate_size": 3072, "num_hidden_layers": 12, "num_channels": 3,
+          "image_size": 224, "patch_size": 16, "vision_use_head": True}
 FUSED = {"self_attn.qkv_proj.weight": ("q_proj", "k_proj", "v_proj"), "mlp.gate_up_proj.weight": ("gate_proj", "up_proj")}
 MOE_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe")
 # where a layer's experts are stored, and one expert's (gate, up, down) projections there: Mixtral's
@@ -109,6 +119,12 @@ def _read_config(directory: str | Path, run: bool) -> tuple[ModelConfig, list[st
     if cfg.get("model_type") not in MODEL_TYPES:
         raise CheckpointError(f"{path}: model_type {cfg.get('model_type')!r} is not one of {', '.join(MODEL_TYPES)}")
     try:
+        cfg, vision = _text_config(cfg)
+        if cfg["model_type"] in ("gemma", "gemma2"):  # transformers' defaults where they differ from Llama's
+            cfg = {"head_dim": 256, "max_position_embeddings": 8192, **cfg}
+    except (TypeError, ValueError) as exc:
+        raise CheckpointError(f"{path}: {exc}") from exc
+    try:
         theta, scaling = _rope(cfg, path)
     except CheckpointError:
         if run:
@@ -138,6 +154,8 @@ def _read_config(directory: str | Path, run: bool) -> tuple[ModelConfig, list[st
             dtype=str(cfg.get("dtype") or cfg.get("torch_dtype") or "float32"))
         if cfg["model_type"] in GEMMA_TYPES:
             mc = _gemma(cfg, mc)
+        if vision:
+            mc = replace(mc, encoder_params=vision)
     except KeyError as exc:
         raise CheckpointError(f"{path}: missing field {exc.args[0]!r}") from exc
     except (TypeError, ValueError) as exc:
@@ -150,19 +168,28 @@ def _read_config(directory: str | Path, run: bool) -> tuple[ModelConfig, list[st
         raise CheckpointError(f"{path}: {exc}") from exc
     ignored = []
     window = cfg.get("sliding_window", 4096 if cfg["model_type"] == "gemma2" else None) if layers else None
-    if window is not None and (not isinstance(window, (int, float)) or window < mc.max_position):
+    if window is not None:
         if isinstance(window, bool) or not isinstance(window, (int, float)) or not float(window).is_integer() or window < 2:
             raise CheckpointError(f"{path}: sliding_window must be a whole number of tokens >= 2, got {window!r}")
-        # attended through, past the window too; its KV kept whole, as for full attention: the most it may need
-        mc = replace(mc, sliding_window=int(window), window_layers=layers)
-        ignored.append(f"its sliding window ({window!r} tokens) is not modelled: the KV is sized as full "
-                       "attention, the most it may need")
+        # attended through, past the window too; its KV kept whole, as for full attention: the most it may need.
+        # Gemma 3's windowed layers keep their own RoPE where no context reaches the window too
+        if window < mc.max_position or cfg["model_type"] == "gemma3_text":
+            mc = replace(mc, sliding_window=int(window), window_layers=layers)
+        if window < mc.max_position:
+            ignored.append(f"its sliding window ({window!r} tokens) is not modelled: the KV is sized as full "
+                           "attention, the most it may need")
+    if cfg["model_type"] == "gemma3_text":
+        try:
+            mc = _gemma3_rope(cfg, mc, path)
+        except CheckpointError:
+            if run:
+                raise
     if not run:
         return replace(mc, max_position=_longest_context(cfg, mc.max_position)), ignored
     if cfg["model_type"] in GEMMA_TYPES:
-        act = _gemma_activation(cfg)
+        field, act = _gemma_activation(cfg)
         if act != "gelu_pytorch_tanh":
-            raise CheckpointError(f"{path}: hidden_activation {act!r} is not supported (Gemma's MLP is 'gelu_pytorch_tanh')")
+            raise CheckpointError(f"{path}: {field} {act!r} is not supported (Gemma's MLP is 'gelu_pytorch_tanh')")
         if cfg.get("use_bidirectional_attention"):
             raise CheckpointError(f"{path}: use_bidirectional_attention is not supported (a decoder attends causally)")
     elif cfg.get("hidden_act", "silu") != "silu":
@@ -175,18 +202,46 @@ def _read_config(directory: str | Path, run: bool) -> tuple[ModelConfig, list[st
     return mc, ignored
 
 
-def _gemma_activation(cfg: dict) -> str:
-    """Gemma's MLP activation: ``hidden_activation``, else (Gemma's, not Gemma 2's) ``hidden_act``, where
-    Gemma's first releases wrote "gelu" and meant the tanh approximation (transformers and vLLM read it so)."""
-    act = cfg.get("hidden_activation") or (cfg.get("hidden_act") if cfg["model_type"] == "gemma" else None) \
-        or "gelu_pytorch_tanh"
-    return "gelu_pytorch_tanh" if act == "gelu" and not cfg.get("hidden_activation") else act
+def _gemma_activation(cfg: dict) -> tuple[str, str]:
+    """The field Gemma's MLP activation is read from and its value: ``hidden_activation``, else (Gemma's,
+    not Gemma 2's or 3's) ``hidden_act``, where Gemma's first releases wrote "gelu" and meant the tanh
+    approximation (transformers and vLLM read it so)."""
+    if cfg.get("hidden_activation") or cfg["model_type"] != "gemma" or not cfg.get("hidden_act"):
+        return "hidden_activation", cfg.get("hidden_activation") or "gelu_pytorch_tanh"
+    return "hidden_act", "gelu_pytorch_tanh" if cfg["hidden_act"] == "gelu" else cfg["hidden_act"]
+
+
+def _text_config(cfg: dict) -> tuple[dict, int]:
+    """The decoder's fields and the parameters held beside it: a multimodal Gemma 3's ``text_config`` (with
+    the text model's defaults) and its vision tower's and projector's parameters, counted from its
+    ``vision_config`` (a SigLIP encoder); ``cfg`` and 0 for any other checkpoint."""
+    if cfg["model_type"] not in ("gemma3", "gemma3_text"):
+        return cfg, 0
+    vision = 0
+    if cfg["model_type"] == "gemma3":
+        text, v = cfg.get("text_config") or {}, {**SIGLIP, **(cfg.get("vision_config") or {})}
+        if not isinstance(text, dict) or not isinstance(cfg.get("vision_config") or {}, dict):
+            raise ValueError("text_config and vision_config must be objects")
+        dtype = cfg.get("dtype") or cfg.get("torch_dtype")
+        cfg = {**text, "model_type": "gemma3_text", "quantization_config": cfg.get("quantization_config")}
+        cfg.setdefault("dtype", text.get("torch_dtype") or dtype)
+        h, i, patch = _int(v, "hidden_size"), _int(v, "intermediate_size"), _int(v, "patch_size")
+        if patch <= 0:
+            raise ValueError(f"vision_config.patch_size must be > 0, got {patch}")
+        mlp = 2 * h * i + i + h
+        per_layer = 4 * h * h + 4 * h + mlp + 4 * h  # q/k/v/o, the MLP, two layer norms, with their biases
+        embeddings = _int(v, "num_channels") * patch * patch * h + h + (_int(v, "image_size") // patch) ** 2 * h
+        head = h + 4 * h * h + 4 * h + 2 * h + mlp if v["vision_use_head"] else 0  # a probe attending over the patches
+        projector = h * _int({**GEMMA3_TEXT, **text}, "hidden_size") + h  # and its norm
+        vision = _int(v, "num_hidden_layers") * per_layer + embeddings + 2 * h + head + projector
+    return {**GEMMA3_TEXT, **{k: v for k, v in cfg.items() if v is not None or k not in GEMMA3_TEXT}}, vision
 
 
 def _gemma(cfg: dict, mc: ModelConfig) -> ModelConfig:
-    """``mc`` with Gemma's differences from Llama, and Gemma 2's (its defaults where config.json omits them)."""
+    """``mc`` with Gemma's differences from Llama, and Gemma 2's and 3's (their defaults where config.json
+    omits them)."""
     mc = replace(mc, activation="gelu_tanh", norm_offset=True, embed_scale=True)
-    if cfg["model_type"] != "gemma2":
+    if cfg["model_type"] == "gemma":
         return mc
 
     def positive(key: str, default: float | None) -> float | None:
@@ -196,9 +251,32 @@ def _gemma(cfg: dict, mc: ModelConfig) -> ModelConfig:
         return None if value is None else float(value)
 
     scalar = positive("query_pre_attn_scalar", 256)
-    return replace(mc, sandwich_norms=True, query_scale=None if scalar is None else scalar ** -0.5,
-                   attn_softcap=positive("attn_logit_softcapping", 50.0),
-                   logit_softcap=positive("final_logit_softcapping", 30.0))
+    mc = replace(mc, sandwich_norms=True, query_scale=None if scalar is None else scalar ** -0.5)
+    if cfg["model_type"] == "gemma2":
+        return replace(mc, attn_softcap=positive("attn_logit_softcapping", 50.0),
+                       logit_softcap=positive("final_logit_softcapping", 30.0))
+    if cfg.get("attn_logit_softcapping") is not None:  # transformers' Gemma 3 does not apply it
+        raise ValueError(f"attn_logit_softcapping {cfg['attn_logit_softcapping']!r} is not supported for Gemma 3")
+    return replace(mc, qk_norm=True, logit_softcap=positive("final_logit_softcapping", None))
+
+
+def _gemma3_rope(cfg: dict, mc: ModelConfig, path: Path) -> ModelConfig:
+    """``mc`` with Gemma 3's two RoPEs: its full-attention layers' (``rope_theta``, 1,000,000 by default,
+    scaled by ``rope_scaling``) and its windowed layers' (``rope_local_base_freq``, 10,000 by default,
+    unscaled), or transformers 5's ``rope_parameters`` keyed by those layers' kinds."""
+    params = cfg.get("rope_parameters")
+    if isinstance(params, dict) and {"full_attention", "sliding_attention"} & params.keys():
+        full, local = params.get("full_attention") or {}, params.get("sliding_attention") or {}
+    else:
+        full = {**(cfg.get("rope_scaling") or {}), "rope_theta": cfg.get("rope_theta", 1_000_000.0)}
+        local = {"rope_type": "default", "rope_theta": cfg.get("rope_local_base_freq", 10_000.0)}
+    if not isinstance(full, dict) or not isinstance(local, dict):
+        raise CheckpointError(f"{path}: rope parameters must be objects, got {full!r} and {local!r}")
+    theta, scaling = _rope({"rope_parameters": {"rope_theta": 1_000_000.0, **full}}, path)
+    local_theta, local_scaling = _rope({"rope_parameters": {"rope_theta": 10_000.0, **local}}, path)
+    if local_scaling is not None:
+        raise CheckpointError(f"{path}: a scaled RoPE on the windowed layers is not supported")
+    return replace(mc, rope_theta=theta, rope_scaling=scaling, local_rope_theta=local_theta)
 
 
 def _experts(cfg: dict, mc: ModelConfig, path: Path) -> ModelConfig:
@@ -254,6 +332,24 @@ def _stacked_experts(state: dict[str, torch.Tensor], mc: ModelConfig, directory)
         out[f"model.layers.{layer}.mlp.experts.gate_up_proj"] = torch.stack(
             [torch.cat((parts[gate, e], parts[up, e])) for e in range(mc.num_experts)])
         out[f"model.layers.{layer}.mlp.experts.down_proj"] = torch.stack([parts[down, e] for e in range(mc.num_experts)])
+    return out
+
+
+# where a multimodal checkpoint keeps its text model's weights (transformers 5's names, then 4's)
+TEXT_MODEL = (("model.language_model.", "model."), ("language_model.model.", "model."),
+              ("language_model.lm_head.", "lm_head."), ("lm_head.", "lm_head."))
+
+
+def _text_model(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``state`` with a multimodal checkpoint's text model under the decoder's names and the rest (its
+    vision tower, its projector) left out; ``state`` itself where it holds a decoder alone."""
+    if not any(k.startswith(("model.language_model.", "language_model.")) for k in state):
+        return state
+    out = {}
+    for key, tensor in state.items():
+        old, new = next(((o, n) for o, n in TEXT_MODEL if key.startswith(o)), ("", None))
+        if new is not None:
+            out[new + key[len(old):]] = tensor
     return out
 
 
@@ -337,6 +433,8 @@ def _longest_context(cfg: dict, max_position: int) -> int:
     ``dynamic`` or ``yarn`` extends ``max_position_embeddings`` (YaRN's ``original_max_position_embeddings``)
     by its factor; Llama 3's scaling and LongRoPE leave it as it is."""
     params = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+    if cfg.get("model_type") in ("gemma3", "gemma3_text"):  # its max_position_embeddings is already the scaled one
+        return max_position
     kind = params.get("rope_type", params.get("type")) if isinstance(params, dict) else None
     factor = params.get("factor") if isinstance(params, dict) else None
     if kind not in ("linear", "dynamic", "yarn") or isinstance(factor, bool) or not isinstance(factor, (int, float)):
@@ -380,8 +478,15 @@ def _window_layers(cfg: dict, num_layers: int) -> tuple[int, ...]:
         if not cfg.get("use_sliding_window"):
             return ()
         return tuple(range(_int(cfg, "max_window_layers", 28), num_layers))  # transformers' default
+    if cfg["model_type"] == "gemma":  # transformers' Gemma attends fully whatever sliding_window says
+        return ()
     if cfg["model_type"] == "gemma2":
         return tuple(range(0, num_layers, 2))
+    if cfg["model_type"] == "gemma3_text":  # transformers 4's sliding_window_pattern: every n-th layer full
+        pattern = _int(cfg, "sliding_window_pattern")
+        if pattern <= 0:
+            raise ValueError(f"sliding_window_pattern must be > 0, got {pattern}")
+        return tuple(i for i in range(num_layers) if (i + 1) % pattern)
     return tuple(range(num_layers))
 
 
@@ -401,7 +506,7 @@ def load_checkpoint(directory: str | Path, device: str | torch.device = "cpu",
             state.update(load_file(str(f)))
         except Exception as exc:  # safetensors raises its own error types for a damaged file
             raise CheckpointError(f"{f}: cannot be read as safetensors ({exc})") from exc
-    state = _unfused(state, mc, directory)
+    state = _unfused(_text_model(state), mc, directory)
     if mc.num_experts:
         state = _stacked_experts(state, mc, directory)
     model = LlamaModel(mc)

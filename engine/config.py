@@ -85,7 +85,9 @@ class ModelConfig:
     RMSNorms scaling by 1 + weight in float32 before the cast (``norm_offset``) and a tanh-approximated
     GELU gating its MLP (``activation``); Gemma 2 adds a norm after attention and on both sides of the
     MLP (``sandwich_norms``), its own attention scale (``query_scale``) and tanh soft-caps on the
-    attention scores and the final logits (``attn_softcap``, ``logit_softcap``).
+    attention scores and the final logits (``attn_softcap``, ``logit_softcap``); Gemma 3 drops the soft
+    caps, norms each q and k head (``qk_norm``) and gives its windowed layers a RoPE of their own
+    (``local_rope_theta``).
     """
 
     vocab_size: int = 512
@@ -121,6 +123,8 @@ class ModelConfig:
     logit_softcap: float | None = None  # the final logits soft-capped the same way (Gemma 2)
     sliding_window: int | None = None  # the tokens a windowed layer attends to, its own included
     window_layers: tuple[int, ...] = ()  # the layers that attend through it (their KV is kept whole all the same)
+    local_rope_theta: float | None = None  # the windowed layers' own RoPE base, unscaled (Gemma 3); None: as the others
+    encoder_params: int = 0  # parameters held beside the decoder and not run for text (Gemma 3's vision tower)
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
@@ -156,7 +160,13 @@ class ModelConfig:
                              f"given, got {self.sliding_window!r}")
         if self.activation not in ACTIVATIONS:
             raise ValueError(f"activation must be one of {', '.join(ACTIVATIONS)}, got {self.activation!r}")
-        for name in ("query_scale", "attn_softcap", "logit_softcap"):
+        if self.activation != "silu" and self.num_experts:
+            raise ValueError(f"a mixture of experts' MLPs are SwiGLU: activation must be 'silu', got {self.activation!r}")
+        if not is_whole(self.encoder_params) or self.encoder_params < 0:
+            raise ValueError(f"encoder_params must be a whole number >= 0, got {self.encoder_params!r}")
+        if self.local_rope_theta is not None and not self.window_layers:
+            raise ValueError("local_rope_theta needs window_layers, the layers it applies to")
+        for name in ("query_scale", "attn_softcap", "logit_softcap", "local_rope_theta"):
             value = getattr(self, name)
             if value is not None and not (isinstance(value, (int, float)) and not isinstance(value, bool)
                                           and math.isfinite(value) and value > 0):
@@ -201,7 +211,7 @@ class ModelConfig:
         mlp = (self.num_layers - sparse) * h * i * 3 + sparse * (experts * self.expert_params() + h * self.num_experts
                                                                  + self.shared_expert_params())
         embed = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
-        return self.num_layers * per_layer + mlp + embed + h
+        return self.num_layers * per_layer + mlp + embed + h + (0 if active else self.encoder_params)
 
     def weight_bytes(self) -> int:
         """Bytes of the weights on the device (quantised when ``weight_bits`` is set)."""

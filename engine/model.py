@@ -2,7 +2,8 @@
 with what some checkpoints of that architecture add: biases on the attention projections
 (Qwen2's on q, k and v), an RMSNorm over each q and k head (Qwen3's), a mixture of SwiGLU
 experts in place of the MLP (Mixtral's, Qwen3-MoE's), and Gemma's and Gemma 2's differences
-(scaled embeddings, norms by 1 + weight, GeGLU, norms around attention and the MLP, soft caps).
+(scaled embeddings, norms by 1 + weight, GeGLU, norms around attention and the MLP, soft caps) and
+Gemma 3's (a RoPE of their own for its windowed layers).
 
 Parameter names follow Hugging Face's ``LlamaForCausalLM`` so that a local checkpoint loads as a
 plain state dict. The forward pass takes a flat batch of tokens from many sequences (prefill
@@ -267,6 +268,8 @@ class LlamaModel(nn.Module):
         self.config = cfg
         self.model = LlamaBody(cfg)
         self.rotary = Rotary(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
+        # Gemma 3's windowed layers rotate by a RoPE of their own, unscaled
+        self.local_rotary = Rotary(cfg.head_dim, cfg.local_rope_theta) if cfg.local_rope_theta else None
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
@@ -291,8 +294,9 @@ class LlamaModel(nn.Module):
         if self.config.embed_scale:  # the scale rounded to the model's dtype first, as Gemma's reference
             x = x * torch.tensor(self.config.hidden_size ** 0.5, dtype=x.dtype)
         rope = self.rotary(positions, x.dtype)
+        local = rope if self.local_rotary is None else self.local_rotary(positions, x.dtype)
         for layer in self.model.layers:
-            x = layer(x, rope, batch, pool)
+            x = layer(x, local if layer.self_attn.windowed else rope, batch, pool)
         if batch.logit_rows is not None:
             x = x[batch.logit_rows]
         return softcap(self.lm_head(self.model.norm(x)), self.config.logit_softcap)

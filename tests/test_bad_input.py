@@ -142,9 +142,14 @@ def test_a_checkpoint_in_the_older_config_layout_loads_its_rope_scaling(checkpoi
 
 
 @pytest.mark.parametrize("fields, match", [
-    ({"model_type": "gemma3_text"}, "model_type 'gemma3_text' is not one of llama, mistral, qwen2, qwen3, phi3, gemma"),
+    ({"model_type": "gpt_oss"}, "model_type 'gpt_oss' is not one of llama, mistral, qwen2, qwen3, phi3, gemma"),
+    ({"model_type": "gemma3_text", "attn_logit_softcapping": 50.0}, "attn_logit_softcapping 50.0 is not supported"),
+    ({"model_type": "gemma3_text", "rope_parameters": {"full_attention": {"rope_type": "default"},
+                                                       "sliding_attention": {"rope_type": "linear", "factor": 2.0}}},
+     "a scaled RoPE on the windowed layers is not supported"),
+    ({"model_type": "gemma3", "text_config": "small"}, "text_config and vision_config must be objects"),
     ({"model_type": "gemma2", "hidden_activation": "silu"}, "hidden_activation 'silu' is not supported"),
-    ({"model_type": "gemma", "hidden_act": "relu"}, "hidden_activation 'relu' is not supported"),
+    ({"model_type": "gemma", "hidden_act": "relu"}, "hidden_act 'relu' is not supported"),
     ({"model_type": "gemma2", "use_bidirectional_attention": True}, "use_bidirectional_attention is not supported"),
     ({"model_type": "gemma2", "attn_logit_softcapping": -1}, "attn_logit_softcapping must be a number > 0 or null"),
     ({"model_type": "gemma2"}, r"tensor 'model.layers.0.post_feedforward_layernorm.weight' is missing \(2 missing"),
@@ -286,6 +291,37 @@ def test_an_engine_config_refuses_a_size_or_count_that_is_not_a_whole_number(fie
 
     with pytest.raises(ValueError, match=f"{field} must be {why}"):
         EngineConfig(**{field: value})
+
+
+@pytest.mark.parametrize("fields, match", [
+    ({"activation": "relu"}, "activation must be one of silu, gelu_tanh, got 'relu'"),
+    ({"activation": "gelu_tanh", "num_experts": 4, "experts_per_token": 2, "moe_intermediate_size": 8},
+     "a mixture of experts' MLPs are SwiGLU"),
+    ({"attn_softcap": 0.0}, "attn_softcap must be a number > 0 or None, got 0.0"),
+    ({"query_scale": float("inf")}, "query_scale must be a number > 0 or None"),
+    ({"window_layers": (0,)}, "sliding_window must be a whole number of tokens >= 1 where window_layers"),
+    ({"window_layers": (5,), "sliding_window": 8}, "window_layers: layer 5 is not one of the 2 layers"),
+    ({"local_rope_theta": 1000.0}, "local_rope_theta needs window_layers"),
+    ({"encoder_params": -1}, "encoder_params must be a whole number >= 0"),
+])
+def test_a_model_config_refuses_an_architecture_it_cannot_run_by_name(fields, match):
+    from engine.config import ModelConfig
+
+    with pytest.raises(ValueError, match=match):
+        ModelConfig(**fields)
+
+
+def test_no_transformers_twin_is_claimed_for_a_model_transformers_cannot_build():
+    from engine.config import ModelConfig
+    from engine.model import LlamaModel
+    from rlctl.bench.engine import hf_twin
+
+    # soft caps and an attention scale outside Gemma 2's layer, or a scale no whole query_pre_attn_scalar gives
+    for fields in ({"logit_softcap": 0.5}, {"attn_softcap": 0.5, "query_scale": 0.01},
+                   {"activation": "gelu_tanh", "norm_offset": True, "embed_scale": True, "sandwich_norms": True,
+                    "query_scale": 20.5 ** -0.5}):
+        with pytest.raises(ValueError, match="transformers"):
+            hf_twin(LlamaModel(ModelConfig(**fields)))
 
 
 @pytest.mark.parametrize("field", ["vocab_size", "hidden_size", "num_layers", "num_heads", "max_position"])

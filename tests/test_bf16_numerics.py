@@ -57,6 +57,30 @@ def test_dtype_casts_keep_rope_frequencies_float32_and_device_moves_take_them_al
     assert model.to("meta").rotary.inv_freq.device.type == "meta"
 
 
+def test_gemma_2_logits_in_bf16_are_transformers_to_the_bit():
+    # the embedding scale rounded to bf16 before it multiplies, the norms' 1 + weight taken in float32
+    # before the cast, the soft caps: each done in Llama's order instead moves bf16 logits by ~0.06
+    cfg = replace(small("bfloat16", **GEMMA2), hidden_size=48)  # sqrt(48) is not a bf16 number, as sqrt(64) is
+    model = sharpened(cfg, seed=0)
+    with torch.no_grad():
+        for name, weight in model.state_dict().items():
+            if name.endswith("norm.weight"):
+                weight.uniform_(-0.8, 2.0)
+    g = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(0, cfg.vocab_size, (n,), generator=g).tolist() for n in (37, 61)]
+    seen = []
+    model.register_forward_hook(lambda module, args, out: seen.append(out))
+    hf = hf_twin(model)
+    for p in prompts:  # each alone, in chunks of 16 tokens; its last chunk's last row is the first logits
+        seen.clear()
+        eng = Engine(cfg, EngineConfig(num_blocks=64, block_size=4, max_model_len=512, max_num_batched_tokens=16),
+                     model=model, keep_outputs=True)
+        eng.submit(Request("r", 0.0, len(p), 4, 4, prompt_ids=tuple(p)))
+        eng.run()
+        with torch.no_grad():
+            assert torch.equal(next(out for out in seen if len(out))[0], hf(torch.tensor([p])).logits[0, -1])
+
+
 def sharpened(cfg: ModelConfig, seed: int) -> LlamaModel:
     """A random model whose attention depends on position. With Llama's initialiser (std 0.02)
     scores are ~0 and attention is near uniform, so even a rounded inv_freq left the tokens alone;
@@ -73,13 +97,20 @@ def sharpened(cfg: ModelConfig, seed: int) -> LlamaModel:
     return model
 
 
-ARCHS = {"llama": {}, "qwen2": {"qkv_bias": True}, "qwen3": {"qk_norm": True, "explicit_head_dim": 24}}
+GEMMA = {"activation": "gelu_tanh", "norm_offset": True, "embed_scale": True, "explicit_head_dim": 24}
+GEMMA2 = {**GEMMA, "sandwich_norms": True, "query_scale": 20 ** -0.5, "attn_softcap": 50.0, "logit_softcap": 30.0,
+          "sliding_window": 600, "window_layers": (0,)}
+ARCHS = {"llama": {}, "qwen2": {"qkv_bias": True}, "qwen3": {"qk_norm": True, "explicit_head_dim": 24},
+         "gemma": GEMMA, "gemma2": GEMMA2,
+         "gemma3": {**GEMMA2, "attn_softcap": None, "logit_softcap": None, "qk_norm": True, "local_rope_theta": 1000.0}}
 
 
-@pytest.mark.parametrize("dtype, arch", [(d, "llama") for d in DTYPES] + [("bfloat16", "qwen2"), ("bfloat16", "qwen3")])
+@pytest.mark.parametrize("dtype, arch", [(d, "llama") for d in DTYPES]
+                         + [("bfloat16", a) for a in ("qwen2", "qwen3", "gemma", "gemma2", "gemma3")])
 def test_long_prompts_in_low_precision_generate_what_transformers_generates(dtype, arch):
     # Qwen2's q, k and v biases go into the stacked projection's GEMM, Qwen3's per-head norms
-    # between it and RoPE: rounded as transformers rounds them
+    # between it and RoPE; Gemma's scaled embeddings and norms by 1 + weight, Gemma 2's soft caps and
+    # window (a layer of two), Gemma 3's windowed layer's own RoPE: rounded as transformers rounds them
     cfg, new_tokens = small(dtype, **ARCHS[arch]), 12
     model = sharpened(cfg, seed=0)
     g = torch.Generator().manual_seed(1)
@@ -92,7 +123,8 @@ def test_long_prompts_in_low_precision_generate_what_transformers_generates(dtyp
     eng.run()
 
     hf = hf_twin(model)
-    assert hf.model.rotary_emb.inv_freq.dtype == torch.float32  # a twin with the same bug would agree
+    rope = hf.model.rotary_emb  # a twin with the same bug would agree
+    assert getattr(rope, "inv_freq", getattr(rope, "full_attention_inv_freq", None)).dtype == torch.float32
     assert next(hf.parameters()).dtype == torch_dtype(dtype)
     for i, p in enumerate(prompts):
         assert eng.outputs[f"r{i}"] == hf_greedy(hf, p, new_tokens), f"r{i} differs"

@@ -59,6 +59,40 @@ def test_a_gemma_2_checkpoint_is_sized_with_its_own_norms_and_window(tmp_path):
     assert m.param_count() == 9_241_705_984 and m.tie_word_embeddings and m.sandwich_norms and m.dtype_bytes == 2
     assert m.kv_bytes_per_token() == 2 * 42 * 8 * 256 * 2 and d.max_model_len == 8192
     assert "sliding window (4096 tokens) is not modelled: the KV is sized as full attention" in d.describe()
+    # head_dim and the context default to Gemma's 256 and 8,192 where config.json leaves them out, as
+    # transformers defaults them; Gemma 1 attends fully whatever a sliding_window field says
+    bare = {k: v for k, v in gemma2.items() if k not in ("head_dim", "max_position_embeddings")}
+    assert deployment(f"{checkpoint(tmp_path, 'bare', bare)}@l40s").model == m
+    gemma = deployment(f"{checkpoint(tmp_path, 'gemma', {**bare, 'model_type': 'gemma'})}@l40s")
+    assert gemma.model.window_layers == () and not gemma.notes
+
+
+def test_gemma_3_checkpoints_are_sized_with_their_vision_tower(tmp_path):
+    # google/gemma-3-4b-it's config.json, the text model's fields left to Gemma3TextConfig's defaults where
+    # it leaves them out: 3,880,263,168 parameters in the decoder and 419,816,304 in its SigLIP tower and
+    # projector, the 4,300,079,472 its card gives; the context is max_position_embeddings' 131,072 (already
+    # the scaled one, as vLLM reads it), five layers of six windowed to 1,024 tokens
+    gemma3 = {"architectures": ["Gemma3ForConditionalGeneration"], "model_type": "gemma3", "boi_token_index": 255999,
+              "eoi_token_index": 256000, "image_token_index": 262144, "mm_tokens_per_image": 256,
+              "text_config": {"hidden_size": 2560, "intermediate_size": 10240, "model_type": "gemma3_text",
+                              "num_hidden_layers": 34, "rope_scaling": {"factor": 8.0, "rope_type": "linear"},
+                              "sliding_window": 1024},
+              "torch_dtype": "bfloat16",
+              "vision_config": {"hidden_size": 1152, "image_size": 896, "intermediate_size": 4304,
+                                "model_type": "siglip_vision_model", "num_attention_heads": 16, "num_hidden_layers": 27,
+                                "patch_size": 14, "vision_use_head": False}}
+    d = deployment(f"{checkpoint(tmp_path, 'gemma-3-4b-it', gemma3)}@l40s:131072")
+    m = d.model
+    assert m.param_count() == 4_300_079_472 and m.encoder_params == 419_816_304 and m.dtype == "bfloat16"
+    assert m.param_count(active=True) == 3_880_263_168 and m.kv_bytes_per_token() == 2 * 34 * 4 * 256 * 2
+    assert m.max_position == 131072 and len(m.window_layers) == 34 - 34 // 6 and m.local_rope_theta == 10000.0
+    # gemma-3-1b-it: text alone, 999,885,952 parameters
+    text = {"architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text", "head_dim": 256, "hidden_size": 1152,
+            "intermediate_size": 6912, "max_position_embeddings": 32768, "num_attention_heads": 4,
+            "num_hidden_layers": 26, "num_key_value_heads": 1, "query_pre_attn_scalar": 256, "rope_local_base_freq": 10000,
+            "rope_scaling": None, "rope_theta": 1000000, "sliding_window": 512, "sliding_window_pattern": 6,
+            "torch_dtype": "bfloat16", "vocab_size": 262144}
+    assert deployment(f"{checkpoint(tmp_path, 'gemma-3-1b-it', text)}@a10").model.param_count() == 999_885_952
 
 
 def test_quantised_weights_leave_the_kv_more_room(tmp_path):

@@ -8,7 +8,7 @@ from conftest import hf_greedy, hf_tiny
 from rlctl.bench.engine import hf_twin
 from dataclasses import replace
 
-from engine.checkpoint import load_checkpoint
+from engine.checkpoint import load_checkpoint, read_sizes
 from engine.model import LlamaModel
 from engine.config import EngineConfig
 from engine.engine import Engine
@@ -19,6 +19,17 @@ from engine.request import Request
 def _prompts(vocab: int, lengths: list[int], seed: int = 1) -> list[list[int]]:
     g = torch.Generator().manual_seed(seed)
     return [torch.randint(0, vocab, (n,), generator=g).tolist() for n in lengths]
+
+
+def _generate(model, prompts: list[list[int]], new_tokens: int, **engine) -> list[list[int]]:
+    """What an engine over ``model`` (``engine``: its EngineConfig's fields beside a 512-token context)
+    generates greedily for ``prompts``, all submitted at once."""
+    eng = Engine(model.config, EngineConfig(max_model_len=512, **engine), model=model, keep_outputs=True)
+    assert eng.max_model_len == 512
+    for i, p in enumerate(prompts):
+        eng.submit(Request(f"p{i}", 0.0, len(p), new_tokens, new_tokens, prompt_ids=tuple(p)))
+    eng.run()
+    return [eng.outputs[f"p{i}"] for i in range(len(prompts))]
 
 
 def test_staggered_batch_with_chunked_prefill_compaction_and_swap_matches_transformers(make_engine):
@@ -147,11 +158,7 @@ def test_a_gemma_checkpoint_loads_and_matches_transformers(tmp_path, name):
     prompts = _prompts(300, [13, 30], seed=5)
 
     def generate(m) -> list[list[int]]:
-        eng = Engine(m.config, EngineConfig(num_blocks=32, max_model_len=512), model=m, keep_outputs=True)
-        for i, p in enumerate(prompts):
-            eng.submit(Request(f"g{i}", 0.0, len(p), 10, 10, prompt_ids=tuple(p)))
-        eng.run()
-        return [eng.outputs[f"g{i}"] for i in range(len(prompts))]
+        return _generate(m, prompts, 10, num_blocks=32)
 
     tokens = generate(model)
     assert tokens == [hf_greedy(hf, p, 10) for p in prompts]
@@ -176,6 +183,57 @@ def test_a_gemma_checkpoint_loads_and_matches_transformers(tmp_path, name):
         assert not torch.allclose(first_logits(other.eval()), logits, atol=1e-3), field
 
 
+def _tiny_gemma3(multimodal: bool):
+    """transformers' Gemma 3 at a tiny size, as its text model alone or inside the multimodal model
+    (a two-layer SigLIP tower beside it): a 24-token window on three of its four layers, which rotate
+    by a RoPE of their own (base 1,000), the full layer's scaled linearly by 4 (base 200,000)."""
+    import transformers
+
+    torch.manual_seed(0)
+    text = dict(vocab_size=300, hidden_size=48, intermediate_size=96, num_hidden_layers=4, num_attention_heads=6,
+                num_key_value_heads=2, head_dim=12, max_position_embeddings=512, rms_norm_eps=1e-6, sliding_window=24,
+                layer_types=["sliding_attention", "sliding_attention", "full_attention", "sliding_attention"],
+                rope_parameters={"full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 200000.0},
+                                 "sliding_attention": {"rope_type": "default", "rope_theta": 1000.0}},
+                query_pre_attn_scalar=20, bos_token_id=None, eos_token_id=None, pad_token_id=None)
+    if not multimodal:
+        return transformers.Gemma3ForCausalLM(transformers.Gemma3TextConfig(**text)).eval()
+    vision = dict(hidden_size=32, intermediate_size=40, num_hidden_layers=2, num_attention_heads=2, image_size=56,
+                  patch_size=14, vision_use_head=False)
+    cfg = transformers.Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=4,
+                                    image_token_index=299, boi_token_index=297, eoi_token_index=298)
+    return transformers.Gemma3ForConditionalGeneration(cfg).eval()
+
+
+@pytest.mark.parametrize("multimodal", [False, True])
+def test_a_gemma_3_checkpoint_loads_and_matches_transformers(tmp_path, multimodal):
+    # Gemma 3: Gemma 2's layer without the soft caps, with a norm over each q and k head, five of six
+    # layers windowed and rotating by a RoPE of their own; its larger checkpoints are multimodal, the
+    # text model's weights beside a vision tower, which the engine leaves out (counted when sized)
+    hf = _tiny_gemma3(multimodal)
+    with torch.no_grad():
+        for key, p in hf.named_parameters():
+            if key.endswith("norm.weight"):
+                p.uniform_(-0.8, 2.0)
+            elif key.endswith(("v_proj.weight", "o_proj.weight", "q_proj.weight", "k_proj.weight")) or ".mlp." in key:
+                p.mul_(8)
+    hf.save_pretrained(tmp_path)
+    model = load_checkpoint(tmp_path)
+    mc = model.config
+    assert (mc.qk_norm, mc.sandwich_norms, mc.attn_softcap, mc.logit_softcap) == (True, True, None, None)
+    assert (mc.window_layers, mc.local_rope_theta, mc.rope_theta, mc.rope_scaling.factor) == ((0, 1, 3), 1000.0, 200000.0, 4.0)
+    assert read_sizes(tmp_path)[0].param_count() == sum(p.numel() for p in hf.parameters())  # the tower counted
+    prompts = _prompts(290, [13, 44, 70], seed=5)  # past the window, in chunks, decoded in one batch past it
+
+    tokens = _generate(model, prompts, 30, num_blocks=64, max_num_batched_tokens=32)
+    assert tokens == [hf_greedy(hf, p, 30) for p in prompts]
+    if not multimodal:
+        assert hf_greedy(hf_twin(model), prompts[2], 30) == tokens[2]
+    one_rope = LlamaModel(replace(mc, local_rope_theta=None))  # the windowed layers' own RoPE matters
+    one_rope.load_state_dict(model.state_dict())
+    assert _generate(one_rope.eval(), prompts, 30, num_blocks=64, max_num_batched_tokens=32) != tokens
+
+
 @pytest.mark.parametrize("name, window, layers", [("Mistral", 48, (0, 1, 2)), ("Phi3", 47, (0, 1, 2)),
                                                   ("Qwen2", 48, (1, 2)), ("Gemma2", 40, (0, 2))])
 def test_a_sliding_window_checkpoint_attends_through_its_window_as_transformers_runs_it(tmp_path, name, window, layers):
@@ -195,13 +253,7 @@ def test_a_sliding_window_checkpoint_attends_through_its_window_as_transformers_
     prompts = _prompts(300, [13, window + 20, 2 * window + 3], seed=5)
 
     def generate(m) -> list[list[int]]:
-        eng = Engine(m.config, EngineConfig(num_blocks=64, max_model_len=512, max_num_batched_tokens=32), model=m,
-                     keep_outputs=True)
-        assert eng.max_model_len == 512
-        for i, p in enumerate(prompts):
-            eng.submit(Request(f"w{i}", 0.0, len(p), 2 * window, 2 * window, prompt_ids=tuple(p)))
-        eng.run()
-        return [eng.outputs[f"w{i}"] for i in range(len(prompts))]
+        return _generate(m, prompts, 2 * window, num_blocks=64, max_num_batched_tokens=32)
 
     tokens = generate(model)
     assert tokens == [hf_greedy(hf, p, 2 * window) for p in prompts]

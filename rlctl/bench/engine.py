@@ -79,10 +79,10 @@ def hf_twin(model: LlamaModel):
     """Hugging Face's causal LM with exactly the weights of our ``model``, on its device:
     ``Qwen3ForCausalLM`` for q and k norms, ``Qwen2ForCausalLM`` for biases on q, k and v alone,
     ``LlamaForCausalLM`` otherwise; with experts, ``Qwen3MoeForCausalLM`` or ``MixtralForCausalLM``;
-    ``GemmaForCausalLM`` or ``Gemma2ForCausalLM`` for Gemma's norms; ``MistralForCausalLM`` for Llama's
+    ``GemmaForCausalLM``, ``Gemma2ForCausalLM`` or ``Gemma3ForCausalLM`` for Gemma's norms; ``MistralForCausalLM`` for Llama's
     with every layer windowed (Qwen's and Gemma 2's name their windowed layers)."""
-    from transformers import (AutoModelForCausalLM, Gemma2Config, GemmaConfig, LlamaConfig, MistralConfig, Qwen2Config,
-                              Qwen3Config)
+    from transformers import (AutoModelForCausalLM, Gemma2Config, Gemma3TextConfig, GemmaConfig, LlamaConfig,
+                              MistralConfig, Qwen2Config, Qwen3Config)
 
     mc = model.config
     common = dict(vocab_size=mc.vocab_size, hidden_size=mc.hidden_size, intermediate_size=mc.intermediate_size,
@@ -98,12 +98,29 @@ def hf_twin(model: LlamaModel):
     window = dict(sliding_window=mc.sliding_window or mc.max_position, use_sliding_window=bool(mc.window_layers),
                   layer_types=["sliding_attention" if i in mc.window_layers else "full_attention"
                                for i in range(mc.num_layers)])
+    if (mc.query_scale or mc.attn_softcap) and not mc.sandwich_norms or mc.logit_softcap and not mc.sandwich_norms \
+            or mc.attn_softcap and mc.qk_norm:
+        raise ValueError(f"no transformers architecture has query_scale={mc.query_scale}, attn_softcap={mc.attn_softcap}, "
+                         f"logit_softcap={mc.logit_softcap} with sandwich_norms={mc.sandwich_norms}, qk_norm={mc.qk_norm}")
+    scalar = round(mc.query_scale ** -2) if mc.query_scale else mc.head_dim
+    if mc.query_scale and scalar ** -0.5 != mc.query_scale:
+        raise ValueError(f"transformers' query_pre_attn_scalar is a whole number: none gives query_scale={mc.query_scale}")
     if mc.window_layers and (mc.num_experts or mc.norm_offset and not mc.sandwich_norms):
         raise ValueError("no transformers twin of a windowed mixture of experts or Gemma 1 model")
-    if mc.sandwich_norms:
+    if mc.sandwich_norms and mc.qk_norm:
+        window.pop("use_sliding_window")
+        rope = {"full_attention": {"rope_type": "default", "rope_theta": mc.rope_theta,
+                                   **(hf_rope_scaling(mc.rope_scaling) or {})},
+                "sliding_attention": {"rope_type": "default", "rope_theta": mc.local_rope_theta or mc.rope_theta}}
+        plain = {k: v for k, v in common.items() if k not in ("rope_theta", "rope_scaling")}
+        hfc = Gemma3TextConfig(**plain, **window, rope_parameters=rope,
+                               attention_bias=mc.o_bias, hidden_activation="gelu_pytorch_tanh",
+                               query_pre_attn_scalar=scalar,
+                               final_logit_softcapping=mc.logit_softcap)
+    elif mc.sandwich_norms:
         window.pop("use_sliding_window")
         hfc = Gemma2Config(**common, **window, attention_bias=mc.o_bias, hidden_activation="gelu_pytorch_tanh",
-                           query_pre_attn_scalar=round(mc.query_scale ** -2) if mc.query_scale else mc.head_dim,
+                           query_pre_attn_scalar=scalar,
                            attn_logit_softcapping=mc.attn_softcap, final_logit_softcapping=mc.logit_softcap)
     elif mc.norm_offset:
         hfc = GemmaConfig(**common, attention_bias=mc.o_bias, hidden_act="gelu_pytorch_tanh")
