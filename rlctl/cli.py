@@ -215,7 +215,7 @@ def _replay_runs(a: argparse.Namespace, trace, factors: list[float]) -> dict[str
         requests = load_requests(trace, spec)
     print(f"replay: {trace}: {len(requests)} requests; {spec.describe()}")
     print(f"engine: {cfg.num_blocks} KV blocks x {cfg.block_size} tokens, context {engines[0].max_model_len} tokens "
-          f"(the least of --max-model-len, the model's max_position_embeddings or sliding window, and the KV), "
+          f"(the least of --max-model-len, the model's max_position_embeddings and the KV), "
           f"oom={a.oom}, device={a.device}")
     runs = {}
     for f, e in zip(factors, engines):
