@@ -31,6 +31,10 @@ from engine.model import LlamaModel
 MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma", "gemma2", "gemma3_text", "gemma3", "mixtral",
                "qwen2_moe", "qwen3_moe")
 GEMMA_TYPES = ("gemma", "gemma2", "gemma3_text")
+# the model types vLLM refuses to run in float16 (numerically unstable): bfloat16 in its place
+NO_FLOAT16 = ("gemma2", "gemma3_text")
+# transformers' sliding_window where config.json leaves it out (Phi-3's and Mixtral's: none)
+SLIDING_WINDOW = {t: 4096 for t in ("mistral", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe", "gemma2", "gemma3_text")}
 # transformers' Gemma3TextConfig defaults, which a multimodal checkpoint's text_config leaves out
 GEMMA3_TEXT = {"vocab_size": 262_208, "hidden_size": 2304, "intermediate_size": 9216, "num_hidden_layers": 26,
                "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256, "max_position_embeddings": 131_072,
@@ -100,7 +104,16 @@ def read_sizes(directory: str | Path) -> tuple[ModelConfig, list[str]]:
     return _read_config(directory, run=False)
 
 
-def _read_config(directory: str | Path, run: bool) -> tuple[ModelConfig, list[str]]:
+def declared_context(directory: str | Path) -> int:
+    """The context ``config.json`` declares for the decoder (``max_position_embeddings``, a multimodal
+    checkpoint's text model's, its family's default where left out), before any RoPE scaling extends it."""
+    _, cfg, _ = _config(directory, run=False)
+    return _int(cfg, "max_position_embeddings", 2048)
+
+
+def _config(directory: str | Path, run: bool) -> tuple[Path, dict, int]:
+    """``config.json``'s path, the decoder's fields (a multimodal checkpoint's text model's, with its
+    family's defaults where transformers' differ from Llama's) and the parameters held beside it."""
     directory = Path(directory).expanduser()
     path = directory / "config.json"
     if not directory.is_dir():
@@ -124,6 +137,11 @@ def _read_config(directory: str | Path, run: bool) -> tuple[ModelConfig, list[st
             cfg = {"head_dim": 256, "max_position_embeddings": 8192, **cfg}
     except (TypeError, ValueError) as exc:
         raise CheckpointError(f"{path}: {exc}") from exc
+    return path, cfg, vision
+
+
+def _read_config(directory: str | Path, run: bool) -> tuple[ModelConfig, list[str]]:
+    path, cfg, vision = _config(directory, run)
     try:
         theta, scaling = _rope(cfg, path)
     except CheckpointError:
@@ -167,7 +185,7 @@ def _read_config(directory: str | Path, run: bool) -> tuple[ModelConfig, list[st
     except (TypeError, ValueError) as exc:
         raise CheckpointError(f"{path}: {exc}") from exc
     ignored = []
-    window = cfg.get("sliding_window", 4096 if cfg["model_type"] == "gemma2" else None) if layers else None
+    window = cfg.get("sliding_window", SLIDING_WINDOW.get(cfg["model_type"])) if layers else None
     if window is not None:
         if isinstance(window, bool) or not isinstance(window, (int, float)) or not float(window).is_integer() or window < 2:
             raise CheckpointError(f"{path}: sliding_window must be a whole number of tokens >= 2, got {window!r}")
@@ -184,8 +202,12 @@ def _read_config(directory: str | Path, run: bool) -> tuple[ModelConfig, list[st
         except CheckpointError:
             if run:
                 raise
-    if not run:
-        return replace(mc, max_position=_longest_context(cfg, mc.max_position)), ignored
+    if cfg["model_type"] in NO_FLOAT16 and mc.dtype == "float16":  # vLLM's fallback where float16 is refused
+        mc = replace(mc, dtype="bfloat16")
+    if not run:  # served as vLLM serves it by default: float16 for float32 (bfloat16 where float16 is refused)
+        dtype = "bfloat16" if cfg["model_type"] in NO_FLOAT16 else "float16"
+        return replace(mc, max_position=_longest_context(cfg, mc.max_position),
+                       dtype=dtype if mc.dtype == "float32" else mc.dtype), ignored
     if cfg["model_type"] in GEMMA_TYPES:
         field, act = _gemma_activation(cfg)
         if act != "gelu_pytorch_tanh":
@@ -222,9 +244,8 @@ def _text_config(cfg: dict) -> tuple[dict, int]:
         text, v = cfg.get("text_config") or {}, {**SIGLIP, **(cfg.get("vision_config") or {})}
         if not isinstance(text, dict) or not isinstance(cfg.get("vision_config") or {}, dict):
             raise ValueError("text_config and vision_config must be objects")
-        dtype = cfg.get("dtype") or cfg.get("torch_dtype")
-        cfg = {**text, "model_type": "gemma3_text", "quantization_config": cfg.get("quantization_config")}
-        cfg.setdefault("dtype", text.get("torch_dtype") or dtype)
+        dtype = cfg.get("dtype") or cfg.get("torch_dtype") or text.get("dtype") or text.get("torch_dtype")
+        cfg = {**text, "model_type": "gemma3_text", "quantization_config": cfg.get("quantization_config"), "dtype": dtype}
         h, i, patch = _int(v, "hidden_size"), _int(v, "intermediate_size"), _int(v, "patch_size")
         if patch <= 0:
             raise ValueError(f"vision_config.patch_size must be > 0, got {patch}")
@@ -276,7 +297,7 @@ def _gemma3_rope(cfg: dict, mc: ModelConfig, path: Path) -> ModelConfig:
     local_theta, local_scaling = _rope({"rope_parameters": {"rope_theta": 10_000.0, **local}}, path)
     if local_scaling is not None:
         raise CheckpointError(f"{path}: a scaled RoPE on the windowed layers is not supported")
-    return replace(mc, rope_theta=theta, rope_scaling=scaling, local_rope_theta=local_theta)
+    return replace(mc, rope_theta=theta, rope_scaling=scaling, local_rope_theta=local_theta if mc.window_layers else None)
 
 
 def _experts(cfg: dict, mc: ModelConfig, path: Path) -> ModelConfig:
@@ -462,11 +483,13 @@ def _compressed_tensors_bits(q: dict, path: Path) -> int | None:
 
 
 def _window_layers(cfg: dict, num_layers: int) -> tuple[int, ...]:
-    """The layers that attend through a sliding window where ``sliding_window`` is set: every layer of
-    Mistral's, Phi-3's and Mixtral's; Qwen2's and Qwen3's only with ``use_sliding_window``, and then from
-    layer ``max_window_layers`` on; Gemma 2's every other one from the first; where transformers 5
-    writes each layer's kind in ``layer_types``, those it names ``sliding_attention``."""
-    kinds = cfg.get("layer_types")
+    """The layers that attend through a sliding window where ``sliding_window`` is set, as the installed
+    transformers (5) decides them: every layer of Mistral's, Phi-3's and Mixtral's; Qwen's only with
+    ``use_sliding_window``, and then Qwen2's and Qwen3's from layer ``max_window_layers`` on, Qwen2-MoE's
+    every other one from the first below it, Qwen3-MoE's all; Gemma 2's every other one from the
+    first; where transformers 5 writes each layer's kind in ``layer_types``, those it names
+    ``sliding_attention`` (Qwen3-MoE's attention reads none)."""
+    kinds = cfg.get("layer_types") if cfg["model_type"] != "qwen3_moe" else None
     if kinds is not None:
         if not isinstance(kinds, list) or len(kinds) != num_layers:
             raise ValueError(f"layer_types must be a list of the {num_layers} layers' kinds, got {kinds!r}")
@@ -477,7 +500,12 @@ def _window_layers(cfg: dict, num_layers: int) -> tuple[int, ...]:
     if cfg["model_type"] in ("qwen2", "qwen3", "qwen2_moe", "qwen3_moe"):
         if not cfg.get("use_sliding_window"):
             return ()
-        return tuple(range(_int(cfg, "max_window_layers", 28), num_layers))  # transformers' default
+        if cfg["model_type"] == "qwen3_moe":
+            return tuple(range(num_layers))
+        below = _int(cfg, "max_window_layers", 28)  # transformers' default
+        if cfg["model_type"] == "qwen2_moe":
+            return tuple(i for i in range(min(below, num_layers)) if (i + 1) % 2)
+        return tuple(range(below, num_layers))
     if cfg["model_type"] == "gemma":  # transformers' Gemma attends fully whatever sliding_window says
         return ()
     if cfg["model_type"] == "gemma2":
@@ -496,6 +524,9 @@ def load_checkpoint(directory: str | Path, device: str | torch.device = "cpu",
     directory = Path(directory).expanduser()
     mc = read_config(directory)
     if dtype is not None:
+        if dtype == "float16" and mc.sandwich_norms:
+            raise CheckpointError(f"{directory}: Gemma 2 and 3 do not run in float16 (numerically unstable, and vLLM "
+                                  "refuses it): bfloat16 or float32")
         mc = ModelConfig(**{**mc.__dict__, "dtype": dtype})
     files = sorted(Path(directory).glob("*.safetensors"))
     if not files:

@@ -214,8 +214,13 @@ class ModelConfig:
         return self.num_layers * per_layer + mlp + embed + h + (0 if active else self.encoder_params)
 
     def weight_bytes(self) -> int:
-        """Bytes of the weights on the device (quantised when ``weight_bits`` is set)."""
-        return self.param_count() * self._weight_bits // 8
+        """Bytes of the weights on the device (quantised when ``weight_bits`` is set; an encoder beside
+        the decoder is held in ``dtype``, as quantised multimodal checkpoints leave their vision tower)."""
+        return (self.param_count() - self.encoder_params) * self._weight_bits // 8 + self.encoder_bytes()
+
+    def encoder_bytes(self) -> int:
+        """Bytes of the encoder held beside the decoder (of ``weight_bytes``): no text token reads them."""
+        return self.encoder_params * self.dtype_bytes
 
     def routed_expert_bytes(self) -> int:
         """Bytes of every layer's routed experts, of ``weight_bytes`` (0 for a dense model)."""

@@ -13,7 +13,6 @@ blocks; the device itself is the whole GPU, so a co-tenant can take the rest and
 from __future__ import annotations
 
 import functools
-import json
 import os
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -52,6 +51,7 @@ class RooflineCostModel:
     the LM head counted for every token) plus 4 x layers x heads x head_dim per attended
     (query, key) pair. Bytes: the weights once, plus the KV each sequence reads and writes.
 
+    An encoder beside the decoder (a multimodal checkpoint's vision tower) is never read for text.
     A mixture of experts counts the parameters a token passes through (its ``experts_per_token``
     experts and the router) for FLOPs, and reads the experts its tokens pick: with n tokens
     routed independently and evenly, E x (1 - (1 - k / E)^n) of a layer's E experts, so a decode
@@ -78,7 +78,7 @@ class RooflineCostModel:
         matmul_params = m.param_count(active=True) - m.vocab_size * m.hidden_size * (0 if m.tie_word_embeddings else 1)
         expert_bytes = m.routed_expert_bytes()
         for name, value in (("_token_flops", 2 * matmul_params), ("_pair_flops", 4 * m.num_layers * m.num_heads * m.head_dim),
-                            ("_weight_bytes", m.weight_bytes() - expert_bytes), ("_expert_bytes", expert_bytes),
+                            ("_weight_bytes", m.weight_bytes() - expert_bytes - m.encoder_bytes()), ("_expert_bytes", expert_bytes),
                             ("_expert_unpicked", 1.0 - m.experts_per_token / m.num_experts if m.num_experts else 1.0),
                             ("_kv_token_bytes", m.kv_bytes_per_token()),
                             ("_flops_per_s", self.gpu.peak_flops * self.flops_efficiency),
@@ -222,10 +222,11 @@ def _shipped_checkpoints() -> list[str]:
 @functools.lru_cache(maxsize=None)
 def _checkpoint_deployment(name: str) -> Deployment:
     """As vLLM sizes a checkpoint it serves by default: the checkpoint's dtype (float16 for a
-    float32 one), its quantised weights' bits, 90 % of the GPU, blocks of 16, 256 sequences,
+    float32 one; bfloat16 for Gemma 2's and 3's, which it refuses in float16: ``read_sizes``), its
+    quantised weights' bits, 90 % of the GPU, blocks of 16, 256 sequences,
     8,192 batched tokens; the context is its own, at most ``CHECKPOINT_MAX_MODEL_LEN``, or the
     ``:LEN`` the name gives."""
-    from engine.checkpoint import read_sizes, weight_bits  # the engine's loader, not the roofline's concern
+    from engine.checkpoint import declared_context, read_sizes, weight_bits  # the engine's loader, not the roofline's concern
     from experiments import CHECKPOINTS
 
     directory, gpu = name.rsplit("@", 1)
@@ -241,16 +242,15 @@ def _checkpoint_deployment(name: str) -> Deployment:
     try:
         model, notes = read_sizes(directory)
         bits = weight_bits(directory)
-        raw_max_position = json.loads((Path(directory) / "config.json").read_text()).get("max_position_embeddings") or 2048
+        declared = declared_context(directory)
     except ValueError as exc:  # the checkpoint's own refusal names its file and field
         shipped = "" if Path(directory).exists() else f" (shipped checkpoints: {', '.join(_shipped_checkpoints())})"
         raise ValueError(f"deployment {name!r}: {exc}{shipped}") from None
     if context and int(context) > model.max_position:
         raise ValueError(f"deployment {name!r}: a context of {context} tokens is past the model's own "
                          f"({model.max_position}: max_position_embeddings" + (", extended by its RoPE scaling as vLLM "
-                         "extends it" if model.max_position > raw_max_position else "") + ")")
-    model = replace(model, dtype="float16" if model.dtype == "float32" else model.dtype,
-                    weight_bits=bits)
+                         "extends it" if model.max_position > declared else "") + ")")
+    model = replace(model, weight_bits=bits)
     d = Deployment(name, GPUS[gpu.lower()], model, notes=tuple(notes),
                    max_model_len=int(context) if context else min(model.max_position, CHECKPOINT_MAX_MODEL_LEN))
     d.kv_bytes()  # a checkpoint too large for the GPU is refused now, by name

@@ -174,6 +174,28 @@ def test_a_checkpoint_with_another_activation_is_refused(checkpoint):
         load_checkpoint(checkpoint)
 
 
+def test_a_missing_sliding_window_is_transformers_default(checkpoint):
+    # Mistral's (and Qwen's, with use_sliding_window) sliding_window defaults to 4,096 in transformers
+    config = json.loads((checkpoint / "config.json").read_text())
+    config.pop("sliding_window", None)
+    (checkpoint / "config.json").write_text(json.dumps({**config, "model_type": "mistral",
+                                                        "max_position_embeddings": 8192}))
+    assert load_checkpoint(checkpoint).config.sliding_window == 4096
+
+
+def test_gemma_2_is_not_run_in_float16(tmp_path):
+    from transformers import Gemma2Config, Gemma2ForCausalLM
+
+    cfg = Gemma2Config(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                       num_key_value_heads=1, head_dim=8, max_position_embeddings=128, pad_token_id=None)
+    Gemma2ForCausalLM(cfg).save_pretrained(tmp_path)
+    assert load_checkpoint(tmp_path, dtype="bfloat16").config.dtype == "bfloat16"
+    with pytest.raises(CheckpointError, match="do not run in float16"):
+        load_checkpoint(tmp_path, dtype="float16")
+    _edit_config(tmp_path, dtype="float16")  # a float16 checkpoint runs in bfloat16, as vLLM runs it
+    assert load_checkpoint(tmp_path).config.dtype == "bfloat16"
+
+
 def test_a_missing_checkpoint_directory_is_refused(tmp_path):
     with pytest.raises(CheckpointError, match="no such checkpoint directory"):
         load_checkpoint(tmp_path / "absent")

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.roofline import GB, deployment
+from engine.roofline import GB, RooflineCostModel, deployment
 from env.scenario_yaml import ScenarioError, load_scenario
 from experiments import CHECKPOINTS, SCENARIOS
 from rlctl.cli import main
@@ -93,6 +93,23 @@ def test_gemma_3_checkpoints_are_sized_with_their_vision_tower(tmp_path):
             "rope_scaling": None, "rope_theta": 1000000, "sliding_window": 512, "sliding_window_pattern": 6,
             "torch_dtype": "bfloat16", "vocab_size": 262144}
     assert deployment(f"{checkpoint(tmp_path, 'gemma-3-1b-it', text)}@a10").model.param_count() == 999_885_952
+    # the tower is held at 16 bits and never read for text: a decode step reads the decoder's weights
+    assert m.weight_bytes() == 2 * 4_300_079_472 and m.encoder_bytes() == 2 * 419_816_304
+    one = RooflineCostModel(d.gpu, m).iterations_s(1, 0, 1)
+    assert one == pytest.approx(2e-3 + (2 * 3_880_263_168 + m.kv_bytes_per_token()) / (0.8 * d.gpu.memory_bytes_per_s))
+    # the top level's dtype before text_config's, as vLLM reads it; float32 is served in bfloat16, as
+    # vLLM serves Gemma 2 and 3 (it refuses them float16)
+    mixed = {**gemma3, "text_config": {**gemma3["text_config"], "torch_dtype": "float32"}}
+    assert deployment(f"{checkpoint(tmp_path, 'mixed', mixed)}@l40s").model.dtype == "bfloat16"
+    wide = {**gemma3, "torch_dtype": "float32"}
+    assert deployment(f"{checkpoint(tmp_path, 'wide', wide)}@l40s").model.dtype == "bfloat16"
+    # a context past its own is refused saying only that: Gemma 3's 131,072 is not extended by its scaling
+    with pytest.raises(ValueError, match=r"past the model's own \(131072: max_position_embeddings\)$"):
+        deployment(f"{tmp_path / 'gemma-3-4b-it'}@h200:200000")
+    # with no windowed layer (every layer full) it has no local RoPE either
+    full = {**text, "sliding_window_pattern": 1}
+    m1 = deployment(f"{checkpoint(tmp_path, 'full', full)}@a10").model
+    assert m1.window_layers == () and m1.local_rope_theta is None
 
 
 def test_quantised_weights_leave_the_kv_more_room(tmp_path):

@@ -6,6 +6,7 @@ import torch
 
 from conftest import hf_greedy, hf_tiny
 from rlctl.bench.engine import hf_twin
+import json
 from dataclasses import replace
 
 from engine.checkpoint import load_checkpoint, read_sizes
@@ -205,8 +206,21 @@ def _tiny_gemma3(multimodal: bool):
     return transformers.Gemma3ForConditionalGeneration(cfg).eval()
 
 
+def _as_transformers_4_wrote(config: dict) -> dict:
+    """A Gemma 3 text config as transformers 4 wrote it: its layers' kinds by ``sliding_window_pattern``
+    (every third layer full: _tiny_gemma3's), its RoPEs by ``rope_theta``, ``rope_local_base_freq``
+    and ``rope_scaling``."""
+    rope = config.pop("rope_parameters")
+    config.pop("layer_types")
+    full = rope["full_attention"]
+    return {**config, "sliding_window_pattern": 3, "rope_theta": full["rope_theta"],
+            "rope_local_base_freq": rope["sliding_attention"]["rope_theta"],
+            "rope_scaling": {"rope_type": full["rope_type"], "factor": full["factor"]}}
+
+
+@pytest.mark.parametrize("layout", ["transformers 5", "transformers 4"])
 @pytest.mark.parametrize("multimodal", [False, True])
-def test_a_gemma_3_checkpoint_loads_and_matches_transformers(tmp_path, multimodal):
+def test_a_gemma_3_checkpoint_loads_and_matches_transformers(tmp_path, multimodal, layout):
     # Gemma 3: Gemma 2's layer without the soft caps, with a norm over each q and k head, five of six
     # layers windowed and rotating by a RoPE of their own; its larger checkpoints are multimodal, the
     # text model's weights beside a vision tower, which the engine leaves out (counted when sized)
@@ -218,6 +232,13 @@ def test_a_gemma_3_checkpoint_loads_and_matches_transformers(tmp_path, multimoda
             elif key.endswith(("v_proj.weight", "o_proj.weight", "q_proj.weight", "k_proj.weight")) or ".mlp." in key:
                 p.mul_(8)
     hf.save_pretrained(tmp_path)
+    if layout == "transformers 4":  # as every published Gemma 3 checkpoint's config.json has it
+        config = json.loads((tmp_path / "config.json").read_text())
+        if multimodal:
+            config["text_config"] = _as_transformers_4_wrote(config["text_config"])
+        else:
+            config = _as_transformers_4_wrote(config)
+        (tmp_path / "config.json").write_text(json.dumps(config))
     model = load_checkpoint(tmp_path)
     mc = model.config
     assert (mc.qk_norm, mc.sandwich_norms, mc.attn_softcap, mc.logit_softcap) == (True, True, None, None)
@@ -234,20 +255,34 @@ def test_a_gemma_3_checkpoint_loads_and_matches_transformers(tmp_path, multimoda
     assert _generate(one_rope.eval(), prompts, 30, num_blocks=64, max_num_batched_tokens=32) != tokens
 
 
-@pytest.mark.parametrize("name, window, layers", [("Mistral", 48, (0, 1, 2)), ("Phi3", 47, (0, 1, 2)),
-                                                  ("Qwen2", 48, (1, 2)), ("Gemma2", 40, (0, 2))])
-def test_a_sliding_window_checkpoint_attends_through_its_window_as_transformers_runs_it(tmp_path, name, window, layers):
-    # Mistral v0.1's, Phi-3-mini-4k's, Qwen2's (use_sliding_window, from max_window_layers on) and Gemma 2's
-    # (every other layer) windows: a windowed layer's query sees the window's last keys, its own
-    # included; served past the window, prompts taken in chunks and decoded in one batch, the tokens
-    # are transformers'
-    extra = {"use_sliding_window": True, "max_window_layers": 1} if name == "Qwen2" else {}
+QWEN_WINDOW = {"use_sliding_window": True, "max_window_layers": 1}
+MOE = {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32}
+
+
+@pytest.mark.parametrize("name, window, layers, extra", [
+    ("Mistral", 48, (0, 1, 2), {}), ("Phi3", 47, (0, 1, 2), {}), ("Qwen2", 48, (1, 2), QWEN_WINDOW),
+    ("Gemma2", 40, (0, 2), {}), ("Mixtral", 33, (0, 1, 2), {"num_local_experts": 4, "num_experts_per_tok": 2}),
+    ("Qwen3Moe", 33, (0, 1, 2), {**QWEN_WINDOW, **MOE}), ("Qwen2Moe", 33, (0, 2), {**QWEN_WINDOW, **MOE,
+                                                                                 "max_window_layers": 3}),
+])
+@pytest.mark.parametrize("layout", ["transformers 5", "transformers 4"])
+def test_a_sliding_window_checkpoint_attends_through_its_window_as_transformers_runs_it(tmp_path, name, window, layers,
+                                                                                        extra, layout):
+    # Mistral v0.1's, Phi-3-mini-4k's, Mixtral's, Qwen2's (use_sliding_window, from max_window_layers on),
+    # Qwen3-MoE's (every layer), Qwen2-MoE's (every other one below max_window_layers) and Gemma 2's (every
+    # other layer) windows: a windowed layer's query sees the window's last keys, its own included;
+    # served past the window, prompts taken in chunks and decoded in one batch, the tokens are
+    # transformers', read from transformers 5's layer_types or without them, as transformers 4 wrote
     hf = hf_tiny(name, sliding_window=window, **extra)
     with torch.no_grad():
         for key, p in hf.named_parameters():
             if key.endswith(("v_proj.weight", "o_proj.weight", "qkv_proj.weight")):
                 p.mul_(16)
     hf.save_pretrained(tmp_path)
+    if layout == "transformers 4":
+        config = json.loads((tmp_path / "config.json").read_text())
+        config.pop("layer_types", None)
+        (tmp_path / "config.json").write_text(json.dumps(config))
     model = load_checkpoint(tmp_path)
     assert (model.config.sliding_window, model.config.window_layers, model.config.max_position) == (window, layers, 512)
     prompts = _prompts(300, [13, window + 20, 2 * window + 3], seed=5)
@@ -257,7 +292,8 @@ def test_a_sliding_window_checkpoint_attends_through_its_window_as_transformers_
 
     tokens = generate(model)
     assert tokens == [hf_greedy(hf, p, 2 * window) for p in prompts]
-    assert hf_greedy(hf_twin(model), prompts[2], 2 * window) == tokens[2]  # and the twin's, window and all
+    if not model.config.num_experts:  # and the twin's, window and all
+        assert hf_greedy(hf_twin(model), prompts[2], 2 * window) == tokens[2]
     unwindowed = LlamaModel(replace(model.config, sliding_window=None, window_layers=()))  # the window bites
     unwindowed.load_state_dict(model.state_dict())
     assert generate(unwindowed.eval()) != tokens
