@@ -156,7 +156,7 @@ def _add_deployment(p: argparse.ArgumentParser) -> None:
     g.add_argument("--client-timeout", type=float, default=None, metavar="SECONDS",
                    help="clients give up a request still without its first token this long after it arrived, and "
                         "the engine drops it (default: they wait for ever)")
-    g.add_argument("--model-dir", default=None, help="local Hugging Face Llama, Mistral, Qwen2, Qwen3, Phi-3, Mixtral, Qwen2-MoE or Qwen3-MoE checkpoint (default: tiny seeded model)")
+    g.add_argument("--model-dir", default=None, help="local Hugging Face Llama, Mistral, Qwen2, Qwen3, Phi-3, Gemma (1 to 3), Mixtral, Qwen2-MoE or Qwen3-MoE checkpoint (default: tiny seeded model)")
     g.add_argument("--device", type=_device, default="cpu", help="cpu or cuda[:N]")
     g.add_argument("--seed", type=_seed, default=d.seed)
 
@@ -910,7 +910,7 @@ def parser() -> argparse.ArgumentParser:
     pr.add_argument("--device", type=_device, default="cpu", help="cpu or cuda[:N] (default %(default)s)")
     pr.add_argument("--repeats", type=int, default=7, help="timed runs per point, the median counts (default %(default)s)")
     pr.add_argument("--quick", action="store_true", help="a smaller grid (seconds, not tens of seconds)")
-    pr.add_argument("--model-dir", default=None, help="local Hugging Face Llama, Mistral, Qwen2, Qwen3, Phi-3, Mixtral, Qwen2-MoE or Qwen3-MoE checkpoint (default: tiny seeded model)")
+    pr.add_argument("--model-dir", default=None, help="local Hugging Face Llama, Mistral, Qwen2, Qwen3, Phi-3, Gemma (1 to 3), Mixtral, Qwen2-MoE or Qwen3-MoE checkpoint (default: tiny seeded model)")
     pr.add_argument("--seed", type=_seed, default=0)
     pr.set_defaults(fn=cmd_profile)
     return p
