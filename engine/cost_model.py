@@ -1,6 +1,6 @@
 """How long an iteration or a KV copy takes, when a ``ProfiledExecutor`` does not measure it.
 
-Two kinds, one interface (``iteration_s(shape)``, ``copy_s(nbytes, link)``):
+Two kinds, one interface (``iteration_s(shape, windowed)``, ``copy_s(nbytes, link)``, ``window``):
 
 * ``CostModel``: linear, fitted by ``rlctl profile`` from the torch executor on this hardware, or
   stated. An iteration costs a fixed overhead, a cost per batched token (the weights' work), per
@@ -10,7 +10,9 @@ Two kinds, one interface (``iteration_s(shape)``, ``copy_s(nbytes, link)``):
 * ``RooflineCostModel`` (engine/roofline.py): from a device's datasheet figures.
 
 ``source`` says where the numbers come from, so that a result can say whether its clock was
-measured, fitted or modelled.
+measured, fitted or modelled. ``window`` is the sliding window the model's windowed layers attend
+through where the clock charges them less (None: every layer charged the whole context); a caller
+then passes the iteration's shape as those layers see it (``windowed``, ``batch_tokens(work, window)``).
 """
 from __future__ import annotations
 
@@ -47,10 +49,15 @@ class CostModel:
             if getattr(self, name) == 0:
                 raise ValueError(f"cost model: {name} must be > 0")
 
-    def iteration_s(self, shape: BatchShape) -> float:
+    @property
+    def window(self) -> None:
+        """None: a profile of this engine, which reads a windowed layer's whole context too."""
+        return None
+
+    def iteration_s(self, shape: BatchShape, windowed: BatchShape | None = None) -> float:
         return float(self.iterations_s(shape.num_tokens, shape.context_tokens, shape.attended))
 
-    def iterations_s(self, num_tokens, context_tokens, attended):
+    def iterations_s(self, num_tokens, context_tokens, attended, windowed_context=None, windowed_attended=None):
         """``iteration_s`` elementwise: each argument an int or an array of ints (a run of decode
         iterations, engine/decode_run.py), with the same arithmetic, so the same durations."""
         return (self.fixed_s + self.per_token_s * num_tokens

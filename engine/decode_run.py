@@ -146,7 +146,13 @@ def decode_run(engine, until: float | None) -> int:
         return 0
     j = np.arange(1, horizon + 1, dtype=np.int64)
     context = base + nd * j
-    durations = engine.executor.cost.iterations_s(nd, context, context)
+    cost = engine.executor.cost
+    if cost.window is None:
+        durations = cost.iterations_s(nd, context, context)
+    else:  # a windowed layer's decode at iteration j reads min(its context, the window) keys
+        done = np.array([q.num_computed for q in running], dtype=np.int64)
+        seen = np.minimum(done[None, :] + j[:, None], cost.window).sum(axis=1)
+        durations = cost.iterations_s(nd, context, context, seen, seen)
     times = np.add.accumulate(np.concatenate(([engine.clock], durations)))  # iteration j starts at times[j - 1]
     ends = times[1:]
     timeout = engine.config.client_timeout_s  # a client giving up changes the queue: step that iteration

@@ -196,7 +196,8 @@ class ProfiledExecutor:
             tokens, _ = self.runner.execute(work)
         else:
             tokens = {w.seq.id: 0 for w in work if w.produces_token}
-        return tokens, self.cost.iteration_s(batch_tokens(work))
+        window = self.cost.window
+        return tokens, self.cost.iteration_s(batch_tokens(work), None if window is None else batch_tokens(work, window))
 
     def timed(self, fn: Callable[[], int], link: str) -> float:
         return self.cost.copy_s(fn(), link)

@@ -52,6 +52,8 @@ class RooflineCostModel:
     (query, key) pair. Bytes: the weights once, plus the KV each sequence reads and writes.
 
     An encoder beside the decoder (a multimodal checkpoint's vision tower) is never read for text.
+    A layer that attends through a sliding window (``window``) reads and scores only the keys within
+    it, as vLLM's kernels do: the iteration's shape as it sees it comes as ``windowed``.
     A mixture of experts counts the parameters a token passes through (its ``experts_per_token``
     experts and the router) for FLOPs, and reads the experts its tokens pick: with n tokens
     routed independently and evenly, E x (1 - (1 - k / E)^n) of a layer's E experts, so a decode
@@ -81,18 +83,36 @@ class RooflineCostModel:
                             ("_weight_bytes", m.weight_bytes() - expert_bytes - m.encoder_bytes()), ("_expert_bytes", expert_bytes),
                             ("_expert_unpicked", 1.0 - m.experts_per_token / m.num_experts if m.num_experts else 1.0),
                             ("_kv_token_bytes", m.kv_bytes_per_token()),
+                            ("_window", m.sliding_window if m.window_layers else None),
+                            ("_windowed_kv_bytes", m.kv_bytes_per_token() // m.num_layers * len(m.window_layers)),
+                            ("_windowed_pair_flops", 4 * len(m.window_layers) * m.num_heads * m.head_dim),
                             ("_flops_per_s", self.gpu.peak_flops * self.flops_efficiency),
                             ("_bytes_per_s", self.gpu.memory_bytes_per_s * self.memory_efficiency)):
             object.__setattr__(self, name, value)
 
-    def iteration_s(self, shape: BatchShape) -> float:
-        return float(self.iterations_s(shape.num_tokens, shape.context_tokens, shape.attended))
+    @property
+    def window(self) -> int | None:
+        """The sliding window the model's windowed layers attend through; None without one."""
+        return self._window
 
-    def iterations_s(self, num_tokens, context_tokens, attended):
+    def iteration_s(self, shape: BatchShape, windowed: BatchShape | None = None) -> float:
+        """``shape``'s duration; ``windowed``: the same iteration as a windowed layer sees it (None: as
+        ``shape``)."""
+        if windowed is None:
+            return float(self.iterations_s(shape.num_tokens, shape.context_tokens, shape.attended))
+        return float(self.iterations_s(shape.num_tokens, shape.context_tokens, shape.attended,
+                                       windowed.context_tokens, windowed.attended))
+
+    def iterations_s(self, num_tokens, context_tokens, attended, windowed_context=None, windowed_attended=None):
         """``iteration_s`` elementwise: each argument an int or an array of ints (a run of decode
-        iterations, engine/decode_run.py), with the same arithmetic, so the same durations."""
+        iterations, engine/decode_run.py), with the same arithmetic, so the same durations. The
+        windowed layers' keys and pairs past their window (``windowed_*``: what they read and score)
+        are taken off the whole-context figures."""
         flops = self._token_flops * num_tokens + self._pair_flops * attended
         nbytes = self._weight_bytes + self._kv_token_bytes * (context_tokens + num_tokens)
+        if windowed_context is not None and self._window is not None:
+            flops = flops - self._windowed_pair_flops * (attended - windowed_attended)
+            nbytes = nbytes - self._windowed_kv_bytes * (context_tokens - windowed_context)
         if self._expert_bytes:  # the share of experts the iteration's tokens pick
             nbytes = nbytes + self._expert_bytes * (1.0 - self._expert_unpicked ** np.asarray(num_tokens))
         compute = flops / self._flops_per_s

@@ -40,14 +40,28 @@ class BatchShape(NamedTuple):
     attended: int        # (query, key) pairs attention scores, causal within a chunk
 
 
-def batch_tokens(work: list[Work]) -> BatchShape:
+def batch_tokens(work: list[Work], window: int | None = None) -> BatchShape:
+    """What ``work`` computes, as a layer attending through a sliding ``window`` sees it (None: full
+    attention, every key up to each query)."""
     num_tokens = context = attended = 0
     for w in work:
         n, end = w.num_tokens, w.seq.num_computed + w.num_tokens
         num_tokens += n
-        context += end
-        attended += n * end - n * (n - 1) // 2
+        keys, pairs = windowed(n, end, window)
+        context += keys
+        attended += pairs
     return BatchShape(num_tokens, context, attended)
+
+
+def windowed(n: int, end: int, window: int | None) -> tuple[int, int]:
+    """The keys a chunk of ``n`` queries ending at context ``end`` reads and the (query, key) pairs it
+    scores, causally, each query seeing the last ``window`` keys up to its own (None: all of them)."""
+    if window is None or end <= window:
+        return end, n * end - n * (n - 1) // 2
+    first = end - n + 1  # the first query sees keys 1 .. first, the last 1 .. end (counting from 1)
+    below = max(0, window - first + 1)  # queries that see fewer keys than the window: first .. window
+    pairs = (first + window) * below // 2 + (n - below) * window
+    return min(end, n + window - 1), pairs
 
 
 class NewTokenRatio:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from engine.config import EngineConfig, max_model_len
 from engine.roofline import Deployment
-from engine.scheduler import BatchShape
+from engine.scheduler import BatchShape, windowed
 from env.workload_builder import load_trace
 from env.workloads import MaxTokensRule, clip_length_arrays
 
@@ -65,9 +65,12 @@ def trace_load(trace: str, deployment: Deployment, max_tokens: str, load: float)
     kv_tokens = cfg.num_blocks * cfg.block_size
     batch = int(max(1, min(cfg.max_num_seqs, kv_tokens // max(p + o, 1))))
     context = int(p + o / 2)
-    decode = cost.iteration_s(BatchShape(batch, batch * context, batch * context))
     chunk = int(min(p, cfg.max_num_batched_tokens))
-    prefill = cost.iteration_s(BatchShape(chunk, chunk, chunk * (chunk + 1) // 2)) * p / max(chunk, 1)
+    w = cost.window
+    decode = cost.iteration_s(BatchShape(batch, batch * context, batch * context),
+                              None if w is None else BatchShape(batch, *(batch * x for x in windowed(1, context, w))))
+    prefill = cost.iteration_s(BatchShape(chunk, chunk, chunk * (chunk + 1) // 2),
+                               None if w is None else BatchShape(chunk, *windowed(chunk, chunk, w))) * p / max(chunk, 1)
     sustainable = 1.0 / (prefill + o * decode / batch)
     return Load(rps, p, o, batch, sustainable, load)
 

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from engine.roofline import GB, RooflineCostModel, deployment
+from engine.scheduler import BatchShape
 from env.scenario_yaml import ScenarioError, load_scenario
 from experiments import CHECKPOINTS, SCENARIOS
 from rlctl.cli import main
@@ -97,6 +98,13 @@ def test_gemma_3_checkpoints_are_sized_with_their_vision_tower(tmp_path):
     assert m.weight_bytes() == 2 * 4_300_079_472 and m.encoder_bytes() == 2 * 419_816_304
     one = RooflineCostModel(d.gpu, m).iterations_s(1, 0, 1)
     assert one == pytest.approx(2e-3 + (2 * 3_880_263_168 + m.kv_bytes_per_token()) / (0.8 * d.gpu.memory_bytes_per_s))
+    # a decode at 32,768 tokens reads the whole context on the 5 full layers and the window's 1,024
+    # keys on the 29 windowed ones, as vLLM's kernels read them (1/5.8 of the KV bytes a full read takes)
+    cost, layer = d.cost_model(), m.kv_bytes_per_token() // 34
+    assert cost.window == 1024
+    decode = cost.iteration_s(BatchShape(1, 32768, 32768), BatchShape(1, 1024, 1024))
+    read = 2 * 3_880_263_168 + layer * (5 * 32768 + 29 * 1024) + m.kv_bytes_per_token()
+    assert decode == pytest.approx(2e-3 + read / (0.8 * d.gpu.memory_bytes_per_s), rel=1e-12)
     # the top level's dtype before text_config's, as vLLM reads it; float32 is served in bfloat16, as
     # vLLM serves Gemma 2 and 3 (it refuses them float16)
     mixed = {**gemma3, "text_config": {**gemma3["text_config"], "torch_dtype": "float32"}}

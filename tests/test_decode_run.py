@@ -18,6 +18,7 @@ from engine.engine import Engine
 from engine.executor import ProfiledExecutor
 from engine.metrics import summarize
 from engine.records import IterationLog
+from engine.roofline import L40S_48GB, RooflineCostModel
 from engine.request import Request
 from env.overcommit_env import OvercommitEnv
 from env.scenario_yaml import bundled_scenarios, load_scenario
@@ -66,9 +67,10 @@ COST = CostModel(fixed_s=2e-3, per_token_s=3e-5, per_context_token_s=4e-8, per_a
 @given(st.integers(0, 2**31), st.sampled_from(["crash", "preempt"]), st.sampled_from([1.0, 1.5, 2.5]),
        st.integers(8, 96), st.floats(0.0, 0.9), st.sampled_from(["overcommit", "sglang", "sglang:code"]),
        st.sampled_from([0.0, 0.15]),
-       st.sampled_from([None, 0.4, 1.5]), st.sampled_from(["whole", "chunk"]), st.sampled_from(["recomputed", "cached", "lru"]))
+       st.sampled_from([None, 0.4, 1.5]), st.sampled_from(["whole", "chunk"]), st.sampled_from(["recomputed", "cached", "lru"]),
+       st.sampled_from([None, 48]))
 def test_random_engines_keep_the_same_books(seed, mode, factor, num_blocks, tenant_share, admission, headroom, timeout,
-                                            prompt_blocks, preempted_kv):
+                                            prompt_blocks, preempted_kv, window):
     rng = np.random.default_rng(seed)
     sessions = [None, None, "a", "b"]  # idle contexts: blocks the headroom counts as free
     reqs = [Request(f"r{i}", float(rng.uniform(0, 3)), int(rng.integers(1, 200)), int(rng.integers(1, 300)),
@@ -83,7 +85,10 @@ def test_random_engines_keep_the_same_books(seed, mode, factor, num_blocks, tena
                            sglang_rule="code" if admission == "sglang:code" else "spec",
                            sglang_new_token_ratio_decay_steps=40, client_timeout_s=timeout, prompt_blocks=prompt_blocks,
                            preempted_kv=preempted_kv)
-        eng = Engine(ModelConfig(), cfg, executor=ProfiledExecutor(COST), fast_forward=fast)
+        # a roofline clock whose second layer attends through a 48-token window, or a profile's
+        cost = COST if window is None else RooflineCostModel(L40S_48GB, ModelConfig(sliding_window=window,
+                                                                                  window_layers=(1,)))
+        eng = Engine(ModelConfig(), cfg, executor=ProfiledExecutor(cost), fast_forward=fast)
         eng.set_admit_headroom(headroom)
         for r in reqs:
             if r.prompt_len < eng.max_model_len:
@@ -126,3 +131,21 @@ def test_sglangs_code_marks_its_batch_full_in_the_middle_of_a_run_as_stepping_do
     exact, fast = run(False), run(True)
     assert exact[0] and exact[3][2]["first_token_s"] is None  # H2 never served: it gave up behind the mark
     assert fast == exact
+
+
+def test_a_windowed_clock_keeps_the_same_books_and_charges_only_the_window():
+    # a roofline clock whose layers 1 and 3 of 4 read the last 64 keys: decodes past the window cost
+    # less than under full attention, and runs of them advanced at once keep the books of stepping
+    def books(window: int | None, fast: bool):
+        model = ModelConfig(num_layers=4, sliding_window=window, window_layers=(1, 3) if window else ())
+        cfg = EngineConfig(num_blocks=256, max_num_seqs=8, max_num_batched_tokens=256, max_model_len=2048)
+        eng = Engine(ModelConfig(), cfg, executor=ProfiledExecutor(RooflineCostModel(L40S_48GB, model)),
+                     fast_forward=fast)
+        for i in range(6):
+            eng.submit(Request(f"r{i}", 0.05 * i, 40 + 30 * i, 400, 400))
+        eng.run()
+        return summarize(eng), eng.counters, log(eng), [vars(r) for r in eng.completed], eng.clock
+
+    windowed = books(64, fast=False)
+    assert windowed == books(64, fast=True)
+    assert windowed[-1] < books(None, fast=False)[-1]  # the same work, sooner
