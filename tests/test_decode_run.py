@@ -149,3 +149,18 @@ def test_a_windowed_clock_keeps_the_same_books_and_charges_only_the_window():
     windowed = books(64, fast=False)
     assert windowed == books(64, fast=True)
     assert windowed[-1] < books(None, fast=False)[-1]  # the same work, sooner
+
+
+def test_a_windowed_chunk_reads_and_scores_what_a_brute_count_finds():
+    from engine.scheduler import windowed
+
+    for window in (1, 2, 3, 5, 8):
+        for end in range(1, 24):
+            for n in range(1, end + 1):
+                keys, pairs = set(), 0
+                for q in range(end - n + 1, end + 1):  # positions counted from 1
+                    seen = range(max(1, q - window + 1), q + 1)
+                    keys.update(seen)
+                    pairs += len(seen)
+                assert windowed(n, end, window) == (len(keys), pairs), (n, end, window)
+    assert windowed(5, 40, None) == (40, 5 * 40 - 10)  # full attention
