@@ -194,7 +194,7 @@ def _read_config(directory: str | Path, run: bool) -> tuple[ModelConfig, list[st
         if window < mc.max_position or cfg["model_type"] == "gemma3_text":
             mc = replace(mc, sliding_window=int(window), window_layers=layers)
         if window < mc.max_position:
-            ignored.append(f"its sliding window ({window!r} tokens) is not modelled: the KV is sized as full "
+            ignored.append(f"its sliding window ({window!r} tokens) frees no KV here: the KV is sized as full "
                            "attention, the most it may need")
     if cfg["model_type"] == "gemma3_text":
         try:

@@ -1,6 +1,7 @@
 """How long an iteration or a KV copy takes, when a ``ProfiledExecutor`` does not measure it.
 
-Two kinds, one interface (``iteration_s(shape, windowed)``, ``copy_s(nbytes, link)``, ``window``):
+Two kinds, one interface (``iteration_s(shape)``, ``copy_s(nbytes, link)``; a clock that charges a
+model's windowed layers less has ``window`` too and takes ``iteration_s(shape, windowed)``):
 
 * ``CostModel``: linear, fitted by ``rlctl profile`` from the torch executor on this hardware, or
   stated. An iteration costs a fixed overhead, a cost per batched token (the weights' work), per
@@ -11,8 +12,9 @@ Two kinds, one interface (``iteration_s(shape, windowed)``, ``copy_s(nbytes, lin
 
 ``source`` says where the numbers come from, so that a result can say whether its clock was
 measured, fitted or modelled. ``window`` is the sliding window the model's windowed layers attend
-through where the clock charges them less (None: every layer charged the whole context); a caller
-then passes the iteration's shape as those layers see it (``windowed``, ``batch_tokens(work, window)``).
+through where the clock charges them less (None, or no such attribute, as a cost model of one's own
+may have: every layer charged the whole context); a caller then passes the iteration's shape as those
+layers see it (``windowed``, ``batch_tokens(work, window)``).
 """
 from __future__ import annotations
 

@@ -147,11 +147,14 @@ def decode_run(engine, until: float | None) -> int:
     j = np.arange(1, horizon + 1, dtype=np.int64)
     context = base + nd * j
     cost = engine.executor.cost
-    if cost.window is None:
+    window = getattr(cost, "window", None)  # a cost model of one's own may have none
+    if window is None:
         durations = cost.iterations_s(nd, context, context)
-    else:  # a windowed layer's decode at iteration j reads min(its context, the window) keys
-        done = np.array([q.num_computed for q in running], dtype=np.int64)
-        seen = np.minimum(done[None, :] + j[:, None], cost.window).sum(axis=1)
+    else:  # a windowed layer's decode at iteration j reads min(its context, the window) keys: summed
+        # over the sequences, those still short of the window (done + j < window) give done + j each
+        done = np.sort(np.array([q.num_computed for q in running], dtype=np.int64))
+        below = np.searchsorted(done, window - j, side="left")
+        seen = np.concatenate(([0], np.cumsum(done)))[below] + below * j + (nd - below) * window
         durations = cost.iterations_s(nd, context, context, seen, seen)
     times = np.add.accumulate(np.concatenate(([engine.clock], durations)))  # iteration j starts at times[j - 1]
     ends = times[1:]

@@ -196,8 +196,10 @@ class ProfiledExecutor:
             tokens, _ = self.runner.execute(work)
         else:
             tokens = {w.seq.id: 0 for w in work if w.produces_token}
-        window = self.cost.window
-        return tokens, self.cost.iteration_s(batch_tokens(work), None if window is None else batch_tokens(work, window))
+        window = getattr(self.cost, "window", None)  # a cost model of one's own may have none
+        if window is None:
+            return tokens, self.cost.iteration_s(batch_tokens(work))
+        return tokens, self.cost.iteration_s(batch_tokens(work), batch_tokens(work, window))
 
     def timed(self, fn: Callable[[], int], link: str) -> float:
         return self.cost.copy_s(fn(), link)

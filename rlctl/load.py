@@ -66,11 +66,14 @@ def trace_load(trace: str, deployment: Deployment, max_tokens: str, load: float)
     batch = int(max(1, min(cfg.max_num_seqs, kv_tokens // max(p + o, 1))))
     context = int(p + o / 2)
     chunk = int(min(p, cfg.max_num_batched_tokens))
-    w = cost.window
-    decode = cost.iteration_s(BatchShape(batch, batch * context, batch * context),
-                              None if w is None else BatchShape(batch, *(batch * x for x in windowed(1, context, w))))
-    prefill = cost.iteration_s(BatchShape(chunk, chunk, chunk * (chunk + 1) // 2),
-                               None if w is None else BatchShape(chunk, *windowed(chunk, chunk, w))) * p / max(chunk, 1)
+    decode, prefill = BatchShape(batch, batch * context, batch * context), BatchShape(chunk, chunk, chunk * (chunk + 1) // 2)
+    w = cost.window  # the deployment's roofline clock
+    if w is None:
+        decode, prefill = cost.iteration_s(decode), cost.iteration_s(prefill)
+    else:
+        decode = cost.iteration_s(decode, BatchShape(batch, *(batch * x for x in windowed(1, context, w))))
+        prefill = cost.iteration_s(prefill, BatchShape(chunk, *windowed(chunk, chunk, w)))
+    prefill = prefill * p / max(chunk, 1)
     sustainable = 1.0 / (prefill + o * decode / batch)
     return Load(rps, p, o, batch, sustainable, load)
 

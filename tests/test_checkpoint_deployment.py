@@ -59,7 +59,7 @@ def test_a_gemma_2_checkpoint_is_sized_with_its_own_norms_and_window(tmp_path):
     m = d.model
     assert m.param_count() == 9_241_705_984 and m.tie_word_embeddings and m.sandwich_norms and m.dtype_bytes == 2
     assert m.kv_bytes_per_token() == 2 * 42 * 8 * 256 * 2 and d.max_model_len == 8192
-    assert "sliding window (4096 tokens) is not modelled: the KV is sized as full attention" in d.describe()
+    assert "sliding window (4096 tokens) frees no KV here: the KV is sized as full attention" in d.describe()
     # head_dim and the context default to Gemma's 256 and 8,192 where config.json leaves them out, as
     # transformers defaults them; Gemma 1 attends fully whatever a sliding_window field says
     bare = {k: v for k, v in gemma2.items() if k not in ("head_dim", "max_position_embeddings")}
@@ -204,7 +204,7 @@ def test_sizing_reads_past_what_only_running_the_weights_needs(tmp_path):
     # need), and the deployment says so
     windowed = deployment(f"{checkpoint(tmp_path, 'win', {**QWEN25_7B, 'use_sliding_window': True, 'max_window_layers': 0, 'sliding_window': 4096})}@h100")
     assert windowed.num_blocks() == deployment(f"{tmp_path / 'yarn'}@h100").num_blocks()
-    assert "sliding window (4096 tokens) is not modelled: the KV is sized as full attention" in windowed.describe()
+    assert "sliding window (4096 tokens) frees no KV here: the KV is sized as full attention" in windowed.describe()
 
 
 def test_compressed_tensors_and_modelopt_weights_are_counted_at_their_bits(tmp_path):

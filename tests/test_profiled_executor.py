@@ -3,7 +3,12 @@ keeps exactly the same books (admission, completion order, block counts, OOM eve
 running the model or holding a single KV tensor."""
 from __future__ import annotations
 
+import pytest
+
+from engine.config import EngineConfig, ModelConfig
+from engine.engine import Engine
 from engine.executor import ProfiledExecutor, TorchExecutor
+from engine.request import Request
 from engine.roofline import DEPLOYMENTS
 from engine.scheduler import BatchShape
 from env.workloads import ReplaySpec
@@ -34,12 +39,10 @@ class LoggingTorch(TorchExecutor):
 class Measured:
     """A cost model that answers with the torch run's measured durations, in order."""
 
-    window = None  # the torch run read every layer's whole context
-
-    def __init__(self, log: LoggingTorch) -> None:
+    def __init__(self, log: LoggingTorch) -> None:  # iteration_s(shape) and copy_s alone, as a user's may have
         self.iterations, self.copies = list(log.iterations), list(log.copies)
 
-    def iteration_s(self, shape: BatchShape, windowed: BatchShape | None = None) -> float:
+    def iteration_s(self, shape: BatchShape) -> float:
         return self.iterations.pop(0)
 
     def copy_s(self, nbytes: int, link: str = "device") -> float:
@@ -103,3 +106,20 @@ def test_the_roofline_clock_is_a_model_of_the_datasheet():
     assert c.copy_s(0, "host") == 0.0
     for dep in DEPLOYMENTS.values():
         assert dep.num_blocks() * dep.block_size * dep.model.kv_bytes_per_token() < dep.gpu.memory_bytes
+
+
+def test_a_cost_model_of_ones_own_needs_only_iteration_s_and_copy_s():
+    # the interface a user's cost model implements: no window, iteration_s(shape) alone
+    class Mine:
+        source = "mine"
+
+        def iteration_s(self, shape: BatchShape) -> float:
+            return 1e-3 + 1e-6 * shape.context_tokens
+
+        def copy_s(self, nbytes: int, link: str = "device") -> float:
+            return 0.0
+
+    eng = Engine(ModelConfig(), EngineConfig(num_blocks=64, max_model_len=512), executor=ProfiledExecutor(Mine()))
+    eng.submit(Request("a", 0.0, 10, 5, 5))
+    eng.run()
+    assert eng.clock == pytest.approx(5e-3 + 1e-6 * (10 + 11 + 12 + 13 + 14))
