@@ -53,6 +53,11 @@ class AttentionBatch:
     decode_window_mask: torch.Tensor | None = None
 
 
+def softcap(x: torch.Tensor, cap: float | None) -> torch.Tensor:
+    """``cap * tanh(x / cap)`` (Gemma 2's soft cap on attention scores and logits); ``x`` without one."""
+    return x if cap is None else torch.tanh(x / cap) * cap
+
+
 def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
             scale: float | None, cap: float | None) -> torch.Tensor:
     # q: [B, H, Q, D]; k, v: [B, KVH, T, D]; mask: additive [B, 1, Q, T] or None
@@ -61,7 +66,7 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tenso
     # soft-capped scores (Gemma 2), which no SDPA kernel takes: the reference's arithmetic, step by step
     groups = q.shape[1] // k.shape[1]
     k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
-    scores = torch.tanh(q @ k.transpose(2, 3) * (scale or q.shape[-1] ** -0.5) / cap) * cap
+    scores = softcap(q @ k.transpose(2, 3) * (scale or q.shape[-1] ** -0.5), cap)
     if mask is not None:
         scores = scores + mask
     return torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype) @ v

@@ -33,12 +33,16 @@ MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma", "gemma2", 
 GEMMA_TYPES = ("gemma", "gemma2", "gemma3_text")
 # the model types vLLM refuses to run in float16 (numerically unstable): bfloat16 in its place
 NO_FLOAT16 = ("gemma2", "gemma3_text")
-# transformers' sliding_window where config.json leaves it out (Phi-3's and Mixtral's: none)
-SLIDING_WINDOW = {t: 4096 for t in ("mistral", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe", "gemma2", "gemma3_text")}
-# transformers' Gemma3TextConfig defaults, which a multimodal checkpoint's text_config leaves out
+# transformers' defaults where config.json leaves a field out and they differ from what this module
+# assumes of Llama's: the sliding window (Phi-3's and Mixtral's: none), Gemma's head size and context,
+# and Gemma 3's text model's every size (a multimodal checkpoint's text_config leaves most out)
 GEMMA3_TEXT = {"vocab_size": 262_208, "hidden_size": 2304, "intermediate_size": 9216, "num_hidden_layers": 26,
                "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256, "max_position_embeddings": 131_072,
                "rms_norm_eps": 1e-6, "query_pre_attn_scalar": 256, "sliding_window": 4096, "sliding_window_pattern": 6}
+DEFAULTS = {**{t: {"sliding_window": 4096} for t in ("mistral", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe")},
+            "gemma": {"head_dim": 256, "max_position_embeddings": 8192},
+            "gemma2": {"head_dim": 256, "max_position_embeddings": 8192, "sliding_window": 4096},
+            "gemma3_text": GEMMA3_TEXT}
 # and SiglipVisionConfig's, which its vision_config leaves out
 SIGLIP = {"hidden_size": 768, "intermediate_size": 3072, "num_hidden_layers": 12, "num_channels": 3,
           "image_size": 224, "patch_size": 16, "vision_use_head": True}
@@ -133,8 +137,7 @@ def _config(directory: str | Path, run: bool) -> tuple[Path, dict, int]:
         raise CheckpointError(f"{path}: model_type {cfg.get('model_type')!r} is not one of {', '.join(MODEL_TYPES)}")
     try:
         cfg, vision = _text_config(cfg)
-        if cfg["model_type"] in ("gemma", "gemma2"):  # transformers' defaults where they differ from Llama's
-            cfg = {"head_dim": 256, "max_position_embeddings": 8192, **cfg}
+        cfg = {**DEFAULTS.get(cfg["model_type"], {}), **cfg}
     except (TypeError, ValueError) as exc:
         raise CheckpointError(f"{path}: {exc}") from exc
     return path, cfg, vision
@@ -185,7 +188,7 @@ def _read_config(directory: str | Path, run: bool) -> tuple[ModelConfig, list[st
     except (TypeError, ValueError) as exc:
         raise CheckpointError(f"{path}: {exc}") from exc
     ignored = []
-    window = cfg.get("sliding_window", SLIDING_WINDOW.get(cfg["model_type"])) if layers else None
+    window = cfg.get("sliding_window") if layers else None
     if window is not None:
         if isinstance(window, bool) or not isinstance(window, (int, float)) or not float(window).is_integer() or window < 2:
             raise CheckpointError(f"{path}: sliding_window must be a whole number of tokens >= 2, got {window!r}")
@@ -234,11 +237,9 @@ def _gemma_activation(cfg: dict) -> tuple[str, str]:
 
 
 def _text_config(cfg: dict) -> tuple[dict, int]:
-    """The decoder's fields and the parameters held beside it: a multimodal Gemma 3's ``text_config`` (with
-    the text model's defaults) and its vision tower's and projector's parameters, counted from its
-    ``vision_config`` (a SigLIP encoder); ``cfg`` and 0 for any other checkpoint."""
-    if cfg["model_type"] not in ("gemma3", "gemma3_text"):
-        return cfg, 0
+    """The decoder's fields and the parameters held beside it: a multimodal Gemma 3's ``text_config`` and
+    its vision tower's and projector's parameters, counted from its ``vision_config`` (a SigLIP encoder);
+    ``cfg`` and 0 for any other checkpoint."""
     vision = 0
     if cfg["model_type"] == "gemma3":
         text, v = cfg.get("text_config") or {}, {**SIGLIP, **(cfg.get("vision_config") or {})}
@@ -255,7 +256,7 @@ def _text_config(cfg: dict) -> tuple[dict, int]:
         head = h + 4 * h * h + 4 * h + 2 * h + mlp if v["vision_use_head"] else 0  # a probe attending over the patches
         projector = h * _int({**GEMMA3_TEXT, **text}, "hidden_size") + h  # and its norm
         vision = _int(v, "num_hidden_layers") * per_layer + embeddings + 2 * h + head + projector
-    return {**GEMMA3_TEXT, **{k: v for k, v in cfg.items() if v is not None or k not in GEMMA3_TEXT}}, vision
+    return cfg, vision
 
 
 def _gemma(cfg: dict, mc: ModelConfig) -> ModelConfig:

@@ -101,11 +101,12 @@ class TorchExecutor:
         batch.decode_width = -(-batch.decode_len // bs)
         batch.decode_blocks = self.pool.locate(tables[:, :batch.decode_width].reshape(-1).to(dev))
         keys, ends = torch.arange(batch.decode_len, device=dev)[None, :], torch.tensor(ctx, device=dev)[:, None]
+        padding = keys >= ends
         if min(ctx) < batch.decode_len:
-            batch.decode_mask = _additive(keys >= ends, self.pool.dtype)[:, None, None, :]
+            batch.decode_mask = _additive(padding, self.pool.dtype)[:, None, None, :]
         window = self._window()
         if window is not None and batch.decode_len > window:  # the query at ctx - 1 sees keys ctx - window on
-            batch.decode_window_mask = _additive((keys >= ends) | (keys < ends - window), self.pool.dtype)[:, None, None, :]
+            batch.decode_window_mask = _additive(padding | (keys < ends - window), self.pool.dtype)[:, None, None, :]
 
     def _prefill_chunk(self, start: int, n: int, ctx: int, table: torch.Tensor) -> PrefillChunk:
         """A chunk of ``n`` tokens, rows ``start`` on of the flat batch, that ends a context of ``ctx`` tokens."""
@@ -114,9 +115,10 @@ class TorchExecutor:
         # window's last keys up to it: ctx - n + j - window + 1 on)
         keys, queries = torch.arange(ctx, device=dev)[None, :], torch.arange(ctx - n, ctx, device=dev)[:, None]
         window = self._window()
-        outside = (keys > queries) | (keys <= queries - window) if window is not None and ctx > window else None
+        future = keys > queries
+        outside = future | (keys <= queries - window) if window is not None and ctx > window else None
         return PrefillChunk(start, n, ctx, self.pool.locate(table[:nblocks].to(dev)), nblocks,
-                            _additive(keys > queries, self.pool.dtype)[None, None],
+                            _additive(future, self.pool.dtype)[None, None],
                             None if outside is None else _additive(outside, self.pool.dtype)[None, None])
 
     def _window(self) -> int | None:

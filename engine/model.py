@@ -19,7 +19,7 @@ import torch
 from torch import nn
 import torch.nn.functional as F
 
-from engine.attention import AttentionBatch, paged_attention
+from engine.attention import AttentionBatch, paged_attention, softcap
 from engine.config import ModelConfig, RopeScaling, torch_dtype
 from engine.kv_pool import KVPool
 
@@ -44,11 +44,6 @@ class RMSNorm(nn.Module):
 def norm(cfg: ModelConfig, size: int | None = None) -> RMSNorm:
     """The RMSNorm ``cfg``'s family uses, over ``size`` (default: hidden_size) features."""
     return RMSNorm(size or cfg.hidden_size, cfg.rms_norm_eps, offset=cfg.norm_offset)
-
-
-def softcap(x: torch.Tensor, cap: float | None) -> torch.Tensor:
-    """``cap * tanh(x / cap)`` (Gemma 2's soft cap on attention scores and logits); ``x`` without one."""
-    return x if cap is None else torch.tanh(x / cap) * cap
 
 
 def stacked(module: nn.Module, fused: str, in_features: int, parts: dict[str, int], bias: bool = False) -> nn.Linear:

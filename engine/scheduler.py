@@ -43,13 +43,15 @@ class BatchShape(NamedTuple):
 def batch_tokens(work: list[Work], window: int | None = None) -> BatchShape:
     """What ``work`` computes, as a layer attending through a sliding ``window`` sees it (None: full
     attention, every key up to each query)."""
-    num_tokens = context = attended = 0
+    if window is not None:
+        seen = [windowed(w.num_tokens, w.seq.num_computed + w.num_tokens, window) for w in work]
+        return BatchShape(sum(w.num_tokens for w in work), sum(k for k, _ in seen), sum(p for _, p in seen))
+    num_tokens = context = attended = 0  # every iteration's: kept to plain arithmetic
     for w in work:
         n, end = w.num_tokens, w.seq.num_computed + w.num_tokens
         num_tokens += n
-        keys, pairs = windowed(n, end, window)
-        context += keys
-        attended += pairs
+        context += end
+        attended += n * end - n * (n - 1) // 2
     return BatchShape(num_tokens, context, attended)
 
 

@@ -95,9 +95,10 @@ def hf_twin(model: LlamaModel):
     if any(gemma) and not all(gemma) or mc.sandwich_norms and not mc.norm_offset:
         raise ValueError(f"no transformers architecture has norm_offset={mc.norm_offset}, embed_scale={mc.embed_scale}, "
                          f"activation={mc.activation!r}, sandwich_norms={mc.sandwich_norms}")
-    window = dict(sliding_window=mc.sliding_window or mc.max_position, use_sliding_window=bool(mc.window_layers),
+    window = dict(sliding_window=mc.sliding_window or mc.max_position,
                   layer_types=["sliding_attention" if i in mc.window_layers else "full_attention"
                                for i in range(mc.num_layers)])
+    qwen_window = dict(window, use_sliding_window=bool(mc.window_layers))  # Qwen's configs take the switch too
     if (mc.query_scale or mc.attn_softcap) and not mc.sandwich_norms or mc.logit_softcap and not mc.sandwich_norms \
             or mc.attn_softcap and mc.qk_norm:
         raise ValueError(f"no transformers architecture has query_scale={mc.query_scale}, attn_softcap={mc.attn_softcap}, "
@@ -108,7 +109,6 @@ def hf_twin(model: LlamaModel):
     if mc.window_layers and (mc.num_experts or mc.norm_offset and not mc.sandwich_norms):
         raise ValueError("no transformers twin of a windowed mixture of experts or Gemma 1 model")
     if mc.sandwich_norms and mc.qk_norm:
-        window.pop("use_sliding_window")
         rope = {"full_attention": {"rope_type": "default", "rope_theta": mc.rope_theta,
                                    **(hf_rope_scaling(mc.rope_scaling) or {})},
                 "sliding_attention": {"rope_type": "default", "rope_theta": mc.local_rope_theta or mc.rope_theta}}
@@ -118,7 +118,6 @@ def hf_twin(model: LlamaModel):
                                query_pre_attn_scalar=scalar,
                                final_logit_softcapping=mc.logit_softcap)
     elif mc.sandwich_norms:
-        window.pop("use_sliding_window")
         hfc = Gemma2Config(**common, **window, attention_bias=mc.o_bias, hidden_activation="gelu_pytorch_tanh",
                            query_pre_attn_scalar=scalar,
                            attn_logit_softcapping=mc.attn_softcap, final_logit_softcapping=mc.logit_softcap)
@@ -127,12 +126,12 @@ def hf_twin(model: LlamaModel):
     elif mc.num_experts:
         hfc = _hf_moe_config(mc, common)
     elif mc.qkv_bias and not mc.o_bias and not mc.qk_norm:
-        hfc = Qwen2Config(**common, **window)
+        hfc = Qwen2Config(**common, **qwen_window)
     elif mc.qkv_bias != mc.o_bias:
         raise ValueError(f"no transformers architecture has qkv_bias={mc.qkv_bias}, o_bias={mc.o_bias}, "
                          f"qk_norm={mc.qk_norm}")
     elif mc.qk_norm:
-        hfc = Qwen3Config(**common, **window, attention_bias=mc.o_bias)
+        hfc = Qwen3Config(**common, **qwen_window, attention_bias=mc.o_bias)
     elif mc.window_layers:
         if mc.o_bias or len(mc.window_layers) != mc.num_layers:
             raise ValueError(f"no transformers twin of Llama's attention with o_bias={mc.o_bias} windowed on layers "
