@@ -7,6 +7,7 @@ or tensor at fault.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import replace
 from pathlib import Path
 
@@ -73,12 +74,40 @@ def _rope(cfg: dict, path: Path) -> tuple[float, RopeScaling | None]:
             return theta, None
         if kind == "linear":
             return theta, RopeScaling("linear", float(params["factor"]))
+        if kind == "yarn":
+            return theta, _yarn(params, cfg)
         return theta, RopeScaling("llama3", float(params["factor"]), float(params["low_freq_factor"]),
                                   float(params["high_freq_factor"]), int(params["original_max_position_embeddings"]))
     except KeyError as exc:
         raise CheckpointError(f"{path}: rope type {kind!r} needs {exc.args[0]!r}") from exc
     except (TypeError, ValueError) as exc:
         raise CheckpointError(f"{path}: {exc}") from exc
+
+
+def _yarn(params: dict, cfg: dict) -> RopeScaling:
+    """YaRN's scaling as transformers reads it: the original context from ``original_max_position_embeddings``
+    (config.json's, else the rope parameters'; ``max_position_embeddings`` where neither), the factor
+    from ``factor`` (where null, the ratio of the two contexts, as DeepSeek's), the attention factor
+    from ``attention_factor`` or else ``mscale`` and ``mscale_all_dim``, beta_fast and beta_slow 32 and
+    1 where null or left out, ``truncate`` true where left out."""
+    original = cfg.get("original_max_position_embeddings", params.get("original_max_position_embeddings"))
+    original = _int({"original_max_position_embeddings": original}, "original_max_position_embeddings",
+                    cfg.get("max_position_embeddings", 2048))
+    factor = params["factor"]
+    if factor is None:
+        factor = _int(cfg, "max_position_embeddings", 2048) / original
+    attention = params.get("attention_factor")
+    mscale, mscale_all = params.get("mscale"), params.get("mscale_all_dim")
+    if attention is None and mscale and mscale_all:
+        def get(m: float) -> float:
+            return 0.1 * m * math.log(factor) + 1.0 if factor > 1 else 1.0
+        attention = get(float(mscale)) / get(float(mscale_all))
+    truncate = params.get("truncate", True)
+    if not isinstance(truncate, bool):
+        raise ValueError(f"rope parameters' truncate must be true or false, got {truncate!r}")
+    return RopeScaling("yarn", float(factor), original_max_position=original,
+                       beta_fast=float(params.get("beta_fast") or 32), beta_slow=float(params.get("beta_slow") or 1),
+                       truncate=truncate, attention_factor=None if attention is None else float(attention))
 
 
 def _int(cfg: dict, key: str, default: int | None = None) -> int:

@@ -44,7 +44,12 @@ class RopeScaling:
     3.1 and later): frequencies whose wavelength is shorter than ``original_max_position /
     high_freq_factor`` are kept, those longer than ``original_max_position / low_freq_factor`` are
     divided by ``factor``, and those between are blended linearly in ``original_max_position /
-    wavelength``. Neither scales the attention logits.
+    wavelength``. Neither scales the attention logits. ``yarn`` (YaRN: Qwen2.5 and Qwen3 past 32k,
+    gpt-oss): frequencies that turn more than ``beta_fast`` times over ``original_max_position`` are
+    kept, those that turn less than ``beta_slow`` times are divided by ``factor``, and those between
+    are blended linearly in their dimension (the range's ends rounded outwards unless ``truncate`` is
+    false); cos and sin are then scaled by ``attention_factor`` (0.1 ln(factor) + 1 unless the
+    checkpoint gives one), which scales the logits by its square.
     """
 
     kind: str
@@ -52,8 +57,12 @@ class RopeScaling:
     low_freq_factor: float = 1.0
     high_freq_factor: float = 4.0
     original_max_position: int = 8192
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    truncate: bool = True
+    attention_factor: float | None = None
 
-    KINDS = ("linear", "llama3")
+    KINDS = ("linear", "llama3", "yarn")
 
     def __post_init__(self) -> None:
         if self.kind not in self.KINDS:
@@ -64,8 +73,25 @@ class RopeScaling:
             if not 0 < self.low_freq_factor < self.high_freq_factor:
                 raise ValueError(f"rope scaling: needs 0 < low_freq_factor < high_freq_factor, got "
                                  f"{self.low_freq_factor} and {self.high_freq_factor}")
-            if self.original_max_position <= 0:
-                raise ValueError(f"rope scaling: original_max_position must be > 0, got {self.original_max_position}")
+        if self.kind in ("llama3", "yarn") and self.original_max_position <= 0:
+            raise ValueError(f"rope scaling: original_max_position must be > 0, got {self.original_max_position}")
+        if self.kind == "yarn":
+            for name in ("beta_fast", "beta_slow", "attention_factor"):
+                value = getattr(self, name)
+                if value is None and name == "attention_factor":
+                    continue
+                if isinstance(value, bool) or not isinstance(value, (int, float)) or not (math.isfinite(value) and value > 0):
+                    raise ValueError(f"rope scaling: {name} must be a number > 0, got {value!r}")
+
+    @property
+    def cos_scale(self) -> float:
+        """What cos and sin are multiplied by: YaRN's attention factor (0.1 ln(factor) + 1 where the
+        checkpoint gives none, as transformers and vLLM compute it), 1 for the others."""
+        if self.kind != "yarn":
+            return 1.0
+        if self.attention_factor is not None:
+            return float(self.attention_factor)
+        return 0.1 * math.log(self.factor) + 1.0 if self.factor > 1 else 1.0
 
 
 @dataclass(frozen=True)

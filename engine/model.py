@@ -92,6 +92,26 @@ def scaled(inv_freq: torch.Tensor, scaling: RopeScaling) -> torch.Tensor:
     return torch.where(between, blended, stretched)
 
 
+def _yarn(powers: torch.Tensor, scaling: RopeScaling, theta: float) -> torch.Tensor:
+    """YaRN's frequencies from ``powers`` (``theta ** (2i / dim)``): each kept, divided by the factor,
+    or blended by its dimension's place between the dimensions that turn ``beta_fast`` and
+    ``beta_slow`` times over the original context, in transformers' order of operations."""
+    half = powers.shape[0]
+    dim = 2 * half
+
+    def turning(rotations: float) -> float:  # the dimension whose wavelength fits ``rotations`` times
+        return dim * math.log(scaling.original_max_position / (rotations * 2 * math.pi)) / (2 * math.log(theta))
+
+    low, high = turning(scaling.beta_fast), turning(scaling.beta_slow)
+    if scaling.truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001  # as transformers: no division by zero
+    kept = 1 - torch.clamp((torch.arange(half, dtype=torch.float32) - low) / (high - low), 0, 1)
+    return 1.0 / (scaling.factor * powers) * (1 - kept) + 1.0 / powers * kept
+
+
 class Rotary(nn.Module):
     """Rotary position embedding, rotate-half convention, computed once per forward pass.
 
@@ -102,10 +122,12 @@ class Rotary(nn.Module):
 
     def __init__(self, head_dim: int, theta: float, scaling: RopeScaling | None = None) -> None:
         super().__init__()
-        inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+        powers = theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim)
+        inv_freq = 1.0 / powers
         if scaling is not None:
-            inv_freq = scaled(inv_freq, scaling)
+            inv_freq = _yarn(powers, scaling, theta) if scaling.kind == "yarn" else scaled(inv_freq, scaling)
         self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self.cos_scale = 1.0 if scaling is None else scaling.cos_scale
 
     def _apply(self, fn, recurse=True):
         # Module.to(dtype) (and .half(), .bfloat16()) casts floating buffers too: keep the float32
@@ -119,7 +141,7 @@ class Rotary(nn.Module):
         """cos and signed sin for ``rotate``, [tokens, 1, head_dim] in ``dtype``."""
         freqs = positions.float()[:, None] * self.inv_freq[None, :]
         emb = torch.cat((freqs, freqs), dim=-1)
-        cos, sin = emb.cos().to(dtype), emb.sin().to(dtype)
+        cos, sin = (emb.cos() * self.cos_scale).to(dtype), (emb.sin() * self.cos_scale).to(dtype)
         half = sin.shape[-1] // 2
         # rotate_half(x) * sin == roll(x, half) * [-sin_lo, sin_hi], bit for bit (negation is exact)
         return cos[:, None, :], torch.cat((-sin[:, :half], sin[:, half:]), dim=-1)[:, None, :]

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 
@@ -117,7 +118,10 @@ def _edit_config(checkpoint, **fields):
 
 
 @pytest.mark.parametrize("rope, match", [
-    ({"rope_type": "yarn", "factor": 4.0}, "rope type 'yarn' is not supported"),
+    ({"rope_type": "longrope", "factor": 4.0}, "rope type 'longrope' is not supported"),
+    ({"rope_type": "yarn"}, "rope type 'yarn' needs 'factor'"),
+    ({"rope_type": "yarn", "factor": 4.0, "beta_fast": -1.0}, "beta_fast must be a number > 0, got -1.0"),
+    ({"rope_type": "yarn", "factor": 4.0, "truncate": "no"}, "truncate must be true or false, got 'no'"),
     ({"type": "dynamic", "factor": 2.0}, "rope type 'dynamic' is not supported"),
     ({"rope_type": "llama3", "factor": 8.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 64},
      "rope type 'llama3' needs 'low_freq_factor'"),
@@ -139,6 +143,23 @@ def test_a_checkpoint_in_the_older_config_layout_loads_its_rope_scaling(checkpoi
     model = load_checkpoint(checkpoint)
     assert model.config.rope_theta == 500000.0
     assert model.config.rope_scaling == RopeScaling("llama3", 32.0, 1.0, 4.0, 64)
+
+
+@pytest.mark.parametrize("rope, scaling", [
+    # Qwen's long-context block, in transformers 4's layout ("type"), its ends rounded out
+    ({"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64},
+     RopeScaling("yarn", 4.0, original_max_position=64)),
+    # DeepSeek's: the factor from the two contexts, the attention factor from mscale's ratio, as transformers
+    ({"rope_type": "yarn", "factor": None, "original_max_position_embeddings": 32, "mscale": 1.0, "mscale_all_dim": 0.5,
+      "beta_fast": None, "truncate": False},
+     RopeScaling("yarn", 4.0, original_max_position=32, truncate=False,
+                 attention_factor=(0.1 * math.log(4) + 1) / (0.05 * math.log(4) + 1))),
+])
+def test_a_yarn_checkpoint_loads_its_scaling_as_transformers_reads_it(checkpoint, rope, scaling):
+    _edit_config(checkpoint, rope_theta=10000.0, rope_scaling=rope, max_position_embeddings=128)
+    model = load_checkpoint(checkpoint)
+    assert model.config.rope_scaling == scaling
+    assert model.rotary.cos_scale == pytest.approx(scaling.cos_scale)
 
 
 @pytest.mark.parametrize("fields, match", [

@@ -133,7 +133,12 @@ def test_long_prompts_in_low_precision_generate_what_transformers_generates(dtyp
 SCALINGS = [RopeScaling("linear", 4.0),
             # wavelengths 2*pi*50000**(k/16): below 64/4, between 64/4 and 64/1 and above it, so that
             # every branch of Llama 3.1's rule is taken
-            RopeScaling("llama3", 8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position=64)]
+            RopeScaling("llama3", 8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position=64),
+            # YaRN as Qwen's checkpoints write it (the range's ends rounded out, the attention factor
+            # derived from the factor) and as gpt-oss's (not rounded, betas and an attention factor given)
+            RopeScaling("yarn", 4.0, original_max_position=64),
+            RopeScaling("yarn", 8.0, original_max_position=512, beta_fast=16.0, beta_slow=2.0, truncate=False,
+                        attention_factor=1.3)]
 
 
 @pytest.mark.parametrize("scaling", SCALINGS, ids=lambda s: s.kind)
@@ -148,8 +153,10 @@ def test_scaled_rope_frequencies_are_transformers_values(scaling):
                                            rope_scaling=hf_rope_scaling(scaling)))
     plain = LlamaModel.from_seed(replace(cfg, rope_scaling=None), seed=0).rotary.inv_freq
     assert torch.equal(model.rotary.inv_freq, ref.inv_freq)
-    kept, divided = model.rotary.inv_freq == plain, model.rotary.inv_freq == plain / scaling.factor
-    if scaling.kind == "llama3":  # the short wavelengths kept, the long ones divided, the middle blended
+    assert model.rotary.cos_scale == ref.attention_scaling  # YaRN's scale on cos and sin; 1 for the others
+    kept, divided = model.rotary.inv_freq == plain, torch.isclose(model.rotary.inv_freq, plain / scaling.factor,
+                                                                   rtol=1e-6, atol=0)
+    if scaling.kind != "linear":  # the short wavelengths kept, the long ones divided, the middle blended
         assert kept.any() and divided.any() and (~kept & ~divided).any()
     else:
         assert divided.all()

@@ -191,15 +191,21 @@ def test_a_checkpoint_path_may_start_at_home(tmp_path, monkeypatch):
 
 
 def test_sizing_reads_past_what_only_running_the_weights_needs(tmp_path):
-    # Phi-3.5's LongRoPE, Qwen's YaRN block, a GELU or MLP biases change the arithmetic, not the memory
-    # or the cost model's time: a deployment is sized from them, where loading the weights refuses them
+    # Phi-3.5's LongRoPE, a GELU or MLP biases change the arithmetic, not the memory or the cost
+    # model's time: a deployment is sized from them, where loading the weights refuses them
     from engine.checkpoint import CheckpointError, read_config
 
+    longrope = {**QWEN25_7B, "rope_scaling": {"type": "longrope", "short_factor": [1.0], "long_factor": [2.0],
+                                              "original_max_position_embeddings": 4096}}
+    directory = checkpoint(tmp_path, "longrope", longrope)
+    assert deployment(f"{directory}@h100").model.param_count() == 7_615_616_512
+    with pytest.raises(CheckpointError, match="rope type 'longrope' is not supported"):
+        read_config(directory)
+    # Qwen's YaRN block is run as well as sized, and extends the context as vLLM extends it
     yarn = {**QWEN25_7B, "rope_scaling": {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}}
     directory = checkpoint(tmp_path, "yarn", yarn)
-    assert deployment(f"{directory}@h100").model.param_count() == 7_615_616_512
-    with pytest.raises(CheckpointError, match="rope type 'yarn' is not supported"):
-        read_config(directory)
+    assert read_config(directory).rope_scaling.kind == "yarn"
+    assert deployment(f"{directory}@h100").model.max_position == 131_072
     # a sliding window changes the KV a sequence needs: sized as full attention (the most it may
     # need), and the deployment says so
     windowed = deployment(f"{checkpoint(tmp_path, 'win', {**QWEN25_7B, 'use_sliding_window': True, 'max_window_layers': 0, 'sliding_window': 4096})}@h100")

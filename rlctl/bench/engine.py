@@ -70,6 +70,11 @@ def hf_rope_scaling(scaling: RopeScaling | None) -> dict | None:
         return None
     if scaling.kind == "linear":
         return {"rope_type": "linear", "factor": scaling.factor}
+    if scaling.kind == "yarn":
+        return {"rope_type": "yarn", "factor": scaling.factor, "beta_fast": scaling.beta_fast,
+                "beta_slow": scaling.beta_slow, "truncate": scaling.truncate,
+                "original_max_position_embeddings": scaling.original_max_position,
+                **({} if scaling.attention_factor is None else {"attention_factor": scaling.attention_factor})}
     return {"rope_type": "llama3", "factor": scaling.factor, "low_freq_factor": scaling.low_freq_factor,
             "high_freq_factor": scaling.high_freq_factor,
             "original_max_position_embeddings": scaling.original_max_position}
