@@ -59,24 +59,34 @@ def softcap(x: torch.Tensor, cap: float | None) -> torch.Tensor:
 
 
 def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
-            scale: float | None, cap: float | None) -> torch.Tensor:
-    # q: [B, H, Q, D]; k, v: [B, KVH, T, D]; mask: additive [B, 1, Q, T] or None
-    if cap is None:
+            scale: float | None, cap: float | None, sinks: torch.Tensor | None = None) -> torch.Tensor:
+    # q: [B, H, Q, D]; k, v: [B, KVH, T, D]; mask: additive [B, 1, Q, T] or None; sinks: [H] or None
+    if cap is None and sinks is None:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=q.shape[1] != k.shape[1])
-    # soft-capped scores (Gemma 2), which no SDPA kernel takes: the reference's arithmetic, step by step
+    # soft-capped scores (Gemma 2) or a sink beside them (gpt-oss), which no SDPA kernel takes: the
+    # reference's arithmetic, step by step
     groups = q.shape[1] // k.shape[1]
     k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
     scores = softcap(q @ k.transpose(2, 3) * (scale or q.shape[-1] ** -0.5), cap)
     if mask is not None:
         scores = scores + mask
-    return torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype) @ v
+    if sinks is None:
+        return torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype) @ v
+    # each head's sink logit takes its share of the softmax (in the scores' dtype, as transformers
+    # computes it) and is then dropped: it adds no value
+    b, h, n, _ = scores.shape
+    scores = torch.cat((scores, sinks.to(scores.dtype).reshape(1, h, 1, 1).expand(b, h, n, 1)), dim=-1)
+    scores = scores - scores.max(dim=-1, keepdim=True).values
+    return torch.softmax(scores, dim=-1, dtype=scores.dtype)[..., :-1].to(v.dtype) @ v
 
 
 def paged_attention(q: torch.Tensor, layer: int, batch: AttentionBatch, pool: KVPool, scale: float | None = None,
-                    cap: float | None = None, windowed: bool = False) -> torch.Tensor:
+                    cap: float | None = None, windowed: bool = False,
+                    sinks: torch.Tensor | None = None) -> torch.Tensor:
     """Attention output [tokens, heads, head_dim] for queries [tokens, heads, head_dim]; ``scale``
-    multiplies the scores (None: head_dim ** -0.5), ``cap`` soft-caps them (None: not), and a
-    ``windowed`` layer reads only the keys within the model's sliding window."""
+    multiplies the scores (None: head_dim ** -0.5), ``cap`` soft-caps them (None: not), a
+    ``windowed`` layer reads only the keys within the model's sliding window, and ``sinks`` (one
+    logit a head; None: none) take a share of each query's softmax."""
     nd, bs = batch.num_decodes, pool.block_size
     parts = []
     if nd:
@@ -84,14 +94,14 @@ def paged_attention(q: torch.Tensor, layer: int, batch: AttentionBatch, pool: KV
         kv = pool.gather_blocks(layer, batch.decode_blocks, nd * w)  # [2, nd * w, bs, kvh, d]
         kv = kv.view(2, nd, w * bs, pool.num_kv_heads, pool.head_dim)[:, :, :batch.decode_len]
         mask = batch.decode_window_mask if windowed and batch.decode_window_mask is not None else batch.decode_mask
-        o = _attend(q[:nd, :, None], kv[0].transpose(1, 2), kv[1].transpose(1, 2), mask, scale, cap)
+        o = _attend(q[:nd, :, None], kv[0].transpose(1, 2), kv[1].transpose(1, 2), mask, scale, cap, sinks)
         parts.append(o.squeeze(2))
     for c in batch.prefills:
         kv = pool.gather_blocks(layer, c.blocks, c.num_blocks)
         kv = kv.view(2, c.num_blocks * bs, pool.num_kv_heads, pool.head_dim)[:, :c.context_len]
         mask = c.window_mask if windowed and c.window_mask is not None else c.mask
         o = _attend(q[c.start:c.start + c.num_tokens].transpose(0, 1)[None], kv[0].transpose(0, 1)[None],
-                    kv[1].transpose(0, 1)[None], mask, scale, cap)
+                    kv[1].transpose(0, 1)[None], mask, scale, cap, sinks)
         parts.append(o[0].transpose(0, 1))
     return parts[0] if len(parts) == 1 else torch.cat(parts)
 

@@ -1,5 +1,5 @@
-"""Loading a local Hugging Face Llama, Mistral, Qwen2, Qwen3, Phi-3, Gemma, Gemma 2, Gemma 3, Mixtral, Qwen2-MoE
-or Qwen3-MoE checkpoint directory (``config.json`` + ``*.safetensors``).
+"""Loading a local Hugging Face Llama, Mistral, Qwen2, Qwen3, Phi-3, Gemma, Gemma 2, Gemma 3, Mixtral, Qwen2-MoE,
+Qwen3-MoE or gpt-oss checkpoint directory (``config.json`` + ``*.safetensors``).
 
 Nothing is fetched from a hub: the directory must hold everything. Every refusal names the file
 or tensor at fault.
@@ -29,8 +29,11 @@ from engine.model import LlamaModel
 # attention and the MLP, soft caps on attention scores and logits, and a window on every other layer;
 # Gemma 3 drops the caps, norms each q and k head, and its windowed layers (five of six) rotate by a
 # RoPE of their own. Its multimodal checkpoints (``gemma3``) hold the text model beside a vision tower.
+# gpt-oss is a mixture of experts of its own: attention with biases and a sink logit per head, a
+# 128-token window on every other layer, YaRN, a router with a bias, clamped SwiGLU experts with
+# biases, stored in MXFP4 (4-bit floats, a power-of-two scale for each 32).
 MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma", "gemma2", "gemma3_text", "gemma3", "mixtral",
-               "qwen2_moe", "qwen3_moe")
+               "qwen2_moe", "qwen3_moe", "gpt_oss")
 GEMMA_TYPES = ("gemma", "gemma2", "gemma3_text")
 # the model types vLLM refuses to run in float16 (numerically unstable): bfloat16 in its place
 NO_FLOAT16 = ("gemma2", "gemma3_text")
@@ -43,12 +46,18 @@ GEMMA3_TEXT = {"vocab_size": 262_208, "hidden_size": 2304, "intermediate_size": 
 DEFAULTS = {**{t: {"sliding_window": 4096} for t in ("mistral", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe")},
             "gemma": {"head_dim": 256, "max_position_embeddings": 8192},
             "gemma2": {"head_dim": 256, "max_position_embeddings": 8192, "sliding_window": 4096},
-            "gemma3_text": GEMMA3_TEXT}
+            "gemma3_text": GEMMA3_TEXT,
+            # gpt-oss's config.json names no dtype: its release's tensors are bfloat16, as vLLM serves it
+            "gpt_oss": {"torch_dtype": "bfloat16", "head_dim": 64, "sliding_window": 128, "attention_bias": True,
+                        "rope_theta": 150_000.0, "max_position_embeddings": 131_072, "rms_norm_eps": 1e-5,
+                        "swiglu_limit": 7.0, "swiglu_alpha": 1.702,
+                        "rope_scaling": {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                                         "truncate": False, "original_max_position_embeddings": 4096}}}
 # and SiglipVisionConfig's, which its vision_config leaves out
 SIGLIP = {"hidden_size": 768, "intermediate_size": 3072, "num_hidden_layers": 12, "num_channels": 3,
           "image_size": 224, "patch_size": 16, "vision_use_head": True}
 FUSED = {"self_attn.qkv_proj.weight": ("q_proj", "k_proj", "v_proj"), "mlp.gate_up_proj.weight": ("gate_proj", "up_proj")}
-MOE_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe")
+MOE_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe", "gpt_oss")
 # where a layer's experts are stored, and one expert's (gate, up, down) projections there: Mixtral's
 # names, or Qwen-MoE's
 EXPERT_LAYOUTS = {"block_sparse_moe": ("w1", "w3", "w2"), "mlp": ("gate_proj", "up_proj", "down_proj")}
@@ -332,7 +341,7 @@ def _gemma3_rope(cfg: dict, mc: ModelConfig, path: Path) -> ModelConfig:
 
 def _experts(cfg: dict, mc: ModelConfig, path: Path) -> ModelConfig:
     """``mc`` with the mixture of experts ``cfg`` describes (Mixtral's or Qwen-MoE's fields)."""
-    mixtral = cfg["model_type"] == "mixtral"
+    mixtral = cfg["model_type"] in ("mixtral", "gpt_oss")  # experts as wide as intermediate_size, every layer sparse
     try:
         experts = _int(cfg, "num_local_experts" if cfg.get("num_local_experts") else "num_experts", 0)
         if experts <= 0:
@@ -344,12 +353,18 @@ def _experts(cfg: dict, mc: ModelConfig, path: Path) -> ModelConfig:
                 raise CheckpointError(f"{path}: decoder_sparse_step must be > 0, got {step}")
             only = {int(i) for i in cfg.get("mlp_only_layers") or []}
             dense = tuple(i for i in range(mc.num_layers) if i in only or (i + 1) % step)
-        return replace(mc, num_experts=experts, experts_per_token=_int(cfg, "num_experts_per_tok"),
-                       moe_intermediate_size=_int(cfg, "intermediate_size" if mixtral else "moe_intermediate_size"),
-                       norm_topk_prob=True if mixtral else bool(cfg.get("norm_topk_prob", False)),
-                       moe_float32_weights=mixtral, dense_layers=dense,
-                       shared_expert_intermediate_size=_int(cfg, "shared_expert_intermediate_size")
-                       if cfg["model_type"] == "qwen2_moe" else 0)
+        mc = replace(mc, num_experts=experts, experts_per_token=_int(cfg, "num_experts_per_tok"),
+                     moe_intermediate_size=_int(cfg, "intermediate_size" if mixtral else "moe_intermediate_size"),
+                     norm_topk_prob=True if mixtral else bool(cfg.get("norm_topk_prob", False)),
+                     moe_float32_weights=cfg["model_type"] == "mixtral", dense_layers=dense,
+                     shared_expert_intermediate_size=_int(cfg, "shared_expert_intermediate_size")
+                     if cfg["model_type"] == "qwen2_moe" else 0)
+        if cfg["model_type"] == "gpt_oss":
+            if cfg["swiglu_limit"] is None:
+                raise ValueError("swiglu_limit must be a number > 0, got None")
+            mc = replace(mc, attn_sinks=True, norm_float32_weight=True, swiglu_limit=cfg["swiglu_limit"],
+                         swiglu_alpha=cfg["swiglu_alpha"])
+        return mc
     except CheckpointError:
         raise
     except KeyError as exc:
@@ -456,6 +471,8 @@ def weight_bits(directory: str | Path) -> int | None:
         return int(q["bits"])
     if method == "fp8":
         return 8
+    if method == "mxfp4":  # the experts alone: ``expert_bits``
+        return None
     if method == "modelopt" or "quant_algo" in q:
         return _modelopt_bits(q, path)
     if method == "compressed-tensors":
@@ -463,6 +480,55 @@ def weight_bits(directory: str | Path) -> int | None:
     if method == "bitsandbytes" and (q.get("load_in_4bit") or q.get("load_in_8bit")):
         return 4 if q.get("load_in_4bit") else 8
     raise CheckpointError(f"{path}: quantization_config with quant_method {method!r} and no 'bits' is not supported")
+
+
+MXFP4_BITS = 4.25  # MXFP4: a 4-bit float (E2M1) for each weight and an 8-bit power of two for each 32
+
+
+def expert_bits(directory: str | Path) -> float | None:
+    """The bits of a checkpoint's routed experts' matrices where they alone are quantised: gpt-oss's
+    MXFP4 (``quant_method: mxfp4``; its attention, router, embeddings and biases stay in 16 bits);
+    None otherwise."""
+    q = json.loads((Path(directory) / "config.json").read_text()).get("quantization_config")
+    return MXFP4_BITS if isinstance(q, dict) and q.get("quant_method") == "mxfp4" else None
+
+
+# MXFP4's 4-bit values (E2M1), by code: the low 4 bits of a byte hold a weight, the high 4 the next one
+FP4_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
+
+
+def mxfp4_weights(blocks: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """An MXFP4 tensor as gpt-oss stores it, in ``dtype``: ``blocks`` [experts, rows, groups, 16] bytes,
+    two 4-bit weights a byte (the low half first), and ``scales`` [experts, rows, groups], each group's
+    power of two biased by 127; returned [experts, groups x 32, rows], as transformers holds the
+    expert's matrix (its input dimension first)."""
+    if blocks.dtype != torch.uint8 or scales.dtype != torch.uint8 or blocks.dim() != 4 or blocks.shape[-1] != 16 \
+            or tuple(blocks.shape[:-1]) != tuple(scales.shape):
+        raise ValueError(f"MXFP4 blocks must be uint8 [experts, rows, groups, 16] and scales uint8 [experts, rows, "
+                         f"groups], got {tuple(blocks.shape)} {blocks.dtype} and {tuple(scales.shape)} {scales.dtype}")
+    lut = torch.tensor(FP4_VALUES, dtype=torch.float32, device=blocks.device)
+    experts, rows, groups, _ = blocks.shape
+    out = torch.empty(experts, groups * 32, rows, dtype=dtype, device=blocks.device)
+    for e in range(experts):  # an expert at a time: the codes' indices and float32 values stay small
+        b = blocks[e]
+        values = torch.stack((lut[(b & 0x0F).int()], lut[(b >> 4).int()]), dim=-1).flatten(-2)
+        values = torch.ldexp(values, (scales[e].to(torch.int32) - 127)[..., None])
+        out[e] = values.flatten(-2).T.to(dtype)
+    return out
+
+
+def _dequantised(state: dict[str, torch.Tensor], dtype: torch.dtype, directory) -> dict[str, torch.Tensor]:
+    """``state`` with each MXFP4 tensor (``NAME_blocks`` beside ``NAME_scales``) as ``NAME`` in ``dtype``."""
+    out = {k: v for k, v in state.items() if not k.endswith(("_blocks", "_scales"))}
+    for key in [k for k in state if k.endswith("_blocks")]:
+        name = key[: -len("_blocks")]
+        if f"{name}_scales" not in state:
+            raise CheckpointError(f"{directory}: tensor {name + '_scales'!r} is missing (beside {key!r})")
+        try:
+            out[name] = mxfp4_weights(state[key], state[f"{name}_scales"], dtype)
+        except ValueError as exc:
+            raise CheckpointError(f"{directory}: tensor {key!r}: {exc}") from exc
+    return out
 
 
 def _modelopt_bits(q: dict, path: Path) -> int | None:
@@ -516,8 +582,8 @@ def _window_layers(cfg: dict, num_layers: int) -> tuple[int, ...]:
     """The layers that attend through a sliding window where ``sliding_window`` is set, as the installed
     transformers (5) decides them: every layer of Mistral's, Phi-3's and Mixtral's; Qwen's only with
     ``use_sliding_window``, and then Qwen2's and Qwen3's from layer ``max_window_layers`` on, Qwen2-MoE's
-    every other one from the first below it, Qwen3-MoE's all; Gemma 2's every other one from the
-    first; where transformers 5 writes each layer's kind in ``layer_types``, those it names
+    every other one from the first below it, Qwen3-MoE's all; Gemma 2's and gpt-oss's every other one
+    from the first; where transformers 5 writes each layer's kind in ``layer_types``, those it names
     ``sliding_attention`` (Qwen3-MoE's attention reads none)."""
     kinds = cfg.get("layer_types") if cfg["model_type"] != "qwen3_moe" else None
     if kinds is not None:
@@ -538,7 +604,7 @@ def _window_layers(cfg: dict, num_layers: int) -> tuple[int, ...]:
         return tuple(range(below, num_layers))
     if cfg["model_type"] == "gemma":  # transformers' Gemma attends fully whatever sliding_window says
         return ()
-    if cfg["model_type"] == "gemma2":
+    if cfg["model_type"] in ("gemma2", "gpt_oss"):
         return tuple(range(0, num_layers, 2))
     if cfg["model_type"] == "gemma3_text":  # transformers 4's sliding_window_pattern: every n-th layer full
         pattern = _int(cfg, "sliding_window_pattern")
@@ -568,7 +634,9 @@ def load_checkpoint(directory: str | Path, device: str | torch.device = "cpu",
         except Exception as exc:  # safetensors raises its own error types for a damaged file
             raise CheckpointError(f"{f}: cannot be read as safetensors ({exc})") from exc
     state = _unfused(_text_model(state), mc, directory)
-    if mc.num_experts:
+    if mc.swiglu_limit is not None:  # gpt-oss: its experts stored as transformers holds them, in MXFP4 or not
+        state = _dequantised(state, torch_dtype(mc.dtype), directory)
+    elif mc.num_experts:
         state = _stacked_experts(state, mc, directory)
     model = LlamaModel(mc)
     expected = model.state_dict()

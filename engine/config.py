@@ -151,6 +151,18 @@ class ModelConfig:
     window_layers: tuple[int, ...] = ()  # the layers that attend through it (their KV is kept whole all the same)
     local_rope_theta: float | None = None  # the windowed layers' own RoPE base, unscaled (Gemma 3); None: as the others
     encoder_params: int = 0  # parameters held beside the decoder and not run for text (Gemma 3's vision tower)
+    # gpt-oss: a learned logit per head beside each query's scores, taking a share of the softmax
+    # and giving back no value ("attention sinks")
+    attn_sinks: bool = False
+    norm_float32_weight: bool = False  # the RMSNorm's weight applied in float32, before the cast (gpt-oss)
+    # gpt-oss's experts (None: SwiGLU's): the gate clamped above and the up projection both ways at this
+    # limit, gate x sigmoid(swiglu_alpha x gate) x (up + 1), with biases and gate and up interleaved;
+    # their router has a bias and softmaxes the logits it picks
+    swiglu_limit: float | None = None
+    swiglu_alpha: float = 1.702
+    # the routed experts' matrices' bits where only they are quantised (gpt-oss's MXFP4: 4 bits and an
+    # 8-bit scale for each 32 weights, 4.25); None: as the other weights. Only the ledger and cost models read it
+    expert_weight_bits: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
@@ -192,7 +204,17 @@ class ModelConfig:
             raise ValueError(f"encoder_params must be a whole number >= 0, got {self.encoder_params!r}")
         if self.local_rope_theta is not None and not self.window_layers:
             raise ValueError("local_rope_theta needs window_layers, the layers it applies to")
-        for name in ("query_scale", "attn_softcap", "logit_softcap", "local_rope_theta"):
+        if self.swiglu_limit is not None and not self.num_experts:
+            raise ValueError("swiglu_limit is gpt-oss's experts': it needs num_experts > 0")
+        if self.expert_weight_bits is not None and not (self.num_experts and isinstance(self.expert_weight_bits, (int, float))
+                                                        and not isinstance(self.expert_weight_bits, bool)
+                                                        and 0 < self.expert_weight_bits <= 32):
+            raise ValueError(f"expert_weight_bits must be a number of bits in (0, 32] for a mixture of experts, "
+                             f"got {self.expert_weight_bits!r}")
+        if isinstance(self.swiglu_alpha, bool) or not isinstance(self.swiglu_alpha, (int, float)) \
+                or not (math.isfinite(self.swiglu_alpha) and self.swiglu_alpha > 0):
+            raise ValueError(f"swiglu_alpha must be a number > 0, got {self.swiglu_alpha!r}")
+        for name in ("query_scale", "attn_softcap", "logit_softcap", "local_rope_theta", "swiglu_limit"):
             value = getattr(self, name)
             if value is not None and not (isinstance(value, (int, float)) and not isinstance(value, bool)
                                           and math.isfinite(value) and value > 0):
@@ -216,8 +238,12 @@ class ModelConfig:
         return self.num_layers - len(set(self.dense_layers)) if self.num_experts else 0
 
     def expert_params(self) -> int:
-        """Parameters of one routed expert (gate, up and down projections)."""
-        return 3 * self.hidden_size * self.moe_intermediate_size
+        """Parameters of one routed expert (gate, up and down projections, and their biases: gpt-oss's)."""
+        return 3 * self.hidden_size * self.moe_intermediate_size + self._expert_biases
+
+    @property
+    def _expert_biases(self) -> int:
+        return 2 * self.moe_intermediate_size + self.hidden_size if self.swiglu_limit is not None else 0
 
     def shared_expert_params(self) -> int:
         """Parameters of a sparse layer's shared expert and its gate (Qwen2-MoE), 0 without one."""
@@ -231,10 +257,11 @@ class ModelConfig:
         q, kv = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         norms = 4 if self.sandwich_norms else 2
         per_layer = (h * q * 2 + h * kv * 2 + norms * h + (q + 2 * kv) * self.qkv_bias + h * self.o_bias
-                     + 2 * self.head_dim * self.qk_norm)
+                     + 2 * self.head_dim * self.qk_norm + self.num_heads * self.attn_sinks)
         experts = self.experts_per_token if active else self.num_experts
         sparse = self.sparse_layers
-        mlp = (self.num_layers - sparse) * h * i * 3 + sparse * (experts * self.expert_params() + h * self.num_experts
+        router = (h + (self.swiglu_limit is not None)) * self.num_experts  # gpt-oss's has a bias
+        mlp = (self.num_layers - sparse) * h * i * 3 + sparse * (experts * self.expert_params() + router
                                                                  + self.shared_expert_params())
         embed = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
         return self.num_layers * per_layer + mlp + embed + h + (0 if active else self.encoder_params)
@@ -242,7 +269,15 @@ class ModelConfig:
     def weight_bytes(self) -> int:
         """Bytes of the weights on the device (quantised when ``weight_bits`` is set; an encoder beside
         the decoder is held in ``dtype``, as quantised multimodal checkpoints leave their vision tower)."""
-        return (self.param_count() - self.encoder_params) * self._weight_bits // 8 + self.encoder_bytes()
+        if self.expert_weight_bits is None:
+            return (self.param_count() - self.encoder_params) * self._weight_bits // 8 + self.encoder_bytes()
+        matrices = self._expert_matrices()
+        return ((self.param_count() - self.encoder_params - matrices) * self._weight_bits // 8
+                + math.ceil(matrices * self.expert_weight_bits / 8) + self.encoder_bytes())
+
+    def _expert_matrices(self) -> int:
+        """Every routed expert's matrices' parameters (their biases not counted)."""
+        return self.sparse_layers * self.num_experts * 3 * self.hidden_size * self.moe_intermediate_size
 
     def encoder_bytes(self) -> int:
         """Bytes of the encoder held beside the decoder (of ``weight_bytes``): no text token reads them."""
@@ -250,7 +285,10 @@ class ModelConfig:
 
     def routed_expert_bytes(self) -> int:
         """Bytes of every layer's routed experts, of ``weight_bytes`` (0 for a dense model)."""
-        return self.sparse_layers * self.num_experts * self.expert_params() * self._weight_bits // 8
+        if self.expert_weight_bits is None:
+            return self.sparse_layers * self.num_experts * self.expert_params() * self._weight_bits // 8
+        biases = self.sparse_layers * self.num_experts * self._expert_biases
+        return math.ceil(self._expert_matrices() * self.expert_weight_bits / 8) + biases * self._weight_bits // 8
 
     @property
     def _weight_bits(self) -> int:

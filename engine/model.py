@@ -26,24 +26,28 @@ from engine.kv_pool import KVPool
 
 class RMSNorm(nn.Module):
     """Llama's RMSNorm: normalised in float32, cast back, then scaled by the weight; with ``offset``
-    Gemma's: scaled by 1 + weight in float32, then cast back (its weights start at 0)."""
+    Gemma's: scaled by 1 + weight in float32, then cast back (its weights start at 0); with
+    ``float32_weight`` gpt-oss's: scaled by the weight in float32, then cast back."""
 
-    def __init__(self, size: int, eps: float, offset: bool = False) -> None:
+    def __init__(self, size: int, eps: float, offset: bool = False, float32_weight: bool = False) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.zeros(size) if offset else torch.ones(size))
-        self.eps, self.offset = eps, offset
+        self.eps, self.offset, self.float32_weight = eps, offset, float32_weight
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         xf = x.float()
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
         if self.offset:
             return (xf * (1.0 + self.weight.float())).to(x.dtype)
+        if self.float32_weight:
+            return (self.weight.float() * xf).to(x.dtype)
         return self.weight * xf.to(x.dtype)
 
 
 def norm(cfg: ModelConfig, size: int | None = None) -> RMSNorm:
     """The RMSNorm ``cfg``'s family uses, over ``size`` (default: hidden_size) features."""
-    return RMSNorm(size or cfg.hidden_size, cfg.rms_norm_eps, offset=cfg.norm_offset)
+    return RMSNorm(size or cfg.hidden_size, cfg.rms_norm_eps, offset=cfg.norm_offset,
+                   float32_weight=cfg.norm_float32_weight)
 
 
 def stacked(module: nn.Module, fused: str, in_features: int, parts: dict[str, int], bias: bool = False) -> nn.Linear:
@@ -165,6 +169,7 @@ class Attention(nn.Module):
         self.k_norm = norm(cfg, cfg.head_dim) if cfg.qk_norm else None
         self.scale, self.softcap = cfg.query_scale, cfg.attn_softcap
         self.windowed = layer in cfg.window_layers
+        self.sinks = nn.Parameter(torch.zeros(cfg.num_heads)) if cfg.attn_sinks else None
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
                 batch: AttentionBatch, pool: KVPool) -> torch.Tensor:
@@ -176,7 +181,8 @@ class Attention(nn.Module):
         qk = rotate(qk, *rope)  # q and k heads in one go
         q, k, v = qk[:, :h], qk[:, h:], qkv[:, h + kvh:]
         pool.write_slots(self.layer, batch.slots, k, v)
-        out = paged_attention(q, self.layer, batch, pool, scale=self.scale, cap=self.softcap, windowed=self.windowed)
+        out = paged_attention(q, self.layer, batch, pool, scale=self.scale, cap=self.softcap, windowed=self.windowed,
+                              sinks=self.sinks)
         return self.o_proj(out.reshape(n, self.num_heads * self.head_dim))
 
 
@@ -244,6 +250,53 @@ class SparseMoE(nn.Module):
         return out
 
 
+class ClampedExperts(nn.Module):
+    """gpt-oss's experts as transformers holds them: ``gate_up_proj`` [experts, hidden, 2 x width], the
+    gate's and the up projection's columns interleaved, ``down_proj`` [experts, width, hidden], and a
+    bias for each."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        e, h, i = cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size
+        self.gate_up_proj = nn.Parameter(torch.empty(e, h, 2 * i))
+        self.gate_up_proj_bias = nn.Parameter(torch.empty(e, 2 * i))
+        self.down_proj = nn.Parameter(torch.empty(e, i, h))
+        self.down_proj_bias = nn.Parameter(torch.empty(e, h))
+
+
+class ClampedMoE(nn.Module):
+    """gpt-oss's mixture of experts: a router with a bias picks the ``experts_per_token`` highest logits and
+    weighs those experts by the softmax of the logits picked (in the model's dtype); each expert's
+    SwiGLU is clamped (the gate above, the up projection both ways, at ``swiglu_limit``) and computes
+    gate x sigmoid(alpha x gate) x (up + 1). Each expert runs once on its tokens, its matrix products
+    and bias additions apart, and a token's weighted outputs are summed once, as transformers' default
+    (grouped GEMM) path does."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.top_k, self.limit, self.alpha = cfg.experts_per_token, cfg.swiglu_limit, cfg.swiglu_alpha
+        self.router = nn.Linear(cfg.hidden_size, cfg.num_experts, bias=True)
+        self.experts = ClampedExperts(cfg)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        top, picked = torch.topk(self.router(x), self.top_k, dim=-1)
+        weights = F.softmax(top, dim=1, dtype=top.dtype)
+        n, k = picked.shape
+        flat = picked.flatten()  # row t * k + j: token t's j-th pick
+        order = torch.argsort(flat, stable=True)  # grouped by expert
+        experts, counts = torch.unique_consecutive(flat[order], return_counts=True)
+        weighted = torch.empty(n * k, x.shape[-1], dtype=torch.promote_types(x.dtype, weights.dtype), device=x.device)
+        w, ex = weights.flatten(), self.experts
+        for e, rows in zip(experts.tolist(), order.split(counts.tolist())):
+            gate_up = x[rows // k] @ ex.gate_up_proj[e]
+            gate_up.add_(ex.gate_up_proj_bias[e])
+            gate, up = gate_up[:, ::2].clamp(max=self.limit), gate_up[:, 1::2].clamp(min=-self.limit, max=self.limit)
+            out = ((up + 1) * (gate * torch.sigmoid(gate * self.alpha))) @ ex.down_proj[e]
+            out.add_(ex.down_proj_bias[e])
+            weighted[rows] = out * w[rows, None]
+        return weighted.view(n, k, -1).sum(dim=1).to(x.dtype)
+
+
 class DecoderLayer(nn.Module):
     """Attention and the MLP, each after a norm and added to the residual stream. With
     ``sandwich_norms`` (Gemma 2) each output is normed too before it is added: there
@@ -259,7 +312,8 @@ class DecoderLayer(nn.Module):
             self.pre_feedforward_layernorm = norm(cfg)
             self.post_feedforward_layernorm = norm(cfg)
         self.sandwich = cfg.sandwich_norms
-        self.mlp = SparseMoE(cfg) if cfg.is_sparse(layer) else MLP(cfg)
+        sparse = ClampedMoE if cfg.swiglu_limit is not None else SparseMoE
+        self.mlp = sparse(cfg) if cfg.is_sparse(layer) else MLP(cfg)
 
     def forward(self, x, rope, batch, pool):
         if self.sandwich:

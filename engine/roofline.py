@@ -182,8 +182,9 @@ class Deployment:
     def describe(self) -> str:
         blocks = self.num_blocks()
         active = f" ({self.model.param_count(active=True) / 1e9:.1f}B active)" if self.model.num_experts else ""
+        experts = "" if self.model.expert_weight_bits is None else f" (its experts at {self.model.expert_weight_bits:g})"
         return (f"{self.name}: {self.model.param_count() / 1e9:.1f}B params{active} at {self.model.weight_bits or 8 * self.model.dtype_bytes} "
-                f"bits on {self.gpu.name}; KV {blocks} blocks x {self.block_size} = {blocks * self.block_size} tokens "
+                f"bits{experts} on {self.gpu.name}; KV {blocks} blocks x {self.block_size} = {blocks * self.block_size} tokens "
                 f"({self.kv_bytes() / GB:.1f} GB)" + "".join(f"; {note}" for note in self.notes))
 
 
@@ -246,7 +247,7 @@ def _checkpoint_deployment(name: str) -> Deployment:
     quantised weights' bits, 90 % of the GPU, blocks of 16, 256 sequences,
     8,192 batched tokens; the context is its own, at most ``CHECKPOINT_MAX_MODEL_LEN``, or the
     ``:LEN`` the name gives."""
-    from engine.checkpoint import declared_context, read_sizes, weight_bits  # the engine's loader, not the roofline's concern
+    from engine.checkpoint import declared_context, expert_bits, read_sizes, weight_bits  # the loader's, not the roofline's
     from experiments import CHECKPOINTS
 
     directory, gpu = name.rsplit("@", 1)
@@ -261,7 +262,10 @@ def _checkpoint_deployment(name: str) -> Deployment:
                          f"got {context!r}")
     try:
         model, notes = read_sizes(directory)
-        bits = weight_bits(directory)
+        bits, experts = weight_bits(directory), expert_bits(directory)
+        if experts is not None and not model.num_experts:
+            raise ValueError(f"{directory}: quant_method 'mxfp4' quantises a mixture of experts' experts "
+                             "(gpt-oss's); this checkpoint has none")
         declared = declared_context(directory)
     except ValueError as exc:  # the checkpoint's own refusal names its file and field
         shipped = "" if Path(directory).exists() else f" (shipped checkpoints: {', '.join(_shipped_checkpoints())})"
@@ -270,7 +274,7 @@ def _checkpoint_deployment(name: str) -> Deployment:
         raise ValueError(f"deployment {name!r}: a context of {context} tokens is past the model's own "
                          f"({model.max_position}: max_position_embeddings" + (", extended by its RoPE scaling as vLLM "
                          "extends it" if model.max_position > declared else "") + ")")
-    model = replace(model, weight_bits=bits)
+    model = replace(model, weight_bits=bits, expert_weight_bits=experts)
     d = Deployment(name, GPUS[gpu.lower()], model, notes=tuple(notes),
                    max_model_len=int(context) if context else min(model.max_position, CHECKPOINT_MAX_MODEL_LEN))
     d.kv_bytes()  # a checkpoint too large for the GPU is refused now, by name

@@ -163,7 +163,7 @@ def test_a_yarn_checkpoint_loads_its_scaling_as_transformers_reads_it(checkpoint
 
 
 @pytest.mark.parametrize("fields, match", [
-    ({"model_type": "gpt_oss"}, "model_type 'gpt_oss' is not one of llama, mistral, qwen2, qwen3, phi3, gemma"),
+    ({"model_type": "deepseek_v3"}, "model_type 'deepseek_v3' is not one of llama, mistral, qwen2, qwen3, phi3, gemma"),
     ({"model_type": "gemma3_text", "attn_logit_softcapping": 50.0}, "attn_logit_softcapping 50.0 is not supported"),
     ({"model_type": "gemma3_text", "rope_parameters": {"full_attention": {"rope_type": "default"},
                                                        "sliding_attention": {"rope_type": "linear", "factor": 2.0}}},
@@ -346,6 +346,13 @@ def test_an_engine_config_refuses_a_size_or_count_that_is_not_a_whole_number(fie
     ({"window_layers": (5,), "sliding_window": 8}, "window_layers: layer 5 is not one of the 2 layers"),
     ({"local_rope_theta": 1000.0}, "local_rope_theta needs window_layers"),
     ({"encoder_params": -1}, "encoder_params must be a whole number >= 0"),
+    ({"swiglu_limit": 7.0}, "swiglu_limit is gpt-oss's experts': it needs num_experts > 0"),
+    ({"swiglu_limit": -1.0, "num_experts": 4, "experts_per_token": 2, "moe_intermediate_size": 8},
+     "swiglu_limit must be a number > 0 or None, got -1.0"),
+    ({"swiglu_alpha": None}, "swiglu_alpha must be a number > 0, got None"),
+    ({"expert_weight_bits": 4.25}, r"expert_weight_bits must be a number of bits in \(0, 32\] for a mixture of experts"),
+    ({"expert_weight_bits": 0, "num_experts": 4, "experts_per_token": 2, "moe_intermediate_size": 8},
+     "expert_weight_bits must be a number of bits"),
 ])
 def test_a_model_config_refuses_an_architecture_it_cannot_run_by_name(fields, match):
     from engine.config import ModelConfig
@@ -362,7 +369,9 @@ def test_no_transformers_twin_is_claimed_for_a_model_transformers_cannot_build()
     # soft caps and an attention scale outside Gemma 2's layer, or a scale no whole query_pre_attn_scalar gives
     for fields in ({"logit_softcap": 0.5}, {"attn_softcap": 0.5, "query_scale": 0.01},
                    {"activation": "gelu_tanh", "norm_offset": True, "embed_scale": True, "sandwich_norms": True,
-                    "query_scale": 20.5 ** -0.5}):
+                    "query_scale": 20.5 ** -0.5},
+                   # gpt-oss's sinks without the rest of its layer
+                   {"attn_sinks": True}):
         with pytest.raises(ValueError, match="transformers"):
             hf_twin(LlamaModel(ModelConfig(**fields)))
 

@@ -85,8 +85,9 @@ def hf_twin(model: LlamaModel):
     ``Qwen3ForCausalLM`` for q and k norms, ``Qwen2ForCausalLM`` for biases on q, k and v alone,
     ``LlamaForCausalLM`` otherwise; with experts, ``Qwen3MoeForCausalLM`` or ``MixtralForCausalLM``;
     ``GemmaForCausalLM``, ``Gemma2ForCausalLM`` or ``Gemma3ForCausalLM`` for Gemma's norms; ``MistralForCausalLM`` for Llama's
-    with every layer windowed (Qwen's and Gemma 2's name their windowed layers)."""
-    from transformers import (AutoModelForCausalLM, Gemma2Config, Gemma3TextConfig, GemmaConfig, LlamaConfig,
+    with every layer windowed (Qwen's and Gemma 2's name their windowed layers); ``GptOssForCausalLM``
+    for attention sinks and clamped experts."""
+    from transformers import (Gemma2Config, Gemma3TextConfig, GemmaConfig, LlamaConfig,
                               MistralConfig, Qwen2Config, Qwen3Config)
 
     mc = model.config
@@ -111,6 +112,8 @@ def hf_twin(model: LlamaModel):
     scalar = round(mc.query_scale ** -2) if mc.query_scale else mc.head_dim
     if mc.query_scale and scalar ** -0.5 != mc.query_scale:
         raise ValueError(f"transformers' query_pre_attn_scalar is a whole number: none gives query_scale={mc.query_scale}")
+    if mc.swiglu_limit is not None or mc.attn_sinks or mc.norm_float32_weight:
+        return _hf_twin_of(model, _hf_gpt_oss_config(mc, common, window))
     if mc.window_layers and (mc.num_experts or mc.norm_offset and not mc.sandwich_norms):
         raise ValueError("no transformers twin of a windowed mixture of experts or Gemma 1 model")
     if mc.sandwich_norms and mc.qk_norm:
@@ -144,6 +147,12 @@ def hf_twin(model: LlamaModel):
         hfc = MistralConfig(**common, sliding_window=mc.sliding_window)
     else:
         hfc = LlamaConfig(**common, attention_bias=mc.o_bias)
+    return _hf_twin_of(model, hfc)
+
+
+def _hf_twin_of(model: LlamaModel, hfc):
+    from transformers import AutoModelForCausalLM
+
     param = next(model.parameters())
     # built in the target dtype, as from_pretrained(dtype=...) builds it: the parameters in that
     # dtype, RoPE's inv_freq in float32. A .to(dtype) afterwards would round inv_freq too, and the
@@ -151,6 +160,23 @@ def hf_twin(model: LlamaModel):
     hf = AutoModelForCausalLM.from_config(hfc, dtype=param.dtype).eval()
     hf.load_state_dict(model.state_dict(), strict=True)
     return hf.to(device=param.device)
+
+
+def _hf_gpt_oss_config(mc, common: dict, window: dict):
+    """transformers' configuration of a gpt-oss ``mc``: sinks, float32 norm weights, clamped experts and
+    biases on every attention projection go together there."""
+    from transformers import GptOssConfig
+
+    if not (mc.swiglu_limit is not None and mc.attn_sinks and mc.norm_float32_weight and mc.qkv_bias and mc.o_bias) \
+            or mc.dense_layers or mc.qk_norm or mc.sandwich_norms or mc.norm_offset:
+        raise ValueError(f"no transformers architecture has swiglu_limit={mc.swiglu_limit}, attn_sinks={mc.attn_sinks}, "
+                         f"norm_float32_weight={mc.norm_float32_weight}, qkv_bias={mc.qkv_bias}, o_bias={mc.o_bias}, "
+                         f"dense_layers={mc.dense_layers}")
+    rope = {"rope_type": "default", "rope_theta": mc.rope_theta, **(hf_rope_scaling(mc.rope_scaling) or {})}
+    plain = {k: v for k, v in common.items() if k not in ("rope_theta", "rope_scaling", "intermediate_size")}
+    return GptOssConfig(**plain, **window, rope_parameters=rope, intermediate_size=mc.moe_intermediate_size,
+                        num_local_experts=mc.num_experts, num_experts_per_tok=mc.experts_per_token,
+                        swiglu_limit=mc.swiglu_limit, swiglu_alpha=mc.swiglu_alpha, attention_bias=True)
 
 
 
