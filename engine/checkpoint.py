@@ -1,5 +1,5 @@
-"""Loading a local Hugging Face Llama, Mistral, Qwen2, Qwen3, Phi-3, Gemma, Gemma 2, Gemma 3, Mixtral, Qwen2-MoE,
-Qwen3-MoE or gpt-oss checkpoint directory (``config.json`` + ``*.safetensors``).
+"""Loading a local Hugging Face Llama, Mistral, Mistral 3, Qwen2, Qwen3, Phi-3, Gemma, Gemma 2, Gemma 3, Mixtral,
+Qwen2-MoE, Qwen3-MoE or gpt-oss checkpoint directory (``config.json`` + ``*.safetensors``).
 
 Nothing is fetched from a hub: the directory must hold everything. Every refusal names the file
 or tensor at fault.
@@ -19,7 +19,8 @@ from engine.model import LlamaModel
 
 
 # Mistral is Llama's architecture under its own name; without a sliding window it is Llama's attention
-# too. Qwen2 (Qwen2.5, QwQ, DeepSeek-R1's Qwen distillations) is Llama's with biases on q, k and v;
+# too; Mistral 3 (``mistral3``: Mistral Small 3.1 and 3.2) holds a Mistral decoder beside a Pixtral
+# vision tower. Qwen2 (Qwen2.5, QwQ, DeepSeek-R1's Qwen distillations) is Llama's with biases on q, k and v;
 # Qwen3 (dense) is Llama's with an RMSNorm over each q and k head and its own head_dim. Phi-3 (and
 # Phi-4) is Llama's with q/k/v and gate/up each stored as one tensor, as this engine computes them.
 # Mixtral is Mistral's with a mixture of eight experts for each MLP (two a token); Qwen3-MoE is
@@ -33,7 +34,7 @@ from engine.model import LlamaModel
 # 128-token window on every other layer, YaRN, a router with a bias, clamped SwiGLU experts with
 # biases, stored in MXFP4 (4-bit floats, a power-of-two scale for each 32).
 MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma", "gemma2", "gemma3_text", "gemma3", "mixtral",
-               "qwen2_moe", "qwen3_moe", "gpt_oss")
+               "qwen2_moe", "qwen3_moe", "gpt_oss", "mistral3")
 GEMMA_TYPES = ("gemma", "gemma2", "gemma3_text")
 # the model types vLLM refuses to run in float16 (numerically unstable): bfloat16 in its place
 NO_FLOAT16 = ("gemma2", "gemma3_text")
@@ -56,6 +57,20 @@ DEFAULTS = {**{t: {"sliding_window": 4096} for t in ("mistral", "qwen2", "qwen3"
 # and SiglipVisionConfig's, which its vision_config leaves out
 SIGLIP = {"hidden_size": 768, "intermediate_size": 3072, "num_hidden_layers": 12, "num_channels": 3,
           "image_size": 224, "patch_size": 16, "vision_use_head": True}
+# Mistral 3's (Mistral Small 3.1 and 3.2): its text model's and Pixtral vision tower's sizes where its
+# config.json gives no text_config or vision_config (Mistral Small 3.1's), the fields a given one leaves
+# out taking MistralConfig's and PixtralVisionConfig's defaults, and the projector's
+MISTRAL3_TEXT = {"model_type": "mistral", "head_dim": 128, "hidden_size": 5120, "intermediate_size": 32768,
+                 "max_position_embeddings": 131_072, "num_attention_heads": 32, "num_hidden_layers": 40,
+                 "num_key_value_heads": 8, "rms_norm_eps": 1e-5, "rope_theta": 1e9, "sliding_window": None,
+                 "vocab_size": 131_072}
+MISTRAL_TEXT = {"model_type": "mistral", "vocab_size": 32000, "hidden_size": 4096, "intermediate_size": 14336,
+                "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+                "max_position_embeddings": 131_072, "rms_norm_eps": 1e-6, "rope_theta": 10000.0}
+PIXTRAL = {"hidden_size": 1024, "intermediate_size": 4096, "num_hidden_layers": 24, "num_channels": 3,
+           "patch_size": 16}
+MISTRAL3_VISION = {**PIXTRAL, "patch_size": 14}
+MISTRAL3 = {"spatial_merge_size": 2, "multimodal_projector_bias": False, "vision_feature_layer": -1}
 FUSED = {"self_attn.qkv_proj.weight": ("q_proj", "k_proj", "v_proj"), "mlp.gate_up_proj.weight": ("gate_proj", "up_proj")}
 MOE_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe", "gpt_oss")
 # where a layer's experts are stored, and one expert's (gate, up, down) projections there: Mixtral's
@@ -275,9 +290,11 @@ def _gemma_activation(cfg: dict) -> tuple[str, str]:
 
 
 def _text_config(cfg: dict) -> tuple[dict, int]:
-    """The decoder's fields and the parameters held beside it: a multimodal Gemma 3's ``text_config`` and
-    its vision tower's and projector's parameters, counted from its ``vision_config`` (a SigLIP encoder);
-    ``cfg`` and 0 for any other checkpoint."""
+    """The decoder's fields and the parameters held beside it: a multimodal Gemma 3's or Mistral 3's
+    ``text_config`` and its vision tower's and projector's parameters, counted from its ``vision_config``
+    (a SigLIP or a Pixtral encoder); ``cfg`` and 0 for any other checkpoint."""
+    if cfg["model_type"] == "mistral3":
+        return _mistral3(cfg)
     vision = 0
     if cfg["model_type"] == "gemma3":
         text, v = cfg.get("text_config") or {}, {**SIGLIP, **(cfg.get("vision_config") or {})}
@@ -295,6 +312,29 @@ def _text_config(cfg: dict) -> tuple[dict, int]:
         projector = h * _int({**GEMMA3_TEXT, **text}, "hidden_size") + h  # and its norm
         vision = _int(v, "num_hidden_layers") * per_layer + embeddings + 2 * h + head + projector
     return cfg, vision
+
+
+def _mistral3(cfg: dict) -> tuple[dict, int]:
+    """Mistral 3's text model (a Mistral decoder, its lm_head untied as its text_config says, as vLLM
+    builds it) and the parameters of its Pixtral tower and projector (an RMSNorm, a merger of
+    ``spatial_merge_size`` squared patches, two linear layers)."""
+    text, vision = cfg.get("text_config"), cfg.get("vision_config")
+    if not isinstance(text or {}, dict) or not isinstance(vision or {}, dict):
+        raise ValueError("text_config and vision_config must be objects")
+    text = {**MISTRAL_TEXT, **text} if text else dict(MISTRAL3_TEXT)
+    v = {**PIXTRAL, **vision} if vision else dict(MISTRAL3_VISION)
+    if text.get("model_type") != "mistral":
+        raise ValueError(f"text_config.model_type {text.get('model_type')!r} is not supported (Mistral 3's text "
+                         "model is 'mistral')")
+    top = {**MISTRAL3, **cfg}
+    dtype = cfg.get("dtype") or cfg.get("torch_dtype") or text.get("dtype") or text.get("torch_dtype")
+    h, i, patch = _int(v, "hidden_size"), _int(v, "intermediate_size"), _int(v, "patch_size")
+    layers = top["vision_feature_layer"]
+    feature_layers = len(layers) if isinstance(layers, list) else 1
+    t, bias = _int(text, "hidden_size"), bool(top["multimodal_projector_bias"])
+    tower = _int(v, "num_channels") * patch * patch * h + h + _int(v, "num_hidden_layers") * (4 * h * h + 3 * h * i + 2 * h)
+    projector = h + _int(top, "spatial_merge_size") ** 2 * h * h + h * feature_layers * t + t * t + 2 * t * bias
+    return {**text, "quantization_config": cfg.get("quantization_config"), "dtype": dtype}, tower + projector
 
 
 def _gemma(cfg: dict, mc: ModelConfig) -> ModelConfig:

@@ -68,6 +68,42 @@ def test_a_gemma_2_checkpoint_is_sized_with_its_own_norms_and_window(tmp_path):
     assert gemma.model.window_layers == () and not gemma.notes
 
 
+def test_mistral_3_checkpoints_are_sized_with_their_vision_tower(tmp_path):
+    # Mistral-Small-3.1-24B-Instruct-2503's config.json: 23,572,403,200 parameters in the decoder (its
+    # lm_head its own) and 438,958,080 in its Pixtral tower and projector, the 24,011,361,280 its
+    # weights hold; transformers builds the same, the lm_head untied as the checkpoint holds it
+    import torch
+    import transformers
+
+    small = {"architectures": ["Mistral3ForConditionalGeneration"], "image_token_index": 10, "model_type": "mistral3",
+             "multimodal_projector_bias": False, "projector_hidden_act": "gelu", "spatial_merge_size": 2,
+             "text_config": {"head_dim": 128, "hidden_act": "silu", "hidden_size": 5120, "intermediate_size": 32768,
+                             "max_position_embeddings": 131072, "model_type": "mistral", "num_attention_heads": 32,
+                             "num_hidden_layers": 40, "num_key_value_heads": 8, "rms_norm_eps": 1e-05,
+                             "rope_theta": 1000000000.0, "sliding_window": None, "vocab_size": 131072},
+             "torch_dtype": "bfloat16",
+             "vision_config": {"head_dim": 64, "hidden_act": "silu", "hidden_size": 1024, "image_size": 1540,
+                               "intermediate_size": 4096, "model_type": "pixtral", "num_attention_heads": 16,
+                               "num_hidden_layers": 24, "patch_size": 14, "rope_theta": 10000.0},
+             "vision_feature_layer": -1}
+    directory = checkpoint(tmp_path, "Mistral-Small-3.1-24B-Instruct-2503", small)
+    d = deployment(f"{directory}@h100")
+    m = d.model
+    assert m.param_count() == 24_011_361_280 and m.encoder_params == 438_958_080 and m.dtype == "bfloat16"
+    assert not m.tie_word_embeddings and m.kv_bytes_per_token() == 2 * 40 * 8 * 128 * 2 and not m.window_layers
+    with torch.device("meta"):
+        built = transformers.Mistral3ForConditionalGeneration(transformers.AutoConfig.for_model(
+            **{**small, "tie_word_embeddings": False}))
+    assert built.num_parameters() == m.param_count()
+    # with neither sub-config, transformers' Mistral 3 defaults are Mistral Small 3.1's
+    bare = {k: v for k, v in small.items() if k not in ("text_config", "vision_config")}
+    assert deployment(f"{checkpoint(tmp_path, 'bare3', bare)}@h100").model == m
+    # a text model this engine does not run is refused, naming the field
+    other = {**small, "text_config": {**small["text_config"], "model_type": "ministral3"}}
+    with pytest.raises(ValueError, match="text_config.model_type 'ministral3' is not supported"):
+        deployment(f"{checkpoint(tmp_path, 'other3', other)}@h100")
+
+
 def test_gemma_3_checkpoints_are_sized_with_their_vision_tower(tmp_path):
     # google/gemma-3-4b-it's config.json, the text model's fields left to Gemma3TextConfig's defaults where
     # it leaves them out: 3,880,263,168 parameters in the decoder and 419,816,304 in its SigLIP tower and

@@ -255,6 +255,51 @@ def test_a_gemma_3_checkpoint_loads_and_matches_transformers(tmp_path, multimoda
     assert _generate(one_rope.eval(), prompts, 30, num_blocks=64, max_num_batched_tokens=32) != tokens
 
 
+@pytest.mark.parametrize("layout", ["transformers 5", "transformers 4"])
+def test_a_mistral_3_checkpoint_loads_its_text_model_and_matches_transformers(tmp_path, layout):
+    # Mistral Small 3.1 and 3.2 (``mistral3``): a Mistral decoder beside a Pixtral vision tower and its
+    # projector; the engine runs the text model and leaves the rest out (counted when sized). Its lm_head
+    # is its own, as its text_config says (transformers ties them only where the top level says so and
+    # the checkpoint holds no lm_head)
+    import transformers
+    from safetensors.torch import load_file, save_file
+
+    torch.manual_seed(0)
+    text = dict(model_type="mistral", vocab_size=300, hidden_size=48, intermediate_size=96, num_hidden_layers=3,
+                num_attention_heads=6, num_key_value_heads=2, head_dim=8, max_position_embeddings=512,
+                rms_norm_eps=1e-5, rope_theta=50000.0, sliding_window=None, tie_word_embeddings=False,
+                bos_token_id=None, eos_token_id=None, pad_token_id=None)
+    vision = dict(hidden_size=32, intermediate_size=40, num_hidden_layers=2, num_attention_heads=2, head_dim=16,
+                  image_size=32, patch_size=8)
+    hf = transformers.Mistral3ForConditionalGeneration(transformers.Mistral3Config(
+        text_config=text, vision_config=vision, image_token_index=299, tie_word_embeddings=False)).eval()
+    with torch.no_grad():
+        for key, p in hf.named_parameters():
+            if ".mlp." in key or key.endswith(("v_proj.weight", "o_proj.weight")):
+                p.mul_(8)
+    hf.save_pretrained(tmp_path)
+    if layout == "transformers 4":  # the published checkpoints' names: language_model.model.*, language_model.lm_head
+        state = load_file(str(tmp_path / "model.safetensors"))
+
+        def named(key: str) -> str:
+            if key.startswith("lm_head."):
+                return "language_model." + key
+            if key.startswith("model.language_model."):
+                return "language_model.model." + key.removeprefix("model.language_model.")
+            return key.removeprefix("model.")  # the tower and the projector
+
+        renamed = {named(k): v for k, v in state.items()}
+        assert "language_model.lm_head.weight" in renamed and "vision_tower.transformer.layers.0.ffn_norm.weight" in renamed
+        save_file(renamed, str(tmp_path / "model.safetensors"))
+    model = load_checkpoint(tmp_path)
+    assert not model.config.tie_word_embeddings and model.config.sliding_window is None
+    assert read_sizes(tmp_path)[0].param_count() == hf.num_parameters()  # tower and projector counted
+    prompts = _prompts(299, [13, 44, 70], seed=5)
+    tokens = _generate(model, prompts, 20, num_blocks=64, max_num_batched_tokens=32)
+    assert len({t for o in tokens for t in o}) > 8
+    assert tokens == [hf_greedy(hf, p, 20) for p in prompts]
+
+
 QWEN_WINDOW = {"use_sliding_window": True, "max_window_layers": 1}
 MOE = {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32}
 
