@@ -108,30 +108,47 @@ def _rope(cfg: dict, path: Path) -> tuple[float, RopeScaling | None]:
         raise CheckpointError(f"{path}: {exc}") from exc
 
 
-def _yarn(params: dict, cfg: dict) -> RopeScaling:
-    """YaRN's scaling as transformers reads it: the original context from ``original_max_position_embeddings``
-    (config.json's, else the rope parameters'; ``max_position_embeddings`` where neither), the factor
-    from ``factor`` (where null, the ratio of the two contexts, as DeepSeek's), the attention factor
-    from ``attention_factor`` or else ``mscale`` and ``mscale_all_dim``, beta_fast and beta_slow 32 and
-    1 where null or left out, ``truncate`` true where left out."""
-    original = cfg.get("original_max_position_embeddings", params.get("original_max_position_embeddings"))
-    original = _int({"original_max_position_embeddings": original}, "original_max_position_embeddings",
-                    cfg.get("max_position_embeddings", 2048))
+def _yarn_context(params: dict, cfg: dict) -> tuple[int, float]:
+    """YaRN's original context and factor as transformers reads them: the context from
+    ``original_max_position_embeddings`` (config.json's top level first, then the rope parameters';
+    ``max_position_embeddings`` where neither has the field), the factor from ``factor`` (where null,
+    the ratio of the two contexts, as DeepSeek's)."""
+    key = "original_max_position_embeddings"
+    where = cfg if key in cfg else params if key in params else None
+    original = _int(cfg, "max_position_embeddings", 2048) if where is None else _int(where, key)
+    if original <= 0:
+        raise ValueError(f"{key} must be > 0, got {original}")
     factor = params["factor"]
-    if factor is None:
-        factor = _int(cfg, "max_position_embeddings", 2048) / original
-    attention = params.get("attention_factor")
-    mscale, mscale_all = params.get("mscale"), params.get("mscale_all_dim")
+    return original, _int(cfg, "max_position_embeddings", 2048) / original if factor is None else _float(params, "factor")
+
+
+def _yarn(params: dict, cfg: dict) -> RopeScaling:
+    """YaRN's scaling as transformers reads it: its context and factor (``_yarn_context``), the attention
+    factor from ``attention_factor`` or else ``mscale`` and ``mscale_all_dim``, beta_fast and beta_slow
+    32 and 1 where null or left out, ``truncate`` true where left out (false where null)."""
+    original, factor = _yarn_context(params, cfg)
+    attention = _float(params, "attention_factor")
+    mscale, mscale_all = _float(params, "mscale"), _float(params, "mscale_all_dim")
     if attention is None and mscale and mscale_all:
         def get(m: float) -> float:
             return 0.1 * m * math.log(factor) + 1.0 if factor > 1 else 1.0
-        attention = get(float(mscale)) / get(float(mscale_all))
+        attention = get(mscale) / get(mscale_all)
     truncate = params.get("truncate", True)
-    if not isinstance(truncate, bool):
+    if truncate is not None and not isinstance(truncate, bool):
         raise ValueError(f"rope parameters' truncate must be true or false, got {truncate!r}")
-    return RopeScaling("yarn", float(factor), original_max_position=original,
-                       beta_fast=float(params.get("beta_fast") or 32), beta_slow=float(params.get("beta_slow") or 1),
-                       truncate=truncate, attention_factor=None if attention is None else float(attention))
+    return RopeScaling("yarn", factor, original_max_position=original, beta_fast=_float(params, "beta_fast") or 32.0,
+                       beta_slow=_float(params, "beta_slow") or 1.0, truncate=bool(truncate), attention_factor=attention)
+
+
+def _float(params: dict, key: str) -> float | None:
+    """``params[key]`` as a number, None where it is null or absent: "4" or true are refused naming the
+    field, rather than read as one."""
+    value = params.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"rope parameters' {key} must be a number, got {value!r}")
+    return float(value)
 
 
 def _int(cfg: dict, key: str, default: int | None = None) -> int:
@@ -191,6 +208,8 @@ def _config(directory: str | Path, run: bool) -> tuple[Path, dict, int]:
     try:
         cfg, vision = _text_config(cfg)
         cfg = {**DEFAULTS.get(cfg["model_type"], {}), **cfg}
+        if cfg["model_type"] == "gpt_oss" and not cfg.get("rope_parameters") and not cfg.get("rope_scaling"):
+            cfg["rope_scaling"] = DEFAULTS["gpt_oss"]["rope_scaling"]  # its YaRN wherever none is given, null too
     except (TypeError, ValueError) as exc:
         raise CheckpointError(f"{path}: {exc}") from exc
     return path, cfg, vision
@@ -560,10 +579,15 @@ def mxfp4_weights(blocks: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype
 def _dequantised(state: dict[str, torch.Tensor], dtype: torch.dtype, directory) -> dict[str, torch.Tensor]:
     """``state`` with each MXFP4 tensor (``NAME_blocks`` beside ``NAME_scales``) as ``NAME`` in ``dtype``."""
     out = {k: v for k, v in state.items() if not k.endswith(("_blocks", "_scales"))}
+    for key in [k for k in state if k.endswith("_scales")]:
+        if key.removesuffix("_scales") + "_blocks" not in state:
+            raise CheckpointError(f"{directory}: tensor {key!r} has no {key.removesuffix('_scales') + '_blocks'!r} beside it")
     for key in [k for k in state if k.endswith("_blocks")]:
         name = key[: -len("_blocks")]
         if f"{name}_scales" not in state:
             raise CheckpointError(f"{directory}: tensor {name + '_scales'!r} is missing (beside {key!r})")
+        if name in state:
+            raise CheckpointError(f"{directory}: tensor {name!r} is stored twice, as it is and in MXFP4 ({key!r})")
         try:
             out[name] = mxfp4_weights(state[key], state[f"{name}_scales"], dtype)
         except ValueError as exc:
@@ -586,20 +610,23 @@ def _modelopt_bits(q: dict, path: Path) -> int | None:
 
 
 def _longest_context(cfg: dict, max_position: int) -> int:
-    """The longest context the checkpoint serves, as vLLM derives it: a RoPE scaled by ``linear``,
-    ``dynamic`` or ``yarn`` extends ``max_position_embeddings`` (YaRN's ``original_max_position_embeddings``)
-    by its factor; Llama 3's scaling and LongRoPE leave it as it is."""
+    """The longest context the checkpoint serves, as vLLM derives it: a RoPE scaled by ``linear`` or
+    ``dynamic`` extends ``max_position_embeddings`` by its factor, YaRN's is its original context times
+    its factor; Llama 3's scaling and LongRoPE leave it as it is."""
     params = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
     if cfg.get("model_type") in ("gemma3", "gemma3_text"):  # its max_position_embeddings is already the scaled one
         return max_position
     kind = params.get("rope_type", params.get("type")) if isinstance(params, dict) else None
+    if kind == "yarn":  # vLLM: the original context times the factor, in place of the declared one
+        try:
+            original, factor = _yarn_context(params, cfg)
+        except (KeyError, TypeError, ValueError):  # read past for sizing; refused where the weights are run
+            return max_position
+        return int(original * factor) if factor > 0 else max_position
     factor = params.get("factor") if isinstance(params, dict) else None
-    if kind not in ("linear", "dynamic", "yarn") or isinstance(factor, bool) or not isinstance(factor, (int, float)):
+    if kind not in ("linear", "dynamic") or isinstance(factor, bool) or not isinstance(factor, (int, float)):
         return max_position
-    base = params.get("original_max_position_embeddings", max_position) if kind == "yarn" else max_position
-    if isinstance(base, bool) or not isinstance(base, (int, float)) or not factor > 0:
-        return max_position
-    return max(max_position, int(base * factor))
+    return max(max_position, int(max_position * factor)) if factor > 0 else max_position
 
 
 def _compressed_tensors_bits(q: dict, path: Path) -> int | None:

@@ -122,6 +122,11 @@ def _edit_config(checkpoint, **fields):
     ({"rope_type": "yarn"}, "rope type 'yarn' needs 'factor'"),
     ({"rope_type": "yarn", "factor": 4.0, "beta_fast": -1.0}, "beta_fast must be a number > 0, got -1.0"),
     ({"rope_type": "yarn", "factor": 4.0, "truncate": "no"}, "truncate must be true or false, got 'no'"),
+    ({"rope_type": "yarn", "factor": True}, "rope parameters' factor must be a number, got True"),
+    ({"rope_type": "yarn", "factor": "4"}, "rope parameters' factor must be a number, got '4'"),
+    ({"rope_type": "yarn", "factor": 4.0, "mscale": "x", "mscale_all_dim": 1.0}, "rope parameters' mscale must be a number"),
+    ({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": None},
+     "original_max_position_embeddings must be a whole number, got None"),
     ({"type": "dynamic", "factor": 2.0}, "rope type 'dynamic' is not supported"),
     ({"rope_type": "llama3", "factor": 8.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 64},
      "rope type 'llama3' needs 'low_freq_factor'"),
@@ -149,6 +154,10 @@ def test_a_checkpoint_in_the_older_config_layout_loads_its_rope_scaling(checkpoi
     # Qwen's long-context block, in transformers 4's layout ("type"), its ends rounded out
     ({"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64},
      RopeScaling("yarn", 4.0, original_max_position=64)),
+    # config.json's own original context first (Phi-3's layout), as transformers reads it; a null
+    # truncate is false there
+    ({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64, "truncate": None, "top": 32},
+     RopeScaling("yarn", 4.0, original_max_position=32, truncate=False)),
     # DeepSeek's: the factor from the two contexts, the attention factor from mscale's ratio, as transformers
     ({"rope_type": "yarn", "factor": None, "original_max_position_embeddings": 32, "mscale": 1.0, "mscale_all_dim": 0.5,
       "beta_fast": None, "truncate": False},
@@ -156,7 +165,8 @@ def test_a_checkpoint_in_the_older_config_layout_loads_its_rope_scaling(checkpoi
                  attention_factor=(0.1 * math.log(4) + 1) / (0.05 * math.log(4) + 1))),
 ])
 def test_a_yarn_checkpoint_loads_its_scaling_as_transformers_reads_it(checkpoint, rope, scaling):
-    _edit_config(checkpoint, rope_theta=10000.0, rope_scaling=rope, max_position_embeddings=128)
+    top = {"original_max_position_embeddings": rope.pop("top")} if "top" in rope else {}
+    _edit_config(checkpoint, rope_theta=10000.0, rope_scaling=rope, max_position_embeddings=128, **top)
     model = load_checkpoint(checkpoint)
     assert model.config.rope_scaling == scaling
     assert model.rotary.cos_scale == pytest.approx(scaling.cos_scale)

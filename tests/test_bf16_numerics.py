@@ -130,6 +130,9 @@ def test_long_prompts_in_low_precision_generate_what_transformers_generates(dtyp
         assert eng.outputs[f"r{i}"] == hf_greedy(hf, p, new_tokens), f"r{i} differs"
 
 
+# YaRN's ramp with both ends at dimension 0 (both rounded and clipped there): transformers moves one by
+# 0.001, where 0 / 0 would make that frequency NaN
+ENDS_MEET = RopeScaling("yarn", 2.0, original_max_position=64, beta_fast=32.0, beta_slow=20.0)
 SCALINGS = [RopeScaling("linear", 4.0),
             # wavelengths 2*pi*50000**(k/16): below 64/4, between 64/4 and 64/1 and above it, so that
             # every branch of Llama 3.1's rule is taken
@@ -138,7 +141,8 @@ SCALINGS = [RopeScaling("linear", 4.0),
             # derived from the factor) and as gpt-oss's (not rounded, betas and an attention factor given)
             RopeScaling("yarn", 4.0, original_max_position=64),
             RopeScaling("yarn", 8.0, original_max_position=512, beta_fast=16.0, beta_slow=2.0, truncate=False,
-                        attention_factor=1.3)]
+                        attention_factor=1.3),
+            ENDS_MEET]
 
 
 @pytest.mark.parametrize("scaling", SCALINGS, ids=lambda s: s.kind)
@@ -156,10 +160,12 @@ def test_scaled_rope_frequencies_are_transformers_values(scaling):
     assert model.rotary.cos_scale == ref.attention_scaling  # YaRN's scale on cos and sin; 1 for the others
     kept, divided = model.rotary.inv_freq == plain, torch.isclose(model.rotary.inv_freq, plain / scaling.factor,
                                                                    rtol=1e-6, atol=0)
-    if scaling.kind != "linear":  # the short wavelengths kept, the long ones divided, the middle blended
-        assert kept.any() and divided.any() and (~kept & ~divided).any()
-    else:
+    if scaling.kind == "linear":
         assert divided.all()
+    elif scaling == ENDS_MEET:  # no middle: the first kept, the others divided
+        assert kept[0] and divided[1:].all()
+    else:  # the short wavelengths kept, the long ones divided, the middle blended
+        assert kept.any() and divided.any() and (~kept & ~divided).any()
 
 
 @pytest.mark.parametrize("scaling", SCALINGS, ids=lambda s: s.kind)

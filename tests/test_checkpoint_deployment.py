@@ -242,6 +242,14 @@ def test_sizing_reads_past_what_only_running_the_weights_needs(tmp_path):
     directory = checkpoint(tmp_path, "yarn", yarn)
     assert read_config(directory).rope_scaling.kind == "yarn"
     assert deployment(f"{directory}@h100").model.max_position == 131_072
+    # YaRN's context is its original one times its factor, as vLLM derives it, in place of the declared
+    # one (shorter too), the original read as the RoPE reads it (config.json's own first)
+    for name, fields, context in (
+            ("short", {**QWEN25_7B, "max_position_embeddings": 131072, "rope_scaling": {
+                "rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 32768}}, 65536),
+            ("top", {**QWEN25_7B, "original_max_position_embeddings": 4096, "rope_scaling": {
+                "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}}, 16384)):
+        assert deployment(f"{checkpoint(tmp_path, name, fields)}@h100").model.max_position == context
     # a sliding window changes the KV a sequence needs: sized as full attention (the most it may
     # need), and the deployment says so
     windowed = deployment(f"{checkpoint(tmp_path, 'win', {**QWEN25_7B, 'use_sliding_window': True, 'max_window_layers': 0, 'sliding_window': 4096})}@h100")

@@ -25,8 +25,9 @@ transformers.logging.set_verbosity_error()  # a tiny YaRN model's factor is not 
 
 
 def hf_gpt_oss(dtype: torch.dtype = torch.float32, **extra):
-    """A tiny gpt-oss with a window of 8 on layers 0 and 2, its sinks, router and experts drawn far from
-    their initial values, so that a wrong sink, pick, clamp or window changes the tokens."""
+    """A tiny gpt-oss with a window of 8 on layers 0 and 2, its sinks, router, norms, experts and their
+    biases drawn far from their initial values, so that a wrong sink, pick, clamp, bias, norm or window
+    changes the tokens."""
     hf = hf_tiny("GptOss", num_local_experts=4, num_experts_per_tok=2, head_dim=8, sliding_window=8, **extra)
     with torch.no_grad():
         for key, p in hf.named_parameters():
@@ -34,6 +35,10 @@ def hf_gpt_oss(dtype: torch.dtype = torch.float32, **extra):
                 p.normal_(0.0, 2.0)
             elif key.endswith("router.weight"):
                 p.normal_(0.0, 1.0)
+            elif key.endswith("norm.weight"):
+                p.normal_(1.0, 0.3)
+            elif key.endswith("_bias"):  # the experts' (transformers starts them at zero)
+                p.normal_(0.0, 0.5)
             elif key.endswith(".bias"):
                 p.normal_(0.0, 0.05)
             elif ".mlp.experts." in key:
@@ -105,10 +110,14 @@ def test_each_of_gpt_oss_rules_changes_what_it_generates(tmp_path):
 def test_the_expert_block_is_transformers_to_the_bit_in_bf16_and_its_rules_matter(tmp_path):
     hf = hf_gpt_oss(torch.bfloat16)
     hf.save_pretrained(tmp_path)
-    ours = load_checkpoint(tmp_path).model.layers[0].mlp
+    layer = load_checkpoint(tmp_path).model.layers[0]
+    ours = layer.mlp
     assert isinstance(ours, ClampedMoE)
     x = (torch.randn(1, 37, 48, generator=torch.Generator().manual_seed(2)) * 4).to(torch.bfloat16)
     with torch.no_grad():
+        # the norms before it scale by their weight in float32, then round (not Llama's round, then scale)
+        for name in ("input_layernorm", "post_attention_layernorm"):
+            assert torch.equal(getattr(layer, name)(x[0]), getattr(hf.model.layers[0], name)(x)[0])
         expected = hf.model.layers[0].mlp(x)[0][0]
         assert torch.equal(ours(x[0]), expected)
         ours.limit = 1.0  # the clamp
@@ -121,6 +130,51 @@ def test_the_expert_block_is_transformers_to_the_bit_in_bf16_and_its_rules_matte
         assert not torch.equal(ours(x[0]), expected)
         ours.router.bias.copy_(bias)
         assert torch.equal(ours(x[0]), expected)
+
+
+@pytest.mark.parametrize("queries", [1, 9])
+def test_attention_with_sinks_is_transformers_to_the_bit_in_bf16(queries):
+    # transformers' eager attention with sinks: the scores and the sink in bf16, the max taken off,
+    # the softmax in bf16, the sink's share dropped; a decode (one query, padded keys masked) and a chunk
+    from types import SimpleNamespace
+
+    from engine.attention import _attend
+    from transformers.models.gpt_oss.modeling_gpt_oss import eager_attention_forward
+
+    g = torch.Generator().manual_seed(6)
+    q = (torch.randn(2, 6, queries, 8, generator=g) * 3).to(torch.bfloat16)
+    k, v = [(torch.randn(2, 2, 20, 8, generator=g) * 3).to(torch.bfloat16) for _ in range(2)]
+    sinks = (torch.randn(6, generator=g) * 2).to(torch.bfloat16)
+    mask = torch.zeros(2, 1, queries, 20, dtype=torch.bfloat16)
+    mask[0, ..., 15:] = torch.finfo(torch.bfloat16).min  # the first's last keys: padding
+    mask[..., :3] = torch.finfo(torch.bfloat16).min  # before a window
+    module = SimpleNamespace(num_key_value_groups=3, sinks=sinks, training=False)
+    expected, _ = eager_attention_forward(module, q, k, v, mask, scaling=8 ** -0.5)
+    ours = _attend(q, k, v, mask, None, None, sinks)
+    assert torch.equal(ours, expected.transpose(1, 2))
+    assert not torch.equal(_attend(q, k, v, mask, None, None, None), ours)  # the sink takes its share
+
+
+def test_a_gpt_oss_config_leaving_fields_out_takes_transformers_defaults(tmp_path):
+    # gpt-oss's YaRN (a null rope_scaling too), its RoPE base, window, alternating windowed layers and
+    # SwiGLU gain, as transformers' GptOssConfig fills them in
+    from engine.checkpoint import read_config
+    from engine.model import Rotary
+    from transformers.models.gpt_oss.modeling_gpt_oss import GptOssRotaryEmbedding
+
+    bare = {"model_type": "gpt_oss", "vocab_size": 300, "hidden_size": 48, "intermediate_size": 32,
+            "num_hidden_layers": 4, "num_attention_heads": 6, "num_key_value_heads": 2, "num_local_experts": 4,
+            "num_experts_per_tok": 2}
+    for name, fields in (("bare", bare), ("null", {**bare, "rope_scaling": None})):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text(json.dumps(fields))
+        mc = read_config(tmp_path / name)
+        ref = transformers.GptOssConfig(**fields)
+        assert mc.window_layers == tuple(i for i, t in enumerate(ref.layer_types) if t == "sliding_attention")
+        assert (mc.sliding_window, mc.head_dim, mc.swiglu_alpha, mc.swiglu_limit, mc.dtype) == (
+            ref.sliding_window, ref.head_dim, ref.swiglu_alpha, ref.swiglu_limit, "bfloat16")
+        rope, theirs = Rotary(mc.head_dim, mc.rope_theta, mc.rope_scaling), GptOssRotaryEmbedding(ref)
+        assert torch.equal(rope.inv_freq, theirs.inv_freq) and rope.cos_scale == theirs.attention_scaling
 
 
 def test_mxfp4_tensors_read_as_transformers_dequantiser_reads_them():
@@ -164,7 +218,7 @@ def test_a_gpt_oss_checkpoint_in_mxfp4_generates_what_transformers_generates_fro
                 packed[f"{key}_blocks"], packed[f"{key}_scales"] = blocks, scales
             elif key.endswith("sinks"):
                 p.normal_(0.0, 2.0, generator=g)
-            elif key.endswith("router.weight"):
+            elif key.endswith(("router.weight", "_bias")):
                 p.normal_(0.0, 1.0, generator=g)
     hf.save_pretrained(tmp_path)
     state = load_file(str(tmp_path / "model.safetensors"))
@@ -181,11 +235,16 @@ def test_a_gpt_oss_checkpoint_in_mxfp4_generates_what_transformers_generates_fro
     assert len({t for o in outputs for t in o}) > 4
     assert outputs == [hf_greedy(hf, p, 12) for p in ps]
     assert expert_bits(tmp_path) == 4.25
-    # a block without its scales is refused by name
-    save_file({k: v for k, v in {**state, **packed}.items() if k != "model.layers.0.mlp.experts.down_proj_scales"},
-              str(tmp_path / "model.safetensors"))
-    with pytest.raises(CheckpointError, match=r"'model.layers.0.mlp.experts.down_proj_scales' is missing"):
-        load_checkpoint(tmp_path)
+    # a block without its scales, scales without their block, a tensor stored twice: refused by name
+    name = "model.layers.0.mlp.experts.down_proj"
+    for tensors, match in (({k: v for k, v in packed.items() if k != f"{name}_scales"}, f"'{name}_scales' is missing"),
+                           ({k: v for k, v in packed.items() if k != f"{name}_blocks"},
+                            f"'{name}_scales' has no '{name}_blocks' beside it"),
+                           ({**packed, name: hf.model.layers[0].mlp.experts.down_proj.detach().clone()},
+                            f"'{name}' is stored twice")):
+        save_file({**state, **tensors}, str(tmp_path / "model.safetensors"))
+        with pytest.raises(CheckpointError, match=match):
+            load_checkpoint(tmp_path)
 
 
 def test_shipped_gpt_oss_configs_count_what_the_published_checkpoints_hold():
@@ -194,6 +253,9 @@ def test_shipped_gpt_oss_configs_count_what_the_published_checkpoints_hold():
     small, large = deployment("gpt-oss-20b@h100"), deployment("gpt-oss-120b@h200")
     assert small.model.param_count() == 20_914_757_184 and large.model.param_count() == 116_829_156_672
     assert small.model.expert_weight_bits == 4.25 and small.model.weight_bits is None
+    # the clock reads the experts' matrices at 4.25 bits and their biases at 16: 24 layers of 32 experts
+    matrices, biases = 24 * 32 * 3 * 2880 * 2880, 24 * 32 * (2 * 2880 + 2880)
+    assert small.model.routed_expert_bytes() == matrices * 17 // 32 + 2 * biases
     assert 13.7e9 < small.model.weight_bytes() < 13.8e9 and 65.2e9 < large.model.weight_bytes() < 65.3e9
     assert small.model.dtype == "bfloat16" and small.model.max_position == 131_072  # YaRN's 4,096 x 32
     assert "20.9B params (4.2B active) at 16 bits (its experts at 4.25) on NVIDIA H100" in small.describe()
