@@ -1,5 +1,5 @@
-"""Loading a local Hugging Face Llama, Mistral, Mistral 3, Qwen2, Qwen3, Phi-3, Gemma, Gemma 2, Gemma 3, Mixtral,
-Qwen2-MoE, Qwen3-MoE or gpt-oss checkpoint directory (``config.json`` + ``*.safetensors``).
+"""Loading a local Hugging Face Llama, Mistral, Mistral 3, Qwen2, Qwen3, Qwen2.5-VL, Qwen3-VL, Phi-3, Gemma, Gemma 2,
+Gemma 3, Mixtral, Qwen2-MoE, Qwen3-MoE or gpt-oss checkpoint directory (``config.json`` + ``*.safetensors``).
 
 Nothing is fetched from a hub: the directory must hold everything. Every refusal names the file
 or tensor at fault.
@@ -21,7 +21,8 @@ from engine.model import LlamaModel
 # Mistral is Llama's architecture under its own name; without a sliding window it is Llama's attention
 # too; Mistral 3 (``mistral3``: Mistral Small 3.1 and 3.2) holds a Mistral decoder beside a Pixtral
 # vision tower. Qwen2 (Qwen2.5, QwQ, DeepSeek-R1's Qwen distillations) is Llama's with biases on q, k and v;
-# Qwen3 (dense) is Llama's with an RMSNorm over each q and k head and its own head_dim. Phi-3 (and
+# Qwen3 (dense) is Llama's with an RMSNorm over each q and k head and its own head_dim; Qwen2.5-VL and
+# Qwen3-VL hold a Qwen2 or Qwen3 decoder beside a vision tower. Phi-3 (and
 # Phi-4) is Llama's with q/k/v and gate/up each stored as one tensor, as this engine computes them.
 # Mixtral is Mistral's with a mixture of eight experts for each MLP (two a token); Qwen3-MoE is
 # Qwen3's with one (e.g. 8 of 128 experts a token), some layers optionally kept dense; Qwen2-MoE
@@ -34,7 +35,7 @@ from engine.model import LlamaModel
 # 128-token window on every other layer, YaRN, a router with a bias, clamped SwiGLU experts with
 # biases, stored in MXFP4 (4-bit floats, a power-of-two scale for each 32).
 MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma", "gemma2", "gemma3_text", "gemma3", "mixtral",
-               "qwen2_moe", "qwen3_moe", "gpt_oss", "mistral3")
+               "qwen2_moe", "qwen3_moe", "gpt_oss", "mistral3", "qwen2_5_vl", "qwen3_vl")
 GEMMA_TYPES = ("gemma", "gemma2", "gemma3_text")
 # the model types vLLM refuses to run in float16 (numerically unstable): bfloat16 in its place
 NO_FLOAT16 = ("gemma2", "gemma3_text")
@@ -71,6 +72,13 @@ PIXTRAL = {"hidden_size": 1024, "intermediate_size": 4096, "num_hidden_layers": 
            "patch_size": 16}
 MISTRAL3_VISION = {**PIXTRAL, "patch_size": 14}
 MISTRAL3 = {"spatial_merge_size": 2, "multimodal_projector_bias": False, "vision_feature_layer": -1}
+# Qwen2.5-VL's and Qwen3-VL's vision towers' sizes where their vision_config leaves them out (transformers')
+QWEN_VISION = {"in_channels": 3, "temporal_patch_size": 2, "spatial_merge_size": 2, "out_hidden_size": 3584}
+QWEN25_VL_VISION = {**QWEN_VISION, "depth": 32, "hidden_size": 3584, "intermediate_size": 3420, "patch_size": 14}
+QWEN3_VL_VISION = {**QWEN_VISION, "depth": 27, "hidden_size": 1152, "intermediate_size": 4304, "patch_size": 16,
+                   "num_position_embeddings": 2304, "deepstack_visual_indexes": [8, 16, 24]}
+# a vision-language checkpoint's model_type -> its text model's, as this engine runs it
+QWEN_VL_TEXT = {"qwen2_5_vl": "qwen2", "qwen3_vl": "qwen3"}
 FUSED = {"self_attn.qkv_proj.weight": ("q_proj", "k_proj", "v_proj"), "mlp.gate_up_proj.weight": ("gate_proj", "up_proj")}
 MOE_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe", "gpt_oss")
 # where a layer's experts are stored, and one expert's (gate, up, down) projections there: Mixtral's
@@ -89,6 +97,8 @@ def _rope(cfg: dict, path: Path) -> tuple[float, RopeScaling | None]:
     if not isinstance(params, dict):
         raise CheckpointError(f"{path}: rope parameters must be an object, got {params!r}")
     kind = params.get("rope_type", params.get("type", "default"))
+    if kind == "mrope":  # Qwen2.5-VL's multimodal RoPE: on text, whose three position indices are equal, the plain one
+        kind = "default"
     if kind not in ("default", None, *RopeScaling.KINDS):
         raise CheckpointError(f"{path}: rope type {kind!r} is not supported "
                               f"(the default rotary embedding, {', '.join(RopeScaling.KINDS)})")
@@ -314,6 +324,8 @@ def _text_config(cfg: dict) -> tuple[dict, int]:
     (a SigLIP or a Pixtral encoder); ``cfg`` and 0 for any other checkpoint."""
     if cfg["model_type"] == "mistral3":
         return _mistral3(cfg)
+    if cfg["model_type"] in QWEN_VL_TEXT:
+        return _qwen_vl(cfg)
     vision = 0
     if cfg["model_type"] == "gemma3":
         text, v = cfg.get("text_config") or {}, {**SIGLIP, **(cfg.get("vision_config") or {})}
@@ -354,6 +366,37 @@ def _mistral3(cfg: dict) -> tuple[dict, int]:
     tower = _int(v, "num_channels") * patch * patch * h + h + _int(v, "num_hidden_layers") * (4 * h * h + 3 * h * i + 2 * h)
     projector = h + _int(top, "spatial_merge_size") ** 2 * h * h + h * feature_layers * t + t * t + 2 * t * bias
     return {**text, "quantization_config": cfg.get("quantization_config"), "dtype": dtype}, tower + projector
+
+
+def _qwen_vl(cfg: dict) -> tuple[dict, int]:
+    """Qwen2.5-VL's or Qwen3-VL's text model (Qwen2's or Qwen3's decoder; its multimodal RoPE is the
+    plain one on text, whose three position indices are equal) and the parameters of its vision tower
+    and patch merger (and Qwen3-VL's deepstack mergers). Qwen2.5-VL's published config.json writes the
+    text model's fields at the top level, transformers 5 under ``text_config``."""
+    text, v = cfg.get("text_config"), cfg.get("vision_config")
+    if not isinstance(text or {}, dict) or not isinstance(v or {}, dict):
+        raise ValueError("text_config and vision_config must be objects")
+    qwen3 = cfg["model_type"] == "qwen3_vl"
+    if text is None:
+        text = {k: val for k, val in cfg.items() if k not in ("vision_config", "model_type")}
+    v = {**(QWEN3_VL_VISION if qwen3 else QWEN25_VL_VISION), **(v or {})}
+    dtype = cfg.get("dtype") or cfg.get("torch_dtype") or text.get("dtype") or text.get("torch_dtype")
+    tie = text.get("tie_word_embeddings", cfg.get("tie_word_embeddings", False))
+    h, i, out = _int(v, "hidden_size"), _int(v, "intermediate_size"), _int(v, "out_hidden_size")
+    patch = _int(v, "in_channels") * _int(v, "temporal_patch_size") * _int(v, "patch_size") ** 2 * h
+    merged = _int(v, "spatial_merge_size") ** 2 * h  # a merger's input: the patches it merges, side by side
+    merger = merged * merged + merged + merged * out + out  # two linear layers, with their biases
+    if qwen3:  # LayerNorms (with biases) and a plain MLP; learned positions; deepstack mergers normed after merging
+        block = 4 * h + 3 * h * h + 3 * h + h * h + h + 2 * h * i + i + h
+        tower = patch + h + _int(v, "num_position_embeddings") * h + 2 * h + merger
+        tower += len(v["deepstack_visual_indexes"]) * (2 * merged + merger)
+    else:  # RMSNorms and a gated MLP, with biases
+        block = 2 * h + 3 * h * h + 3 * h + h * h + h + 3 * h * i + 2 * i + h
+        tower = patch + h + merger
+    tower += _int(v, "depth") * block
+    model_type = QWEN_VL_TEXT[cfg["model_type"]]
+    return {**text, "model_type": model_type, "tie_word_embeddings": tie, "dtype": dtype,
+            "quantization_config": cfg.get("quantization_config")}, tower
 
 
 def _gemma(cfg: dict, mc: ModelConfig) -> ModelConfig:

@@ -104,6 +104,56 @@ def test_mistral_3_checkpoints_are_sized_with_their_vision_tower(tmp_path):
         deployment(f"{checkpoint(tmp_path, 'other3', other)}@h100")
 
 
+QWEN25_VL_7B = {  # Qwen/Qwen2.5-VL-7B-Instruct's config.json: the text model's fields at the top level
+    "architectures": ["Qwen2_5_VLForConditionalGeneration"], "attention_dropout": 0.0, "bos_token_id": 151643,
+    "eos_token_id": 151645, "vision_start_token_id": 151652, "vision_end_token_id": 151653, "vision_token_id": 151654,
+    "image_token_id": 151655, "video_token_id": 151656, "hidden_act": "silu", "hidden_size": 3584,
+    "initializer_range": 0.02, "intermediate_size": 18944, "max_position_embeddings": 128000, "max_window_layers": 28,
+    "model_type": "qwen2_5_vl", "num_attention_heads": 28, "num_hidden_layers": 28, "num_key_value_heads": 4,
+    "rms_norm_eps": 1e-06, "rope_theta": 1000000.0, "sliding_window": 32768, "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16", "use_cache": True, "use_sliding_window": False,
+    "vision_config": {"depth": 32, "hidden_act": "silu", "hidden_size": 1280, "intermediate_size": 3420, "num_heads": 16,
+                      "in_chans": 3, "out_hidden_size": 3584, "patch_size": 14, "spatial_merge_size": 2,
+                      "spatial_patch_size": 14, "window_size": 112, "fullatt_block_indexes": [7, 15, 23, 31],
+                      "tokens_per_second": 2, "temporal_patch_size": 2},
+    "rope_scaling": {"type": "mrope", "mrope_section": [16, 24, 24]}, "vocab_size": 152064}
+QWEN3_VL_8B = {  # Qwen/Qwen3-VL-8B-Instruct's
+    "architectures": ["Qwen3VLForConditionalGeneration"], "image_token_id": 151655, "model_type": "qwen3_vl",
+    "text_config": {"attention_bias": False, "attention_dropout": 0.0, "bos_token_id": 151643, "dtype": "bfloat16",
+                    "eos_token_id": 151645, "head_dim": 128, "hidden_act": "silu", "hidden_size": 4096,
+                    "initializer_range": 0.02, "intermediate_size": 12288, "max_position_embeddings": 262144,
+                    "model_type": "qwen3_vl_text", "num_attention_heads": 32, "num_hidden_layers": 36,
+                    "num_key_value_heads": 8, "rms_norm_eps": 1e-06,
+                    "rope_scaling": {"mrope_interleaved": True, "mrope_section": [24, 20, 20], "rope_type": "default"},
+                    "rope_theta": 5000000, "use_cache": True, "vocab_size": 151936},
+    "tie_word_embeddings": False, "transformers_version": "4.57.0.dev0", "video_token_id": 151656,
+    "vision_config": {"deepstack_visual_indexes": [8, 16, 24], "depth": 27, "hidden_act": "gelu_pytorch_tanh",
+                      "hidden_size": 1152, "in_channels": 3, "initializer_range": 0.02, "intermediate_size": 4304,
+                      "model_type": "qwen3_vl", "num_heads": 16, "num_position_embeddings": 2304, "out_hidden_size": 4096,
+                      "patch_size": 16, "spatial_merge_size": 2, "temporal_patch_size": 2},
+    "vision_end_token_id": 151653, "vision_start_token_id": 151652}
+
+
+@pytest.mark.parametrize("name, config, params, tower", [
+    ("Qwen2.5-VL-7B-Instruct", QWEN25_VL_7B, 8_292_166_656, 676_550_144),
+    ("Qwen3-VL-8B-Instruct", QWEN3_VL_8B, 8_767_123_696, 576_388_336)])
+def test_qwen_vl_checkpoints_are_sized_with_their_vision_tower(tmp_path, name, config, params, tower):
+    # the published parameter counts (8.29B and 8.77B), as transformers builds them; the decoder is Qwen2's
+    # or Qwen3's, its KV sized as theirs, its multimodal RoPE the plain one on text
+    import torch
+    import transformers
+
+    d = deployment(f"{checkpoint(tmp_path, name, config)}@l40s")
+    m = d.model
+    assert m.param_count() == params and m.encoder_params == tower and m.dtype == "bfloat16"
+    assert not m.tie_word_embeddings and m.qkv_bias == (config["model_type"] == "qwen2_5_vl")
+    assert m.qk_norm == (config["model_type"] == "qwen3_vl") and not d.notes
+    with torch.device("meta"):
+        built = transformers.AutoModelForImageTextToText.from_config(
+            transformers.AutoConfig.from_pretrained(tmp_path / name))
+    assert built.num_parameters() == params
+
+
 def test_gemma_3_checkpoints_are_sized_with_their_vision_tower(tmp_path):
     # google/gemma-3-4b-it's config.json, the text model's fields left to Gemma3TextConfig's defaults where
     # it leaves them out: 3,880,263,168 parameters in the decoder and 419,816,304 in its SigLIP tower and
