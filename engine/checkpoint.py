@@ -352,8 +352,8 @@ def _mistral3(cfg: dict) -> tuple[dict, int]:
     text, vision = cfg.get("text_config"), cfg.get("vision_config")
     if not isinstance(text or {}, dict) or not isinstance(vision or {}, dict):
         raise ValueError("text_config and vision_config must be objects")
-    text = {**MISTRAL_TEXT, **text} if text else dict(MISTRAL3_TEXT)
-    v = {**PIXTRAL, **vision} if vision else dict(MISTRAL3_VISION)
+    text = dict(MISTRAL3_TEXT) if text is None else {**MISTRAL_TEXT, **text}
+    v = dict(MISTRAL3_VISION) if vision is None else {**PIXTRAL, **vision}
     if text.get("model_type") != "mistral":
         raise ValueError(f"text_config.model_type {text.get('model_type')!r} is not supported (Mistral 3's text "
                          "model is 'mistral')")
@@ -665,6 +665,8 @@ def _longest_context(cfg: dict, max_position: int) -> int:
             original, factor = _yarn_context(params, cfg)
         except (KeyError, TypeError, ValueError):  # read past for sizing; refused where the weights are run
             return max_position
+        if params.get("factor") is None:  # the ratio of the two contexts: the declared one, unrounded
+            return max_position
         return int(original * factor) if factor > 0 else max_position
     factor = params.get("factor") if isinstance(params, dict) else None
     if kind not in ("linear", "dynamic") or isinstance(factor, bool) or not isinstance(factor, (int, float)):
@@ -724,6 +726,32 @@ def _window_layers(cfg: dict, num_layers: int) -> tuple[int, ...]:
     return tuple(range(num_layers))
 
 
+def _weight_files(directory: Path) -> list[Path]:
+    """The safetensors files that hold the model, as vLLM and transformers pick them: those an index
+    (``model.safetensors.index.json``) lists where there is one, else every ``*.safetensors`` but Mistral's
+    own ``consolidated*.safetensors`` beside Hugging Face's shards (the same weights again, under other
+    names)."""
+    index = directory / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            listed = json.loads(index.read_text())["weight_map"].values()
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, AttributeError) as exc:
+            raise CheckpointError(f"{index}: cannot be read as a weight map ({exc!r})") from exc
+        files = [directory / name for name in sorted(set(listed))]
+        missing = next((f for f in files if not f.is_file()), None)
+        if missing is not None:
+            raise CheckpointError(f"{index}: lists {missing.name}, which is missing")
+        return files
+    files = sorted(directory.glob("*.safetensors"))
+    if not files:
+        raise CheckpointError(f"{directory}: no *.safetensors weight files")
+    hf = [f for f in files if not f.name.startswith("consolidated")]
+    if not hf:
+        raise CheckpointError(f"{directory}: only Mistral's own format (consolidated.safetensors), which this engine "
+                              "does not read: use the Hugging Face format's files (config.json and model*.safetensors)")
+    return hf
+
+
 def load_checkpoint(directory: str | Path, device: str | torch.device = "cpu",
                     dtype: str | None = None) -> LlamaModel:
     """The model in ``directory``, with its weights; ``dtype`` overrides the checkpoint's."""
@@ -734,15 +762,22 @@ def load_checkpoint(directory: str | Path, device: str | torch.device = "cpu",
             raise CheckpointError(f"{directory}: Gemma 2 and 3 do not run in float16 (numerically unstable, and vLLM "
                                   "refuses it): bfloat16 or float32")
         mc = ModelConfig(**{**mc.__dict__, "dtype": dtype})
-    files = sorted(Path(directory).glob("*.safetensors"))
-    if not files:
-        raise CheckpointError(f"{directory}: no *.safetensors weight files")
+    bits = weight_bits(directory)
+    if bits is not None and bits < 16:
+        method = json.loads((directory / "config.json").read_text()).get("quantization_config") or {}
+        raise CheckpointError(f"{directory}: its weights are quantised ({bits} bits, quant_method "
+                              f"{method.get('quant_method')!r}), which this engine does not run: it sizes such a "
+                              "checkpoint as a deployment (CHECKPOINT_DIR@GPU); run a 16-bit one")
     state: dict[str, torch.Tensor] = {}
-    for f in files:
+    for f in _weight_files(directory):
         try:
             state.update(load_file(str(f)))
         except Exception as exc:  # safetensors raises its own error types for a damaged file
             raise CheckpointError(f"{f}: cannot be read as safetensors ({exc})") from exc
+    eight = next((k for k, t in state.items() if t.dtype in (torch.float8_e4m3fn, torch.float8_e5m2)), None)
+    if eight is not None:
+        raise CheckpointError(f"{directory}: tensor {eight!r} is float8, which this engine does not run (its scales "
+                              "would be ignored): run a 16-bit checkpoint")
     state = _unfused(_text_model(state), mc, directory)
     if mc.swiglu_limit is not None:  # gpt-oss: its experts stored as transformers holds them, in MXFP4 or not
         state = _dequantised(state, torch_dtype(mc.dtype), directory)

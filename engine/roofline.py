@@ -271,9 +271,12 @@ def _checkpoint_deployment(name: str) -> Deployment:
         shipped = "" if Path(directory).exists() else f" (shipped checkpoints: {', '.join(_shipped_checkpoints())})"
         raise ValueError(f"deployment {name!r}: {exc}{shipped}") from None
     if context and int(context) > model.max_position:
+        source = ("max_position_embeddings" + (", extended by its RoPE scaling as vLLM extends it"
+                                               if model.max_position > declared else "")
+                  if model.max_position >= declared else "its YaRN scaling's original_max_position_embeddings x factor, "
+                  "as vLLM derives it")
         raise ValueError(f"deployment {name!r}: a context of {context} tokens is past the model's own "
-                         f"({model.max_position}: max_position_embeddings" + (", extended by its RoPE scaling as vLLM "
-                         "extends it" if model.max_position > declared else "") + ")")
+                         f"({model.max_position}: {source})")
     model = replace(model, weight_bits=bits, expert_weight_bits=experts)
     d = Deployment(name, GPUS[gpu.lower()], model, notes=tuple(notes),
                    max_model_len=int(context) if context else min(model.max_position, CHECKPOINT_MAX_MODEL_LEN))

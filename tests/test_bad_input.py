@@ -5,6 +5,7 @@ import json
 import math
 
 import pytest
+import torch
 
 from engine.checkpoint import CheckpointError, load_checkpoint
 from engine.config import RopeScaling
@@ -107,6 +108,47 @@ def test_a_checkpoint_whose_config_disagrees_with_its_tensors_is_refused(checkpo
     cfg["intermediate_size"] = 48
     (checkpoint / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(CheckpointError, match="has shape"):
+        load_checkpoint(checkpoint)
+
+
+def test_a_checkpoint_reads_the_files_that_hold_its_model_and_no_others(checkpoint):
+    # Mistral's repositories ship consolidated.safetensors (its own names) beside Hugging Face's shards:
+    # not read, as vLLM and transformers do not read it; an index names the files to read
+    import shutil
+
+    expected = load_checkpoint(checkpoint).state_dict()
+    (checkpoint / "consolidated.safetensors").write_bytes(b"not read")  # read, it would fail
+    assert all(torch.equal(t, expected[k]) for k, t in load_checkpoint(checkpoint).state_dict().items())
+    (checkpoint / "consolidated.safetensors").unlink()
+    (checkpoint / "extra.safetensors").write_bytes(b"not listed")
+    index = {"metadata": {}, "weight_map": {k: "model.safetensors" for k in expected}}
+    (checkpoint / "model.safetensors.index.json").write_text(json.dumps(index))
+    assert all(torch.equal(t, expected[k]) for k, t in load_checkpoint(checkpoint).state_dict().items())
+    index["weight_map"]["lm_head.weight"] = "model-00002-of-00002.safetensors"
+    (checkpoint / "model.safetensors.index.json").write_text(json.dumps(index))
+    with pytest.raises(CheckpointError, match="lists model-00002-of-00002.safetensors, which is missing"):
+        load_checkpoint(checkpoint)
+    for f in ("model.safetensors.index.json", "extra.safetensors"):
+        (checkpoint / f).unlink()
+    shutil.move(checkpoint / "model.safetensors", checkpoint / "consolidated.safetensors")
+    with pytest.raises(CheckpointError, match="only Mistral's own format"):
+        load_checkpoint(checkpoint)
+
+
+def test_a_checkpoint_with_quantised_weights_is_sized_not_run(checkpoint):
+    # an FP8 checkpoint's weights have a 16-bit one's shapes: run, their scales ignored, they would
+    # generate garbage; refused, by its quantization_config or by a float8 tensor
+    from safetensors.torch import load_file, save_file
+
+    cfg = json.loads((checkpoint / "config.json").read_text())
+    (checkpoint / "config.json").write_text(json.dumps({**cfg, "quantization_config": {"quant_method": "fp8"}}))
+    with pytest.raises(CheckpointError, match=r"its weights are quantised \(8 bits, quant_method 'fp8'\)"):
+        load_checkpoint(checkpoint)
+    (checkpoint / "config.json").write_text(json.dumps(cfg))
+    state = load_file(str(checkpoint / "model.safetensors"))
+    key = "model.layers.0.self_attn.q_proj.weight"
+    save_file({**state, key: state[key].to(torch.float8_e4m3fn)}, str(checkpoint / "model.safetensors"))
+    with pytest.raises(CheckpointError, match=f"tensor '{key}' is float8"):
         load_checkpoint(checkpoint)
 
 

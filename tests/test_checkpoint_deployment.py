@@ -95,9 +95,20 @@ def test_mistral_3_checkpoints_are_sized_with_their_vision_tower(tmp_path):
         built = transformers.Mistral3ForConditionalGeneration(transformers.AutoConfig.for_model(
             **{**small, "tie_word_embeddings": False}))
     assert built.num_parameters() == m.param_count()
-    # with neither sub-config, transformers' Mistral 3 defaults are Mistral Small 3.1's
+    # with neither sub-config, transformers' Mistral 3 defaults are Mistral Small 3.1's; an empty one takes
+    # MistralConfig's and PixtralVisionConfig's; the projector's biases and several feature layers counted
     bare = {k: v for k, v in small.items() if k not in ("text_config", "vision_config")}
     assert deployment(f"{checkpoint(tmp_path, 'bare3', bare)}@h100").model == m
+    for name, fields in (("empty", {**small, "text_config": {}, "vision_config": {}}),
+                         ("wide", {**small, "multimodal_projector_bias": True, "vision_feature_layer": [-1, -3],
+                                   "vision_config": {k: v for k, v in small["vision_config"].items() if k != "patch_size"}})):
+        with torch.device("meta"):
+            built = transformers.Mistral3ForConditionalGeneration(transformers.AutoConfig.for_model(
+                **{**fields, "tie_word_embeddings": False}))
+        assert deployment(f"{checkpoint(tmp_path, name, fields)}@h200").model.param_count() == built.num_parameters()
+    # the top level's dtype before text_config's, as vLLM reads it
+    mixed = {**small, "text_config": {**small["text_config"], "torch_dtype": "float32"}}
+    assert deployment(f"{checkpoint(tmp_path, 'mixed3', mixed)}@h100").model.dtype == "bfloat16"
     # a text model this engine does not run is refused, naming the field
     other = {**small, "text_config": {**small["text_config"], "model_type": "ministral3"}}
     with pytest.raises(ValueError, match="text_config.model_type 'ministral3' is not supported"):
@@ -300,6 +311,9 @@ def test_sizing_reads_past_what_only_running_the_weights_needs(tmp_path):
             ("top", {**QWEN25_7B, "original_max_position_embeddings": 4096, "rope_scaling": {
                 "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}}, 16384)):
         assert deployment(f"{checkpoint(tmp_path, name, fields)}@h100").model.max_position == context
+    with pytest.raises(ValueError, match=r"past the model's own \(65536: its YaRN scaling's original_max_position_"
+                                         r"embeddings x factor, as vLLM derives it\)"):
+        deployment(f"{tmp_path / 'short'}@h100:100000")
     # a sliding window changes the KV a sequence needs: sized as full attention (the most it may
     # need), and the deployment says so
     windowed = deployment(f"{checkpoint(tmp_path, 'win', {**QWEN25_7B, 'use_sliding_window': True, 'max_window_layers': 0, 'sliding_window': 4096})}@h100")

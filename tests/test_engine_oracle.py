@@ -255,7 +255,7 @@ def test_a_gemma_3_checkpoint_loads_and_matches_transformers(tmp_path, multimoda
     assert _generate(one_rope.eval(), prompts, 30, num_blocks=64, max_num_batched_tokens=32) != tokens
 
 
-@pytest.mark.parametrize("layout", ["transformers 5", "transformers 4"])
+@pytest.mark.parametrize("layout", ["transformers 5", "as saved"])
 def test_a_mistral_3_checkpoint_loads_its_text_model_and_matches_transformers(tmp_path, layout):
     # Mistral Small 3.1 and 3.2 (``mistral3``): a Mistral decoder beside a Pixtral vision tower and its
     # projector; the engine runs the text model and leaves the rest out (counted when sized). Its lm_head
@@ -277,19 +277,20 @@ def test_a_mistral_3_checkpoint_loads_its_text_model_and_matches_transformers(tm
         for key, p in hf.named_parameters():
             if ".mlp." in key or key.endswith(("v_proj.weight", "o_proj.weight")):
                 p.mul_(8)
-    hf.save_pretrained(tmp_path)
-    if layout == "transformers 4":  # the published checkpoints' names: language_model.model.*, language_model.lm_head
-        state = load_file(str(tmp_path / "model.safetensors"))
+    hf.save_pretrained(tmp_path)  # as the published checkpoints name them: language_model.model.*, vision_tower.*
+    state = load_file(str(tmp_path / "model.safetensors"))
+    assert "language_model.lm_head.weight" in state and "vision_tower.transformer.layers.0.ffn_norm.weight" in state
+    if layout == "transformers 5":  # its modules' own names: model.language_model.*, lm_head, model.vision_tower.*
 
         def named(key: str) -> str:
-            if key.startswith("lm_head."):
-                return "language_model." + key
-            if key.startswith("model.language_model."):
-                return "language_model.model." + key.removeprefix("model.language_model.")
-            return key.removeprefix("model.")  # the tower and the projector
+            if key.startswith("language_model.lm_head."):
+                return key.removeprefix("language_model.")
+            if key.startswith("language_model.model."):
+                return "model.language_model." + key.removeprefix("language_model.model.")
+            return "model." + key  # the tower and the projector
 
         renamed = {named(k): v for k, v in state.items()}
-        assert "language_model.lm_head.weight" in renamed and "vision_tower.transformer.layers.0.ffn_norm.weight" in renamed
+        assert "lm_head.weight" in renamed and "model.vision_tower.transformer.layers.0.ffn_norm.weight" in renamed
         save_file(renamed, str(tmp_path / "model.safetensors"))
     model = load_checkpoint(tmp_path)
     assert not model.config.tie_word_embeddings and model.config.sliding_window is None
