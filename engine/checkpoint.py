@@ -77,8 +77,17 @@ QWEN_VISION = {"in_channels": 3, "temporal_patch_size": 2, "spatial_merge_size":
 QWEN25_VL_VISION = {**QWEN_VISION, "depth": 32, "hidden_size": 3584, "intermediate_size": 3420, "patch_size": 14}
 QWEN3_VL_VISION = {**QWEN_VISION, "depth": 27, "hidden_size": 1152, "intermediate_size": 4304, "patch_size": 16,
                    "num_position_embeddings": 2304, "deepstack_visual_indexes": [8, 16, 24]}
-# a vision-language checkpoint's model_type -> its text model's, as this engine runs it
+# a vision-language checkpoint's model_type -> its text model's, as this engine runs it, the model_type its
+# text_config names, and transformers' defaults for the fields a text_config leaves out
 QWEN_VL_TEXT = {"qwen2_5_vl": "qwen2", "qwen3_vl": "qwen3"}
+QWEN_VL_TEXT_TYPE = {"qwen2_5_vl": "qwen2_5_vl_text", "qwen3_vl": "qwen3_vl_text"}
+QWEN_VL_TEXT_DEFAULTS = {
+    "qwen2_5_vl": {"vocab_size": 152_064, "hidden_size": 8192, "intermediate_size": 29568, "num_hidden_layers": 80,
+                   "num_attention_heads": 64, "num_key_value_heads": 8, "max_position_embeddings": 32768,
+                   "rms_norm_eps": 1e-5, "rope_theta": 1_000_000.0},
+    "qwen3_vl": {"vocab_size": 151_936, "hidden_size": 4096, "intermediate_size": 22016, "num_hidden_layers": 32,
+                 "num_attention_heads": 32, "num_key_value_heads": 32, "head_dim": 128,
+                 "max_position_embeddings": 128_000, "rms_norm_eps": 1e-6, "rope_theta": 500_000.0}}
 FUSED = {"self_attn.qkv_proj.weight": ("q_proj", "k_proj", "v_proj"), "mlp.gate_up_proj.weight": ("gate_proj", "up_proj")}
 MOE_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe", "gpt_oss")
 # where a layer's experts are stored, and one expert's (gate, up, down) projections there: Mixtral's
@@ -379,6 +388,10 @@ def _qwen_vl(cfg: dict) -> tuple[dict, int]:
     qwen3 = cfg["model_type"] == "qwen3_vl"
     if text is None:
         text = {k: val for k, val in cfg.items() if k not in ("vision_config", "model_type")}
+    if text.get("model_type", QWEN_VL_TEXT_TYPE[cfg["model_type"]]) != QWEN_VL_TEXT_TYPE[cfg["model_type"]]:
+        raise ValueError(f"text_config.model_type {text['model_type']!r} is not supported (this checkpoint's text "
+                         f"model is {QWEN_VL_TEXT_TYPE[cfg['model_type']]!r})")
+    text = {**QWEN_VL_TEXT_DEFAULTS[cfg["model_type"]], **text}
     v = {**(QWEN3_VL_VISION if qwen3 else QWEN25_VL_VISION), **(v or {})}
     dtype = cfg.get("dtype") or cfg.get("torch_dtype") or text.get("dtype") or text.get("torch_dtype")
     tie = text.get("tie_word_embeddings", cfg.get("tie_word_embeddings", False))
@@ -579,8 +592,8 @@ def weight_bits(directory: str | Path) -> int | None:
         return _modelopt_bits(q, path)
     if method == "compressed-tensors":
         return _compressed_tensors_bits(q, path)
-    if method == "bitsandbytes" and (q.get("load_in_4bit") or q.get("load_in_8bit")):
-        return 4 if q.get("load_in_4bit") else 8
+    if method == "bitsandbytes":  # neither flag: nothing quantised
+        return 4 if q.get("load_in_4bit") else 8 if q.get("load_in_8bit") else None
     raise CheckpointError(f"{path}: quantization_config with quant_method {method!r} and no 'bits' is not supported")
 
 
@@ -734,10 +747,12 @@ def _weight_files(directory: Path) -> list[Path]:
     index = directory / "model.safetensors.index.json"
     if index.is_file():
         try:
-            listed = json.loads(index.read_text())["weight_map"].values()
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, AttributeError) as exc:
+            listed = json.loads(index.read_text())["weight_map"]
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as exc:
             raise CheckpointError(f"{index}: cannot be read as a weight map ({exc!r})") from exc
-        files = [directory / name for name in sorted(set(listed))]
+        if not isinstance(listed, dict) or not all(isinstance(f, str) for f in listed.values()):
+            raise CheckpointError(f"{index}: weight_map must map each tensor to a file name, got {listed!r:.200}")
+        files = [directory / name for name in sorted(set(listed.values()))]
         missing = next((f for f in files if not f.is_file()), None)
         if missing is not None:
             raise CheckpointError(f"{index}: lists {missing.name}, which is missing")
@@ -762,22 +777,25 @@ def load_checkpoint(directory: str | Path, device: str | torch.device = "cpu",
             raise CheckpointError(f"{directory}: Gemma 2 and 3 do not run in float16 (numerically unstable, and vLLM "
                                   "refuses it): bfloat16 or float32")
         mc = ModelConfig(**{**mc.__dict__, "dtype": dtype})
-    bits = weight_bits(directory)
+    advice = "this engine runs 16-bit weights (it sizes a quantised checkpoint as a deployment, CHECKPOINT_DIR@GPU)"
+    try:
+        bits = weight_bits(directory)
+    except CheckpointError as exc:
+        raise CheckpointError(f"{exc}; {advice}") from None
     if bits is not None and bits < 16:
-        method = json.loads((directory / "config.json").read_text()).get("quantization_config") or {}
-        raise CheckpointError(f"{directory}: its weights are quantised ({bits} bits, quant_method "
-                              f"{method.get('quant_method')!r}), which this engine does not run: it sizes such a "
-                              "checkpoint as a deployment (CHECKPOINT_DIR@GPU); run a 16-bit one")
+        source = "hf_quant_config.json" if (directory / "hf_quant_config.json").is_file() and not json.loads(
+            (directory / "config.json").read_text()).get("quantization_config") else "config.json's quantization_config"
+        raise CheckpointError(f"{directory}: its weights are quantised to {bits} bits ({source}); {advice}")
     state: dict[str, torch.Tensor] = {}
     for f in _weight_files(directory):
         try:
-            state.update(load_file(str(f)))
+            tensors = load_file(str(f))
         except Exception as exc:  # safetensors raises its own error types for a damaged file
             raise CheckpointError(f"{f}: cannot be read as safetensors ({exc})") from exc
-    eight = next((k for k, t in state.items() if t.dtype in (torch.float8_e4m3fn, torch.float8_e5m2)), None)
-    if eight is not None:
-        raise CheckpointError(f"{directory}: tensor {eight!r} is float8, which this engine does not run (its scales "
-                              "would be ignored): run a 16-bit checkpoint")
+        byte = next((k for k, t in tensors.items() if t.is_floating_point() and t.element_size() == 1), None)
+        if byte is not None:  # a float8 weight: its scales would be ignored
+            raise CheckpointError(f"{f}: tensor {byte!r} is {tensors[byte].dtype} (quantised); {advice}")
+        state.update(tensors)
     state = _unfused(_text_model(state), mc, directory)
     if mc.swiglu_limit is not None:  # gpt-oss: its experts stored as transformers holds them, in MXFP4 or not
         state = _dequantised(state, torch_dtype(mc.dtype), directory)

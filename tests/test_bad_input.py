@@ -128,6 +128,10 @@ def test_a_checkpoint_reads_the_files_that_hold_its_model_and_no_others(checkpoi
     (checkpoint / "model.safetensors.index.json").write_text(json.dumps(index))
     with pytest.raises(CheckpointError, match="lists model-00002-of-00002.safetensors, which is missing"):
         load_checkpoint(checkpoint)
+    for broken, match in (([], "cannot be read as a weight map"), ({"weight_map": {"x": 3}}, "weight_map must map each tensor to")):
+        (checkpoint / "model.safetensors.index.json").write_text(json.dumps(broken))
+        with pytest.raises(CheckpointError, match=f"model.safetensors.index.json: {match}"):
+            load_checkpoint(checkpoint)
     for f in ("model.safetensors.index.json", "extra.safetensors"):
         (checkpoint / f).unlink()
     shutil.move(checkpoint / "model.safetensors", checkpoint / "consolidated.safetensors")
@@ -142,14 +146,22 @@ def test_a_checkpoint_with_quantised_weights_is_sized_not_run(checkpoint):
 
     cfg = json.loads((checkpoint / "config.json").read_text())
     (checkpoint / "config.json").write_text(json.dumps({**cfg, "quantization_config": {"quant_method": "fp8"}}))
-    with pytest.raises(CheckpointError, match=r"its weights are quantised \(8 bits, quant_method 'fp8'\)"):
+    advice = r"this engine runs 16-bit weights \(it sizes a quantised checkpoint as a deployment, CHECKPOINT_DIR@GPU\)"
+    with pytest.raises(CheckpointError, match=r"quantised to 8 bits \(config.json's quantization_config\); " + advice):
         load_checkpoint(checkpoint)
+    (checkpoint / "config.json").write_text(json.dumps({**cfg, "quantization_config": {"quant_method": "torchao"}}))
+    with pytest.raises(CheckpointError, match="quant_method 'torchao' and no 'bits' is not supported; " + advice):
+        load_checkpoint(checkpoint)
+    # bitsandbytes with neither flag quantises nothing: run
+    (checkpoint / "config.json").write_text(json.dumps({**cfg, "quantization_config": {"quant_method": "bitsandbytes"}}))
+    assert load_checkpoint(checkpoint)
     (checkpoint / "config.json").write_text(json.dumps(cfg))
     state = load_file(str(checkpoint / "model.safetensors"))
     key = "model.layers.0.self_attn.q_proj.weight"
-    save_file({**state, key: state[key].to(torch.float8_e4m3fn)}, str(checkpoint / "model.safetensors"))
-    with pytest.raises(CheckpointError, match=f"tensor '{key}' is float8"):
-        load_checkpoint(checkpoint)
+    for dtype in (torch.float8_e4m3fn, torch.float8_e5m2fnuz):
+        save_file({**state, key: state[key].to(dtype)}, str(checkpoint / "model.safetensors"))
+        with pytest.raises(CheckpointError, match=f"model.safetensors: tensor '{key}' is {dtype} \\(quantised\\); " + advice):
+            load_checkpoint(checkpoint)
 
 
 def _edit_config(checkpoint, **fields):

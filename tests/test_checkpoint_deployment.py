@@ -145,9 +145,24 @@ QWEN3_VL_8B = {  # Qwen/Qwen3-VL-8B-Instruct's
     "vision_end_token_id": 151653, "vision_start_token_id": 151652}
 
 
+# Qwen2.5-VL-3B-Instruct's: its embeddings tied, as Qwen3-VL-2B's and 4B's
+QWEN25_VL_3B = {**QWEN25_VL_7B, "hidden_size": 2048, "intermediate_size": 11008, "num_hidden_layers": 36,
+                "num_attention_heads": 16, "num_key_value_heads": 2, "max_window_layers": 70, "tie_word_embeddings": True,
+                "vocab_size": 151936, "vision_config": {**QWEN25_VL_7B["vision_config"], "out_hidden_size": 2048}}
+
+
+QWEN3_VL_4B = {**QWEN3_VL_8B, "tie_word_embeddings": True,  # Qwen3-VL-4B-Instruct's: tied, a smaller tower
+               "text_config": {**QWEN3_VL_8B["text_config"], "hidden_size": 2560, "intermediate_size": 9728,
+                               "tie_word_embeddings": True},
+               "vision_config": {**QWEN3_VL_8B["vision_config"], "depth": 24, "hidden_size": 1024, "intermediate_size": 4096,
+                                 "deepstack_visual_indexes": [5, 11, 17], "out_hidden_size": 2560}}
+
+
 @pytest.mark.parametrize("name, config, params, tower", [
     ("Qwen2.5-VL-7B-Instruct", QWEN25_VL_7B, 8_292_166_656, 676_550_144),
-    ("Qwen3-VL-8B-Instruct", QWEN3_VL_8B, 8_767_123_696, 576_388_336)])
+    ("Qwen2.5-VL-3B-Instruct", QWEN25_VL_3B, 3_754_622_976, 668_684_288),
+    ("Qwen3-VL-8B-Instruct", QWEN3_VL_8B, 8_767_123_696, 576_388_336),
+    ("Qwen3-VL-4B-Instruct", QWEN3_VL_4B, 4_437_815_808, 415_347_712)])
 def test_qwen_vl_checkpoints_are_sized_with_their_vision_tower(tmp_path, name, config, params, tower):
     # the published parameter counts (8.29B and 8.77B), as transformers builds them; the decoder is Qwen2's
     # or Qwen3's, its KV sized as theirs, its multimodal RoPE the plain one on text
@@ -157,12 +172,27 @@ def test_qwen_vl_checkpoints_are_sized_with_their_vision_tower(tmp_path, name, c
     d = deployment(f"{checkpoint(tmp_path, name, config)}@l40s")
     m = d.model
     assert m.param_count() == params and m.encoder_params == tower and m.dtype == "bfloat16"
-    assert not m.tie_word_embeddings and m.qkv_bias == (config["model_type"] == "qwen2_5_vl")
+    assert m.tie_word_embeddings == config["tie_word_embeddings"] and m.qkv_bias == (config["model_type"] == "qwen2_5_vl")
     assert m.qk_norm == (config["model_type"] == "qwen3_vl") and not d.notes
-    with torch.device("meta"):
-        built = transformers.AutoModelForImageTextToText.from_config(
-            transformers.AutoConfig.from_pretrained(tmp_path / name))
-    assert built.num_parameters() == params
+
+    def built(fields: dict) -> int:
+        with torch.device("meta"):
+            return transformers.AutoModelForImageTextToText.from_config(transformers.AutoConfig.for_model(**fields)).num_parameters()
+
+    assert built(config) == params
+    # fields a text_config or vision_config leaves out take transformers' defaults
+    text = config.get("text_config")
+    sparse = {**config, "vision_config": {}, **({"text_config": {k: v for k, v in text.items() if k not in (
+        "head_dim", "rope_theta", "max_position_embeddings", "rms_norm_eps")}} if text else {})}
+    sparse_model = deployment(f"{checkpoint(tmp_path, 'sparse', sparse)}@h200").model
+    assert sparse_model.param_count() == built(sparse)
+    if text:
+        ref = transformers.AutoConfig.for_model(**sparse).text_config
+        assert (sparse_model.head_dim, sparse_model.max_position, sparse_model.rope_theta, sparse_model.rms_norm_eps) == (
+            ref.head_dim, ref.max_position_embeddings, ref.rope_parameters["rope_theta"], ref.rms_norm_eps)  # a text model of another kind is refused, naming it
+        moe = {**config, "text_config": {**text, "model_type": "qwen3_vl_moe_text"}}
+        with pytest.raises(ValueError, match="text_config.model_type 'qwen3_vl_moe_text' is not supported"):
+            deployment(f"{checkpoint(tmp_path, 'moe', moe)}@h200")
 
 
 def test_gemma_3_checkpoints_are_sized_with_their_vision_tower(tmp_path):

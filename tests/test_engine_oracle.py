@@ -301,13 +301,13 @@ def test_a_mistral_3_checkpoint_loads_its_text_model_and_matches_transformers(tm
     assert tokens == [hf_greedy(hf, p, 20) for p in prompts]
 
 
-def _tiny_qwen_vl(name: str):
+def _tiny_qwen_vl(name: str, tied: bool = False):
     """transformers' Qwen2.5-VL or Qwen3-VL at a tiny size: a two-block vision tower beside the text model."""
     import transformers
 
     torch.manual_seed(0)
     text = dict(vocab_size=300, hidden_size=48, intermediate_size=96, num_hidden_layers=3, num_attention_heads=6,
-                num_key_value_heads=2, max_position_embeddings=512, rms_norm_eps=1e-6, tie_word_embeddings=False,
+                num_key_value_heads=2, max_position_embeddings=512, rms_norm_eps=1e-6, tie_word_embeddings=tied,
                 bos_token_id=None, eos_token_id=None, pad_token_id=None)
     vision = dict(depth=2, hidden_size=32, intermediate_size=40, num_heads=2, patch_size=4, out_hidden_size=48)
     if name == "Qwen2_5_VL":
@@ -319,12 +319,13 @@ def _tiny_qwen_vl(name: str):
                                              "mrope_interleaved": True})
     cfg = transformers.Qwen3VLConfig(text_config=text, vision_config={**vision, "num_position_embeddings": 16,
                                                                       "deepstack_visual_indexes": [0, 1]},
-                                     image_token_id=299, video_token_id=298, vision_start_token_id=297)
+                                     image_token_id=299, video_token_id=298, vision_start_token_id=297,
+                                     tie_word_embeddings=tied)
     return transformers.Qwen3VLForConditionalGeneration(cfg).eval()
 
 
 @pytest.mark.parametrize("name, layout", [("Qwen2_5_VL", "transformers 5"), ("Qwen2_5_VL", "published"),
-                                          ("Qwen3_VL", "transformers 5")])
+                                          ("Qwen3_VL", "transformers 5"), ("Qwen3_VL", "tied")])
 def test_a_qwen_vl_checkpoint_loads_its_text_model_and_matches_transformers(tmp_path, name, layout):
     # Qwen2.5-VL and Qwen3-VL: Qwen2's and Qwen3's decoders beside a vision tower, rotating by a
     # multimodal RoPE that is the plain one on text; the engine runs the text model (the tower counted
@@ -332,7 +333,7 @@ def test_a_qwen_vl_checkpoint_loads_its_text_model_and_matches_transformers(tmp_
     # level and its weights as model.* and visual.*
     from safetensors.torch import load_file, save_file
 
-    hf = _tiny_qwen_vl(name)
+    hf = _tiny_qwen_vl(name, tied=layout == "tied")  # tied: the 2B's and 4B's, no lm_head saved
     with torch.no_grad():
         for key, p in hf.named_parameters():
             if ".mlp." in key or key.endswith(("v_proj.weight", "o_proj.weight")):
@@ -351,6 +352,7 @@ def test_a_qwen_vl_checkpoint_loads_its_text_model_and_matches_transformers(tmp_
                                                            "rope_scaling": {"type": "mrope", "mrope_section": [1, 1, 2]}}))
     model = load_checkpoint(tmp_path)
     assert model.config.qkv_bias == (name == "Qwen2_5_VL") and model.config.qk_norm == (name == "Qwen3_VL")
+    assert model.config.tie_word_embeddings == (layout == "tied")
     assert read_sizes(tmp_path)[0].param_count() == hf.num_parameters()  # tower and mergers counted
     prompts = _prompts(297, [13, 44, 70], seed=5)
     tokens = _generate(model, prompts, 20, num_blocks=64, max_num_batched_tokens=32)
