@@ -1,4 +1,4 @@
-"""Loading a local Hugging Face Llama, Mistral, Mistral 3, Qwen2, Qwen3, Qwen2.5-VL, Qwen3-VL, Phi-3, Gemma, Gemma 2,
+"""Loading a local Hugging Face Llama, Mistral, Mistral 3, Qwen2, Qwen3, Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Phi-3, Gemma, Gemma 2,
 Gemma 3, Mixtral, Qwen2-MoE, Qwen3-MoE or gpt-oss checkpoint directory (``config.json`` + ``*.safetensors``).
 
 Nothing is fetched from a hub: the directory must hold everything. Every refusal names the file
@@ -21,8 +21,8 @@ from engine.model import LlamaModel
 # Mistral is Llama's architecture under its own name; without a sliding window it is Llama's attention
 # too; Mistral 3 (``mistral3``: Mistral Small 3.1 and 3.2) holds a Mistral decoder beside a Pixtral
 # vision tower. Qwen2 (Qwen2.5, QwQ, DeepSeek-R1's Qwen distillations) is Llama's with biases on q, k and v;
-# Qwen3 (dense) is Llama's with an RMSNorm over each q and k head and its own head_dim; Qwen2.5-VL and
-# Qwen3-VL hold a Qwen2 or Qwen3 decoder beside a vision tower. Phi-3 (and
+# Qwen3 (dense) is Llama's with an RMSNorm over each q and k head and its own head_dim; Qwen2-VL, Qwen2.5-VL
+# and Qwen3-VL hold a Qwen2 or Qwen3 decoder beside a vision tower. Phi-3 (and
 # Phi-4) is Llama's with q/k/v and gate/up each stored as one tensor, as this engine computes them.
 # Mixtral is Mistral's with a mixture of eight experts for each MLP (two a token); Qwen3-MoE is
 # Qwen3's with one (e.g. 8 of 128 experts a token), some layers optionally kept dense; Qwen2-MoE
@@ -35,7 +35,7 @@ from engine.model import LlamaModel
 # 128-token window on every other layer, YaRN, a router with a bias, clamped SwiGLU experts with
 # biases, stored in MXFP4 (4-bit floats, a power-of-two scale for each 32).
 MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma", "gemma2", "gemma3_text", "gemma3", "mixtral",
-               "qwen2_moe", "qwen3_moe", "gpt_oss", "mistral3", "qwen2_5_vl", "qwen3_vl")
+               "qwen2_moe", "qwen3_moe", "gpt_oss", "mistral3", "qwen2_vl", "qwen2_5_vl", "qwen3_vl")
 GEMMA_TYPES = ("gemma", "gemma2", "gemma3_text")
 # the model types vLLM refuses to run in float16 (numerically unstable): bfloat16 in its place
 NO_FLOAT16 = ("gemma2", "gemma3_text")
@@ -75,16 +75,19 @@ MISTRAL3 = {"spatial_merge_size": 2, "multimodal_projector_bias": False, "vision
 # Qwen2.5-VL's and Qwen3-VL's vision towers' sizes where their vision_config leaves them out (transformers')
 QWEN_VISION = {"in_channels": 3, "temporal_patch_size": 2, "spatial_merge_size": 2, "out_hidden_size": 3584}
 QWEN25_VL_VISION = {**QWEN_VISION, "depth": 32, "hidden_size": 3584, "intermediate_size": 3420, "patch_size": 14}
+# Qwen2-VL's: LayerNorms, a plain MLP mlp_ratio times as wide, its width embed_dim and its output hidden_size
+QWEN2_VL_VISION = {**QWEN_VISION, "depth": 32, "embed_dim": 1280, "hidden_size": 3584, "mlp_ratio": 4, "patch_size": 14}
 QWEN3_VL_VISION = {**QWEN_VISION, "depth": 27, "hidden_size": 1152, "intermediate_size": 4304, "patch_size": 16,
                    "num_position_embeddings": 2304, "deepstack_visual_indexes": [8, 16, 24]}
 # a vision-language checkpoint's model_type -> its text model's, as this engine runs it, the model_type its
 # text_config names, and transformers' defaults for the fields a text_config leaves out
-QWEN_VL_TEXT = {"qwen2_5_vl": "qwen2", "qwen3_vl": "qwen3"}
-QWEN_VL_TEXT_TYPE = {"qwen2_5_vl": "qwen2_5_vl_text", "qwen3_vl": "qwen3_vl_text"}
+QWEN_VL_TEXT = {"qwen2_vl": "qwen2", "qwen2_5_vl": "qwen2", "qwen3_vl": "qwen3"}
+QWEN_VL_TEXT_TYPE = {"qwen2_vl": "qwen2_vl_text", "qwen2_5_vl": "qwen2_5_vl_text", "qwen3_vl": "qwen3_vl_text"}
+QWEN2_VL_TEXT_DEFAULTS = {"vocab_size": 152_064, "hidden_size": 8192, "intermediate_size": 29568, "num_hidden_layers": 80,
+                          "num_attention_heads": 64, "num_key_value_heads": 8, "max_position_embeddings": 32768,
+                          "rms_norm_eps": 1e-5, "rope_theta": 1_000_000.0}
 QWEN_VL_TEXT_DEFAULTS = {
-    "qwen2_5_vl": {"vocab_size": 152_064, "hidden_size": 8192, "intermediate_size": 29568, "num_hidden_layers": 80,
-                   "num_attention_heads": 64, "num_key_value_heads": 8, "max_position_embeddings": 32768,
-                   "rms_norm_eps": 1e-5, "rope_theta": 1_000_000.0},
+    "qwen2_vl": QWEN2_VL_TEXT_DEFAULTS, "qwen2_5_vl": QWEN2_VL_TEXT_DEFAULTS,
     "qwen3_vl": {"vocab_size": 151_936, "hidden_size": 4096, "intermediate_size": 22016, "num_hidden_layers": 32,
                  "num_attention_heads": 32, "num_key_value_heads": 32, "head_dim": 128,
                  "max_position_embeddings": 128_000, "rms_norm_eps": 1e-6, "rope_theta": 500_000.0}}
@@ -378,31 +381,39 @@ def _mistral3(cfg: dict) -> tuple[dict, int]:
 
 
 def _qwen_vl(cfg: dict) -> tuple[dict, int]:
-    """Qwen2.5-VL's or Qwen3-VL's text model (Qwen2's or Qwen3's decoder; its multimodal RoPE is the
-    plain one on text, whose three position indices are equal) and the parameters of its vision tower
-    and patch merger (and Qwen3-VL's deepstack mergers). Qwen2.5-VL's published config.json writes the
-    text model's fields at the top level, transformers 5 under ``text_config``."""
+    """Qwen2-VL's, Qwen2.5-VL's or Qwen3-VL's text model (Qwen2's or Qwen3's decoder; its multimodal RoPE
+    is the plain one on text, whose three position indices are equal) and the parameters of its vision
+    tower and patch merger (and Qwen3-VL's deepstack mergers). Qwen2-VL's and Qwen2.5-VL's published
+    config.json write the text model's fields at the top level, transformers 5 under ``text_config``."""
     text, v = cfg.get("text_config"), cfg.get("vision_config")
     if not isinstance(text or {}, dict) or not isinstance(v or {}, dict):
         raise ValueError("text_config and vision_config must be objects")
-    qwen3 = cfg["model_type"] == "qwen3_vl"
+    kind = cfg["model_type"]
+    qwen3 = kind == "qwen3_vl"
     if text is None:
         text = {k: val for k, val in cfg.items() if k not in ("vision_config", "model_type")}
     if text.get("model_type", QWEN_VL_TEXT_TYPE[cfg["model_type"]]) != QWEN_VL_TEXT_TYPE[cfg["model_type"]]:
         raise ValueError(f"text_config.model_type {text['model_type']!r} is not supported (this checkpoint's text "
                          f"model is {QWEN_VL_TEXT_TYPE[cfg['model_type']]!r})")
     text = {**QWEN_VL_TEXT_DEFAULTS[cfg["model_type"]], **text}
-    v = {**(QWEN3_VL_VISION if qwen3 else QWEN25_VL_VISION), **(v or {})}
+    v = {**{"qwen2_vl": QWEN2_VL_VISION, "qwen2_5_vl": QWEN25_VL_VISION, "qwen3_vl": QWEN3_VL_VISION}[kind], **(v or {})}
     dtype = cfg.get("dtype") or cfg.get("torch_dtype") or text.get("dtype") or text.get("torch_dtype")
     tie = text.get("tie_word_embeddings", cfg.get("tie_word_embeddings", False))
-    h, i, out = _int(v, "hidden_size"), _int(v, "intermediate_size"), _int(v, "out_hidden_size")
+    if kind == "qwen2_vl":  # its tower's width is embed_dim, its output hidden_size
+        h, out = _int(v, "embed_dim"), _int(v, "hidden_size")
+        i = h * _int(v, "mlp_ratio")
+    else:
+        h, i, out = _int(v, "hidden_size"), _int(v, "intermediate_size"), _int(v, "out_hidden_size")
     patch = _int(v, "in_channels") * _int(v, "temporal_patch_size") * _int(v, "patch_size") ** 2 * h
     merged = _int(v, "spatial_merge_size") ** 2 * h  # a merger's input: the patches it merges, side by side
     merger = merged * merged + merged + merged * out + out  # two linear layers, with their biases
-    if qwen3:  # LayerNorms (with biases) and a plain MLP; learned positions; deepstack mergers normed after merging
-        block = 4 * h + 3 * h * h + 3 * h + h * h + h + 2 * h * i + i + h
+    plain = 4 * h + 3 * h * h + 3 * h + h * h + h + 2 * h * i + i + h  # LayerNorms (with biases) and a plain MLP
+    if qwen3:  # learned positions; deepstack mergers normed after merging
+        block = plain
         tower = patch + h + _int(v, "num_position_embeddings") * h + 2 * h + merger
         tower += len(v["deepstack_visual_indexes"]) * (2 * merged + merger)
+    elif kind == "qwen2_vl":  # a patch embedding without a bias; a LayerNorm before the merger
+        block, tower = plain, patch + 2 * h + merger
     else:  # RMSNorms and a gated MLP, with biases
         block = 2 * h + 3 * h * h + 3 * h + h * h + h + 3 * h * i + 2 * i + h
         tower = patch + h + merger

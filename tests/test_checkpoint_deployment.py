@@ -158,7 +158,15 @@ QWEN3_VL_4B = {**QWEN3_VL_8B, "tie_word_embeddings": True,  # Qwen3-VL-4B-Instru
                                  "deepstack_visual_indexes": [5, 11, 17], "out_hidden_size": 2560}}
 
 
+QWEN2_VL_7B = {**{k: v for k, v in QWEN25_VL_7B.items() if k != "vision_config"}, "model_type": "qwen2_vl",
+               "architectures": ["Qwen2VLForConditionalGeneration"],  # Qwen/Qwen2-VL-7B-Instruct's
+               "vision_config": {"depth": 32, "embed_dim": 1280, "mlp_ratio": 4, "num_heads": 16, "in_chans": 3,
+                                 "hidden_size": 3584, "patch_size": 14, "spatial_merge_size": 2, "spatial_patch_size": 14,
+                                 "temporal_patch_size": 2}}
+
+
 @pytest.mark.parametrize("name, config, params, tower", [
+    ("Qwen2-VL-7B-Instruct", QWEN2_VL_7B, 8_291_375_616, 675_759_104),
     ("Qwen2.5-VL-7B-Instruct", QWEN25_VL_7B, 8_292_166_656, 676_550_144),
     ("Qwen2.5-VL-3B-Instruct", QWEN25_VL_3B, 3_754_622_976, 668_684_288),
     ("Qwen3-VL-8B-Instruct", QWEN3_VL_8B, 8_767_123_696, 576_388_336),
@@ -172,7 +180,7 @@ def test_qwen_vl_checkpoints_are_sized_with_their_vision_tower(tmp_path, name, c
     d = deployment(f"{checkpoint(tmp_path, name, config)}@l40s")
     m = d.model
     assert m.param_count() == params and m.encoder_params == tower and m.dtype == "bfloat16"
-    assert m.tie_word_embeddings == config["tie_word_embeddings"] and m.qkv_bias == (config["model_type"] == "qwen2_5_vl")
+    assert m.tie_word_embeddings == config["tie_word_embeddings"] and m.qkv_bias == (config["model_type"] != "qwen3_vl")
     assert m.qk_norm == (config["model_type"] == "qwen3_vl") and not d.notes
 
     def built(fields: dict) -> int:
