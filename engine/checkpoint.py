@@ -22,7 +22,7 @@ from engine.model import LlamaModel
 # too; Mistral 3 (``mistral3``: Mistral Small 3.1 and 3.2) holds a Mistral decoder beside a Pixtral
 # vision tower. Qwen2 (Qwen2.5, QwQ, DeepSeek-R1's Qwen distillations) is Llama's with biases on q, k and v;
 # Qwen3 (dense) is Llama's with an RMSNorm over each q and k head and its own head_dim; Qwen2-VL, Qwen2.5-VL
-# and Qwen3-VL hold a Qwen2 or Qwen3 decoder beside a vision tower. Phi-3 (and
+# and Qwen3-VL hold a Qwen2 or Qwen3 (or Qwen3-MoE) decoder beside a vision tower. Phi-3 (and
 # Phi-4) is Llama's with q/k/v and gate/up each stored as one tensor, as this engine computes them.
 # Mixtral is Mistral's with a mixture of eight experts for each MLP (two a token); Qwen3-MoE is
 # Qwen3's with one (e.g. 8 of 128 experts a token), some layers optionally kept dense; Qwen2-MoE
@@ -35,7 +35,7 @@ from engine.model import LlamaModel
 # 128-token window on every other layer, YaRN, a router with a bias, clamped SwiGLU experts with
 # biases, stored in MXFP4 (4-bit floats, a power-of-two scale for each 32).
 MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma", "gemma2", "gemma3_text", "gemma3", "mixtral",
-               "qwen2_moe", "qwen3_moe", "gpt_oss", "mistral3", "qwen2_vl", "qwen2_5_vl", "qwen3_vl")
+               "qwen2_moe", "qwen3_moe", "gpt_oss", "mistral3", "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe")
 GEMMA_TYPES = ("gemma", "gemma2", "gemma3_text")
 # the model types vLLM refuses to run in float16 (numerically unstable): bfloat16 in its place
 NO_FLOAT16 = ("gemma2", "gemma3_text")
@@ -81,8 +81,9 @@ QWEN3_VL_VISION = {**QWEN_VISION, "depth": 27, "hidden_size": 1152, "intermediat
                    "num_position_embeddings": 2304, "deepstack_visual_indexes": [8, 16, 24]}
 # a vision-language checkpoint's model_type -> its text model's, as this engine runs it, the model_type its
 # text_config names, and transformers' defaults for the fields a text_config leaves out
-QWEN_VL_TEXT = {"qwen2_vl": "qwen2", "qwen2_5_vl": "qwen2", "qwen3_vl": "qwen3"}
-QWEN_VL_TEXT_TYPE = {"qwen2_vl": "qwen2_vl_text", "qwen2_5_vl": "qwen2_5_vl_text", "qwen3_vl": "qwen3_vl_text"}
+QWEN_VL_TEXT = {"qwen2_vl": "qwen2", "qwen2_5_vl": "qwen2", "qwen3_vl": "qwen3", "qwen3_vl_moe": "qwen3_moe"}
+QWEN_VL_TEXT_TYPE = {"qwen2_vl": "qwen2_vl_text", "qwen2_5_vl": "qwen2_5_vl_text", "qwen3_vl": "qwen3_vl_text",
+                     "qwen3_vl_moe": "qwen3_vl_moe_text"}
 QWEN2_VL_TEXT_DEFAULTS = {"vocab_size": 152_064, "hidden_size": 8192, "intermediate_size": 29568, "num_hidden_layers": 80,
                           "num_attention_heads": 64, "num_key_value_heads": 8, "max_position_embeddings": 32768,
                           "rms_norm_eps": 1e-5, "rope_theta": 1_000_000.0}
@@ -90,7 +91,12 @@ QWEN_VL_TEXT_DEFAULTS = {
     "qwen2_vl": QWEN2_VL_TEXT_DEFAULTS, "qwen2_5_vl": QWEN2_VL_TEXT_DEFAULTS,
     "qwen3_vl": {"vocab_size": 151_936, "hidden_size": 4096, "intermediate_size": 22016, "num_hidden_layers": 32,
                  "num_attention_heads": 32, "num_key_value_heads": 32, "head_dim": 128,
-                 "max_position_embeddings": 128_000, "rms_norm_eps": 1e-6, "rope_theta": 500_000.0}}
+                 "max_position_embeddings": 128_000, "rms_norm_eps": 1e-6, "rope_theta": 500_000.0},
+    # Qwen3-VL's mixture of experts: Qwen3-MoE's, its routing weights always renormalised
+    "qwen3_vl_moe": {"vocab_size": 151_936, "hidden_size": 2048, "intermediate_size": 5632, "num_hidden_layers": 24,
+                     "num_attention_heads": 16, "num_key_value_heads": 16,  # head_dim: hidden / heads
+                     "max_position_embeddings": 128_000, "rms_norm_eps": 1e-6, "rope_theta": 500_000.0,
+                     "moe_intermediate_size": 1408, "num_experts_per_tok": 4, "decoder_sparse_step": 1}}
 FUSED = {"self_attn.qkv_proj.weight": ("q_proj", "k_proj", "v_proj"), "mlp.gate_up_proj.weight": ("gate_proj", "up_proj")}
 MOE_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe", "gpt_oss")
 # where a layer's experts are stored, and one expert's (gate, up, down) projections there: Mixtral's
@@ -389,14 +395,14 @@ def _qwen_vl(cfg: dict) -> tuple[dict, int]:
     if not isinstance(text or {}, dict) or not isinstance(v or {}, dict):
         raise ValueError("text_config and vision_config must be objects")
     kind = cfg["model_type"]
-    qwen3 = kind == "qwen3_vl"
+    qwen3 = kind in ("qwen3_vl", "qwen3_vl_moe")
     if text is None:
         text = {k: val for k, val in cfg.items() if k not in ("vision_config", "model_type")}
     if text.get("model_type", QWEN_VL_TEXT_TYPE[cfg["model_type"]]) != QWEN_VL_TEXT_TYPE[cfg["model_type"]]:
         raise ValueError(f"text_config.model_type {text['model_type']!r} is not supported (this checkpoint's text "
                          f"model is {QWEN_VL_TEXT_TYPE[cfg['model_type']]!r})")
     text = {**QWEN_VL_TEXT_DEFAULTS[cfg["model_type"]], **text}
-    v = {**{"qwen2_vl": QWEN2_VL_VISION, "qwen2_5_vl": QWEN25_VL_VISION, "qwen3_vl": QWEN3_VL_VISION}[kind], **(v or {})}
+    v = {**(QWEN3_VL_VISION if qwen3 else QWEN2_VL_VISION if kind == "qwen2_vl" else QWEN25_VL_VISION), **(v or {})}
     dtype = cfg.get("dtype") or cfg.get("torch_dtype") or text.get("dtype") or text.get("torch_dtype")
     tie = text.get("tie_word_embeddings", cfg.get("tie_word_embeddings", False))
     if kind == "qwen2_vl":  # its tower's width is embed_dim, its output hidden_size
@@ -419,7 +425,8 @@ def _qwen_vl(cfg: dict) -> tuple[dict, int]:
         tower = patch + h + merger
     tower += _int(v, "depth") * block
     model_type = QWEN_VL_TEXT[cfg["model_type"]]
-    return {**text, "model_type": model_type, "tie_word_embeddings": tie, "dtype": dtype,
+    moe = {"norm_topk_prob": True} if kind == "qwen3_vl_moe" else {}
+    return {**text, **moe, "model_type": model_type, "tie_word_embeddings": tie, "dtype": dtype,
             "quantization_config": cfg.get("quantization_config")}, tower
 
 
@@ -808,6 +815,13 @@ def load_checkpoint(directory: str | Path, device: str | torch.device = "cpu",
             raise CheckpointError(f"{f}: tensor {byte!r} is {tensors[byte].dtype} (quantised); {advice}")
         state.update(tensors)
     state = _unfused(_text_model(state), mc, directory)
+    if json.loads((directory / "config.json").read_text()).get("model_type") == "qwen3_vl_moe":
+        # its published experts are stacked with each matrix's input dimension first: transposed where their
+        # shape says so, as transformers loads them (a square one is taken as it is, as there)
+        e, h, i = mc.num_experts, mc.hidden_size, mc.moe_intermediate_size
+        shapes = {".mlp.experts.gate_up_proj": (e, 2 * i, h), ".mlp.experts.down_proj": (e, h, i)}
+        state = {k: t.transpose(1, 2) if (want := next((v for s, v in shapes.items() if k.endswith(s)), None))
+                 and tuple(t.shape) != want and tuple(t.transpose(1, 2).shape) == want else t for k, t in state.items()}
     if mc.swiglu_limit is not None:  # gpt-oss: its experts stored as transformers holds them, in MXFP4 or not
         state = _dequantised(state, torch_dtype(mc.dtype), directory)
     elif mc.num_experts:

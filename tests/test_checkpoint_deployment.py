@@ -165,23 +165,33 @@ QWEN2_VL_7B = {**{k: v for k, v in QWEN25_VL_7B.items() if k != "vision_config"}
                                  "temporal_patch_size": 2}}
 
 
+QWEN3_VL_30B_A3B = {**QWEN3_VL_8B, "architectures": ["Qwen3VLMoeForConditionalGeneration"], "model_type": "qwen3_vl_moe",
+                    "text_config": {**QWEN3_VL_8B["text_config"], "model_type": "qwen3_vl_moe_text", "hidden_size": 2048,
+                                    "intermediate_size": 6144, "num_hidden_layers": 48, "num_key_value_heads": 4,
+                                    "moe_intermediate_size": 768, "num_experts": 128, "num_experts_per_tok": 8,
+                                    "decoder_sparse_step": 1, "mlp_only_layers": []},
+                    "vision_config": {**QWEN3_VL_8B["vision_config"], "out_hidden_size": 2048, "model_type": "qwen3_vl_moe"}}
+
+
 @pytest.mark.parametrize("name, config, params, tower", [
     ("Qwen2-VL-7B-Instruct", QWEN2_VL_7B, 8_291_375_616, 675_759_104),
     ("Qwen2.5-VL-7B-Instruct", QWEN25_VL_7B, 8_292_166_656, 676_550_144),
     ("Qwen2.5-VL-3B-Instruct", QWEN25_VL_3B, 3_754_622_976, 668_684_288),
     ("Qwen3-VL-8B-Instruct", QWEN3_VL_8B, 8_767_123_696, 576_388_336),
-    ("Qwen3-VL-4B-Instruct", QWEN3_VL_4B, 4_437_815_808, 415_347_712)])
+    ("Qwen3-VL-4B-Instruct", QWEN3_VL_4B, 4_437_815_808, 415_347_712),
+    ("Qwen3-VL-30B-A3B-Instruct", QWEN3_VL_30B_A3B, 31_070_754_032, 538_631_408)])
 def test_qwen_vl_checkpoints_are_sized_with_their_vision_tower(tmp_path, name, config, params, tower):
     # the published parameter counts (8.29B and 8.77B), as transformers builds them; the decoder is Qwen2's
     # or Qwen3's, its KV sized as theirs, its multimodal RoPE the plain one on text
     import torch
     import transformers
 
-    d = deployment(f"{checkpoint(tmp_path, name, config)}@l40s")
+    d = deployment(f"{checkpoint(tmp_path, name, config)}@h200")  # the 30B-A3B's 62 GB of weights need it
     m = d.model
     assert m.param_count() == params and m.encoder_params == tower and m.dtype == "bfloat16"
-    assert m.tie_word_embeddings == config["tie_word_embeddings"] and m.qkv_bias == (config["model_type"] != "qwen3_vl")
-    assert m.qk_norm == (config["model_type"] == "qwen3_vl") and not d.notes
+    qwen3 = config["model_type"].startswith("qwen3")
+    assert m.tie_word_embeddings == config["tie_word_embeddings"] and m.qkv_bias == (not qwen3)
+    assert m.qk_norm == qwen3 and not d.notes and m.num_experts == (128 if "moe" in config["model_type"] else 0)
 
     def built(fields: dict) -> int:
         with torch.device("meta"):
@@ -198,9 +208,9 @@ def test_qwen_vl_checkpoints_are_sized_with_their_vision_tower(tmp_path, name, c
         ref = transformers.AutoConfig.for_model(**sparse).text_config
         assert (sparse_model.head_dim, sparse_model.max_position, sparse_model.rope_theta, sparse_model.rms_norm_eps) == (
             ref.head_dim, ref.max_position_embeddings, ref.rope_parameters["rope_theta"], ref.rms_norm_eps)  # a text model of another kind is refused, naming it
-        moe = {**config, "text_config": {**text, "model_type": "qwen3_vl_moe_text"}}
-        with pytest.raises(ValueError, match="text_config.model_type 'qwen3_vl_moe_text' is not supported"):
-            deployment(f"{checkpoint(tmp_path, 'moe', moe)}@h200")
+        other = {**config, "text_config": {**text, "model_type": "qwen3_next"}}
+        with pytest.raises(ValueError, match="text_config.model_type 'qwen3_next' is not supported"):
+            deployment(f"{checkpoint(tmp_path, 'other', other)}@h200")
 
 
 def test_gemma_3_checkpoints_are_sized_with_their_vision_tower(tmp_path):

@@ -323,6 +323,13 @@ def _tiny_qwen_vl(name: str, tied: bool = False):
         return transformers.Qwen2_5_VLForConditionalGeneration(cfg).eval()
     text.update(head_dim=8, rope_parameters={"rope_type": "default", "rope_theta": 50000.0, "mrope_section": [2, 1, 1],
                                              "mrope_interleaved": True})
+    if name == "Qwen3_VL_MOE":  # Qwen3-MoE's text model: 4 experts, 2 a token, their matrices stored transposed
+        text.update(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, decoder_sparse_step=1)
+        cfg = transformers.Qwen3VLMoeConfig(text_config=text, vision_config={**vision, "num_position_embeddings": 16,
+                                                                             "deepstack_visual_indexes": [0, 1]},
+                                            image_token_id=299, video_token_id=298, vision_start_token_id=297,
+                                            tie_word_embeddings=tied)
+        return transformers.Qwen3VLMoeForConditionalGeneration(cfg).eval()
     cfg = transformers.Qwen3VLConfig(text_config=text, vision_config={**vision, "num_position_embeddings": 16,
                                                                       "deepstack_visual_indexes": [0, 1]},
                                      image_token_id=299, video_token_id=298, vision_start_token_id=297,
@@ -331,7 +338,8 @@ def _tiny_qwen_vl(name: str, tied: bool = False):
 
 
 @pytest.mark.parametrize("name, layout", [("Qwen2_VL", "published"), ("Qwen2_5_VL", "transformers 5"), ("Qwen2_5_VL", "published"),
-                                          ("Qwen3_VL", "transformers 5"), ("Qwen3_VL", "tied")])
+                                          ("Qwen3_VL", "transformers 5"), ("Qwen3_VL", "tied"),
+                                          ("Qwen3_VL_MOE", "transformers 5"), ("Qwen3_VL_MOE", "experts transposed")])
 def test_a_qwen_vl_checkpoint_loads_its_text_model_and_matches_transformers(tmp_path, name, layout):
     # Qwen2.5-VL and Qwen3-VL: Qwen2's and Qwen3's decoders beside a vision tower, rotating by a
     # multimodal RoPE that is the plain one on text; the engine runs the text model (the tower counted
@@ -347,6 +355,10 @@ def test_a_qwen_vl_checkpoint_loads_its_text_model_and_matches_transformers(tmp_
             elif key.endswith(".bias") and "language_model" in key:
                 p.normal_(0.0, 0.1)
     hf.save_pretrained(tmp_path)
+    if layout == "experts transposed":  # as the published checkpoints store them: each matrix transposed
+        state = load_file(str(tmp_path / "model.safetensors"))
+        save_file({k: t.transpose(1, 2).contiguous() if k.endswith(("experts.gate_up_proj", "experts.down_proj")) else t
+                   for k, t in state.items()}, str(tmp_path / "model.safetensors"))
     if layout == "published":
         state = load_file(str(tmp_path / "model.safetensors"))
         save_file({k.replace("model.language_model.", "model.").replace("model.visual.", "visual."): v
@@ -357,7 +369,9 @@ def test_a_qwen_vl_checkpoint_loads_its_text_model_and_matches_transformers(tmp_
         (tmp_path / "config.json").write_text(json.dumps({**text, **config, "rope_theta": rope["rope_theta"],
                                                            "rope_scaling": {"type": "mrope", "mrope_section": [1, 1, 2]}}))
     model = load_checkpoint(tmp_path)
-    assert model.config.qkv_bias == (name != "Qwen3_VL") and model.config.qk_norm == (name == "Qwen3_VL")
+    qwen3 = name.startswith("Qwen3")
+    assert model.config.qkv_bias == (not qwen3) and model.config.qk_norm == qwen3
+    assert model.config.num_experts == (4 if name == "Qwen3_VL_MOE" else 0)
     assert model.config.tie_word_embeddings == (layout == "tied")
     assert read_sizes(tmp_path)[0].param_count() == hf.num_parameters()  # tower and mergers counted
     prompts = _prompts(297, [13, 44, 70], seed=5)
