@@ -162,8 +162,17 @@ class Deployment:
                              f"{workspace / GB:.1f} GB of the {usable / GB:.1f} GB usable "
                              f"({self.gpu_memory_utilization:g} of {self.gpu.name}), so {left}, where one "
                              f"{self.max_model_len}-token sequence needs {need / GB:.1f} GB (as vLLM refuses it: a "
-                             f"shorter context, CHECKPOINT_DIR@GPU:LEN for a checkpoint; quantised weights; a larger GPU)")
+                             f"shorter context, CHECKPOINT_DIR@GPU:LEN for a checkpoint; quantised weights; a larger GPU)"
+                             + self._window_caveat())
         return kv
+
+    def _window_caveat(self) -> str:
+        """What a refusal adds for a model with windowed layers, whose KV this sizing counts whole."""
+        m = self.model
+        if not m.window_layers:
+            return ""
+        return (f"; {len(m.window_layers)} of its {m.num_layers} layers attend through a {m.sliding_window}-token "
+                "window, their KV counted whole here where vLLM v1 keeps only the window's: vLLM may serve this context")
 
     def num_blocks(self) -> int:
         return self.kv_bytes() // (self.model.kv_bytes_per_token() * self.block_size)
