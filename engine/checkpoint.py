@@ -96,7 +96,7 @@ QWEN_VL_TEXT_DEFAULTS = {
     "qwen3_vl_moe": {"vocab_size": 151_936, "hidden_size": 2048, "intermediate_size": 5632, "num_hidden_layers": 24,
                      "num_attention_heads": 16, "num_key_value_heads": 16,  # head_dim: hidden / heads
                      "max_position_embeddings": 128_000, "rms_norm_eps": 1e-6, "rope_theta": 500_000.0,
-                     "moe_intermediate_size": 1408, "num_experts_per_tok": 4, "decoder_sparse_step": 1}}
+                     "moe_intermediate_size": 1408, "num_experts": 60, "num_experts_per_tok": 4, "decoder_sparse_step": 1}}
 FUSED = {"self_attn.qkv_proj.weight": ("q_proj", "k_proj", "v_proj"), "mlp.gate_up_proj.weight": ("gate_proj", "up_proj")}
 MOE_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe", "gpt_oss")
 # where a layer's experts are stored, and one expert's (gate, up, down) projections there: Mixtral's
@@ -397,6 +397,8 @@ def _qwen_vl(cfg: dict) -> tuple[dict, int]:
     kind = cfg["model_type"]
     qwen3 = kind in ("qwen3_vl", "qwen3_vl_moe")
     if text is None:
+        if qwen3:  # transformers would build its defaults, whatever the top level says
+            raise ValueError(f"a {kind} config.json holds its text model under text_config: there is none")
         text = {k: val for k, val in cfg.items() if k not in ("vision_config", "model_type")}
     if text.get("model_type", QWEN_VL_TEXT_TYPE[cfg["model_type"]]) != QWEN_VL_TEXT_TYPE[cfg["model_type"]]:
         raise ValueError(f"text_config.model_type {text['model_type']!r} is not supported (this checkpoint's text "
@@ -404,7 +406,15 @@ def _qwen_vl(cfg: dict) -> tuple[dict, int]:
     text = {**QWEN_VL_TEXT_DEFAULTS[cfg["model_type"]], **text}
     v = {**(QWEN3_VL_VISION if qwen3 else QWEN2_VL_VISION if kind == "qwen2_vl" else QWEN25_VL_VISION), **(v or {})}
     dtype = cfg.get("dtype") or cfg.get("torch_dtype") or text.get("dtype") or text.get("torch_dtype")
-    tie = text.get("tie_word_embeddings", cfg.get("tie_word_embeddings", False))
+    # tied as transformers ties them: by the top level's field, or (Qwen2-VL's and Qwen2.5-VL's) the text
+    # model's (transformers 5 writes Qwen3-VL-MoE's text_config's default, true, beside an untied model)
+    tie = bool(cfg.get("tie_word_embeddings", False)
+               or (not qwen3 and text.get("tie_word_embeddings", False)))
+    sizes = ("embed_dim", "hidden_size", "mlp_ratio") if kind == "qwen2_vl" else ("hidden_size", "intermediate_size",
+                                                                                    "out_hidden_size")
+    for key in (*sizes, "depth", "in_channels", "temporal_patch_size", "patch_size", "spatial_merge_size"):
+        if _int(v, key) <= 0:
+            raise ValueError(f"vision_config.{key} must be > 0, got {v[key]}")
     if kind == "qwen2_vl":  # its tower's width is embed_dim, its output hidden_size
         h, out = _int(v, "embed_dim"), _int(v, "hidden_size")
         i = h * _int(v, "mlp_ratio")
@@ -757,6 +767,27 @@ def _window_layers(cfg: dict, num_layers: int) -> tuple[int, ...]:
     return tuple(range(num_layers))
 
 
+def _experts_as_held(state: dict[str, torch.Tensor], mc: ModelConfig) -> dict[str, torch.Tensor]:
+    """``state`` with Qwen3-VL-MoE's stacked experts as the model holds them: its published checkpoints store
+    each matrix with its input dimension first, transformers 5 saves them as held. Each layer's layout is read
+    from whichever of its two tensors is not square (where gate_up is square, down_proj is not), so that a
+    square one is not taken as it is (transformers' shape check would)."""
+    out = dict(state)
+    h, i = mc.hidden_size, mc.moe_intermediate_size
+    for key in [k for k in state if k.endswith(".mlp.experts.gate_up_proj")]:
+        down = key.removesuffix("gate_up_proj") + "down_proj"
+        if down not in state:
+            continue  # reported missing by name below
+        gate_up = state[key]
+        if 2 * i != h:
+            transposed = tuple(gate_up.shape[1:]) == (h, 2 * i)
+        else:
+            transposed = tuple(state[down].shape[1:]) == (i, h)
+        if transposed:
+            out[key], out[down] = gate_up.transpose(1, 2), state[down].transpose(1, 2)
+    return out
+
+
 def _weight_files(directory: Path) -> list[Path]:
     """The safetensors files that hold the model, as vLLM and transformers pick them: those an index
     (``model.safetensors.index.json``) lists where there is one, else every ``*.safetensors`` but Mistral's
@@ -816,12 +847,7 @@ def load_checkpoint(directory: str | Path, device: str | torch.device = "cpu",
         state.update(tensors)
     state = _unfused(_text_model(state), mc, directory)
     if json.loads((directory / "config.json").read_text()).get("model_type") == "qwen3_vl_moe":
-        # its published experts are stacked with each matrix's input dimension first: transposed where their
-        # shape says so, as transformers loads them (a square one is taken as it is, as there)
-        e, h, i = mc.num_experts, mc.hidden_size, mc.moe_intermediate_size
-        shapes = {".mlp.experts.gate_up_proj": (e, 2 * i, h), ".mlp.experts.down_proj": (e, h, i)}
-        state = {k: t.transpose(1, 2) if (want := next((v for s, v in shapes.items() if k.endswith(s)), None))
-                 and tuple(t.shape) != want and tuple(t.transpose(1, 2).shape) == want else t for k, t in state.items()}
+        state = _experts_as_held(state, mc)
     if mc.swiglu_limit is not None:  # gpt-oss: its experts stored as transformers holds them, in MXFP4 or not
         state = _dequantised(state, torch_dtype(mc.dtype), directory)
     elif mc.num_experts:

@@ -201,16 +201,32 @@ def test_qwen_vl_checkpoints_are_sized_with_their_vision_tower(tmp_path, name, c
     # fields a text_config or vision_config leaves out take transformers' defaults
     text = config.get("text_config")
     sparse = {**config, "vision_config": {}, **({"text_config": {k: v for k, v in text.items() if k not in (
-        "head_dim", "rope_theta", "max_position_embeddings", "rms_norm_eps")}} if text else {})}
+        "head_dim", "rope_theta", "max_position_embeddings", "rms_norm_eps", "num_experts", "num_experts_per_tok",
+        "moe_intermediate_size")}} if text else {})}
     sparse_model = deployment(f"{checkpoint(tmp_path, 'sparse', sparse)}@h200").model
     assert sparse_model.param_count() == built(sparse)
     if text:
         ref = transformers.AutoConfig.for_model(**sparse).text_config
         assert (sparse_model.head_dim, sparse_model.max_position, sparse_model.rope_theta, sparse_model.rms_norm_eps) == (
-            ref.head_dim, ref.max_position_embeddings, ref.rope_parameters["rope_theta"], ref.rms_norm_eps)  # a text model of another kind is refused, naming it
+            ref.head_dim, ref.max_position_embeddings, ref.rope_parameters["rope_theta"], ref.rms_norm_eps)
+        # a text model of another kind is refused, naming it; so is a Qwen3-VL's written at the top level
+        flat = {**{k: v for k, v in config.items() if k != "text_config"}, **text, "model_type": config["model_type"]}
+        with pytest.raises(ValueError, match="holds its text model under text_config: there is none"):
+            deployment(f"{checkpoint(tmp_path, 'flat', flat)}@h200")
         other = {**config, "text_config": {**text, "model_type": "qwen3_next"}}
         with pytest.raises(ValueError, match="text_config.model_type 'qwen3_next' is not supported"):
             deployment(f"{checkpoint(tmp_path, 'other', other)}@h200")
+
+
+def test_a_qwen_vl_config_that_cannot_be_read_as_transformers_reads_it_is_refused_by_name(tmp_path):
+    # a size of 0 or below would be counted (transformers builds none); the tie follows transformers: the
+    # top level's, where Qwen3-VL-MoE's re-saved text_config says true beside an untied model
+    for key, value in (("depth", -1), ("spatial_merge_size", 0), ("mlp_ratio", 0)):
+        bad = {**QWEN2_VL_7B, "vision_config": {**QWEN2_VL_7B["vision_config"], key: value}}
+        with pytest.raises(ValueError, match=f"vision_config.{key} must be > 0, got {value}"):
+            deployment(f"{checkpoint(tmp_path, key, bad)}@h200")
+    resaved = {**QWEN3_VL_30B_A3B, "text_config": {**QWEN3_VL_30B_A3B["text_config"], "tie_word_embeddings": True}}
+    assert not deployment(f"{checkpoint(tmp_path, 'resaved', resaved)}@h200").model.tie_word_embeddings
 
 
 def test_gemma_3_checkpoints_are_sized_with_their_vision_tower(tmp_path):

@@ -301,14 +301,18 @@ def test_a_mistral_3_checkpoint_loads_its_text_model_and_matches_transformers(tm
     assert tokens == [hf_greedy(hf, p, 20) for p in prompts]
 
 
-def _tiny_qwen_vl(name: str, tied: bool = False):
-    """transformers' Qwen2.5-VL or Qwen3-VL at a tiny size: a two-block vision tower beside the text model."""
+def _tiny_qwen_vl(name: str, tied: bool = False, expert_width: int = 32):
+    """transformers' Qwen2-VL, Qwen2.5-VL or Qwen3-VL (dense or MoE) at a tiny size: a two-block vision tower
+    beside the text model; tied (a Qwen3-VL's at its top level only, as transformers reads it: its text
+    config keeps its own default, which for the MoE's is true)."""
     import transformers
 
     torch.manual_seed(0)
     text = dict(vocab_size=300, hidden_size=48, intermediate_size=96, num_hidden_layers=3, num_attention_heads=6,
-                num_key_value_heads=2, max_position_embeddings=512, rms_norm_eps=1e-6, tie_word_embeddings=tied,
+                num_key_value_heads=2, max_position_embeddings=512, rms_norm_eps=1e-6,
                 bos_token_id=None, eos_token_id=None, pad_token_id=None)
+    if not name.startswith("Qwen3"):
+        text["tie_word_embeddings"] = tied
     vision = dict(depth=2, hidden_size=32, intermediate_size=40, num_heads=2, patch_size=4, out_hidden_size=48)
     if name == "Qwen2_VL":  # its tower's width is embed_dim, its output hidden_size
         text["rope_parameters"] = {"rope_type": "default", "rope_theta": 50000.0, "mrope_section": [1, 1, 2]}
@@ -324,7 +328,7 @@ def _tiny_qwen_vl(name: str, tied: bool = False):
     text.update(head_dim=8, rope_parameters={"rope_type": "default", "rope_theta": 50000.0, "mrope_section": [2, 1, 1],
                                              "mrope_interleaved": True})
     if name == "Qwen3_VL_MOE":  # Qwen3-MoE's text model: 4 experts, 2 a token, their matrices stored transposed
-        text.update(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, decoder_sparse_step=1)
+        text.update(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=expert_width, decoder_sparse_step=1)
         cfg = transformers.Qwen3VLMoeConfig(text_config=text, vision_config={**vision, "num_position_embeddings": 16,
                                                                              "deepstack_visual_indexes": [0, 1]},
                                             image_token_id=299, video_token_id=298, vision_start_token_id=297,
@@ -337,9 +341,12 @@ def _tiny_qwen_vl(name: str, tied: bool = False):
     return transformers.Qwen3VLForConditionalGeneration(cfg).eval()
 
 
-@pytest.mark.parametrize("name, layout", [("Qwen2_VL", "published"), ("Qwen2_5_VL", "transformers 5"), ("Qwen2_5_VL", "published"),
+@pytest.mark.parametrize("name, layout", [("Qwen2_VL", "published"), ("Qwen2_VL", "transformers 5"),
+                                          ("Qwen2_5_VL", "transformers 5"), ("Qwen2_5_VL", "published"),
                                           ("Qwen3_VL", "transformers 5"), ("Qwen3_VL", "tied"),
-                                          ("Qwen3_VL_MOE", "transformers 5"), ("Qwen3_VL_MOE", "experts transposed")])
+                                          ("Qwen3_VL_MOE", "transformers 5"), ("Qwen3_VL_MOE", "tied"),
+                                          ("Qwen3_VL_MOE", "experts transposed"),
+                                          ("Qwen3_VL_MOE", "square experts transposed")])
 def test_a_qwen_vl_checkpoint_loads_its_text_model_and_matches_transformers(tmp_path, name, layout):
     # Qwen2.5-VL and Qwen3-VL: Qwen2's and Qwen3's decoders beside a vision tower, rotating by a
     # multimodal RoPE that is the plain one on text; the engine runs the text model (the tower counted
@@ -347,7 +354,9 @@ def test_a_qwen_vl_checkpoint_loads_its_text_model_and_matches_transformers(tmp_
     # level and its weights as model.* and visual.*
     from safetensors.torch import load_file, save_file
 
-    hf = _tiny_qwen_vl(name, tied=layout == "tied")  # tied: the 2B's and 4B's, no lm_head saved
+    # tied: the 2B's and 4B's, no lm_head saved; square: gate and up together as wide as the model (24 x 2 = 48),
+    # so that only down_proj's shape tells the published layout
+    hf = _tiny_qwen_vl(name, tied=layout == "tied", expert_width=24 if layout.startswith("square") else 32)
     with torch.no_grad():
         for key, p in hf.named_parameters():
             if ".mlp." in key or key.endswith(("v_proj.weight", "o_proj.weight")):
@@ -355,7 +364,7 @@ def test_a_qwen_vl_checkpoint_loads_its_text_model_and_matches_transformers(tmp_
             elif key.endswith(".bias") and "language_model" in key:
                 p.normal_(0.0, 0.1)
     hf.save_pretrained(tmp_path)
-    if layout == "experts transposed":  # as the published checkpoints store them: each matrix transposed
+    if layout.endswith("experts transposed"):  # as the published checkpoints store them: each matrix transposed
         state = load_file(str(tmp_path / "model.safetensors"))
         save_file({k: t.transpose(1, 2).contiguous() if k.endswith(("experts.gate_up_proj", "experts.down_proj")) else t
                    for k, t in state.items()}, str(tmp_path / "model.safetensors"))
@@ -371,7 +380,7 @@ def test_a_qwen_vl_checkpoint_loads_its_text_model_and_matches_transformers(tmp_
     model = load_checkpoint(tmp_path)
     qwen3 = name.startswith("Qwen3")
     assert model.config.qkv_bias == (not qwen3) and model.config.qk_norm == qwen3
-    assert model.config.num_experts == (4 if name == "Qwen3_VL_MOE" else 0)
+    assert model.config.num_experts == (4 if name == "Qwen3_VL_MOE" else 0) and not model.config.moe_float32_weights
     assert model.config.tie_word_embeddings == (layout == "tied")
     assert read_sizes(tmp_path)[0].param_count() == hf.num_parameters()  # tower and mergers counted
     prompts = _prompts(297, [13, 44, 70], seed=5)
