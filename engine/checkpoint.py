@@ -141,13 +141,12 @@ def _yarn_context(params: dict, cfg: dict) -> tuple[int, float]:
     ``original_max_position_embeddings`` (config.json's top level first, then the rope parameters';
     ``max_position_embeddings`` where neither has the field), the factor from ``factor`` (where null,
     the ratio of the two contexts, as DeepSeek's)."""
-    key = "original_max_position_embeddings"
+    key, declared = "original_max_position_embeddings", _int(cfg, "max_position_embeddings", 2048)
     where = cfg if key in cfg else params if key in params else None
-    original = _int(cfg, "max_position_embeddings", 2048) if where is None else _int(where, key)
+    original = declared if where is None else _int(where, key)
     if original <= 0:
         raise ValueError(f"{key} must be > 0, got {original}")
-    factor = params["factor"]
-    return original, _int(cfg, "max_position_embeddings", 2048) / original if factor is None else _float(params, "factor")
+    return original, declared / original if params["factor"] is None else _float(params, "factor")
 
 
 def _yarn(params: dict, cfg: dict) -> RopeScaling:
@@ -337,30 +336,35 @@ def _gemma_activation(cfg: dict) -> tuple[str, str]:
 
 
 def _text_config(cfg: dict) -> tuple[dict, int]:
-    """The decoder's fields and the parameters held beside it: a multimodal Gemma 3's or Mistral 3's
-    ``text_config`` and its vision tower's and projector's parameters, counted from its ``vision_config``
-    (a SigLIP or a Pixtral encoder); ``cfg`` and 0 for any other checkpoint."""
+    """The decoder's fields and the parameters held beside it: a multimodal Gemma 3's, Mistral 3's or
+    Qwen-VL's text model and its vision tower's and projector's parameters, counted from its
+    ``vision_config``; ``cfg`` and 0 for any other checkpoint."""
+    if cfg["model_type"] == "gemma3":
+        return _gemma3(cfg)
     if cfg["model_type"] == "mistral3":
         return _mistral3(cfg)
     if cfg["model_type"] in QWEN_VL_TEXT:
         return _qwen_vl(cfg)
-    vision = 0
-    if cfg["model_type"] == "gemma3":
-        text, v = cfg.get("text_config") or {}, {**SIGLIP, **(cfg.get("vision_config") or {})}
-        if not isinstance(text, dict) or not isinstance(cfg.get("vision_config") or {}, dict):
-            raise ValueError("text_config and vision_config must be objects")
-        dtype = cfg.get("dtype") or cfg.get("torch_dtype") or text.get("dtype") or text.get("torch_dtype")
-        cfg = {**text, "model_type": "gemma3_text", "quantization_config": cfg.get("quantization_config"), "dtype": dtype}
-        h, i, patch = _int(v, "hidden_size"), _int(v, "intermediate_size"), _int(v, "patch_size")
-        if patch <= 0:
-            raise ValueError(f"vision_config.patch_size must be > 0, got {patch}")
-        mlp = 2 * h * i + i + h
-        per_layer = 4 * h * h + 4 * h + mlp + 4 * h  # q/k/v/o, the MLP, two layer norms, with their biases
-        embeddings = _int(v, "num_channels") * patch * patch * h + h + (_int(v, "image_size") // patch) ** 2 * h
-        head = h + 4 * h * h + 4 * h + 2 * h + mlp if v["vision_use_head"] else 0  # a probe attending over the patches
-        projector = h * _int({**GEMMA3_TEXT, **text}, "hidden_size") + h  # and its norm
-        vision = _int(v, "num_hidden_layers") * per_layer + embeddings + 2 * h + head + projector
-    return cfg, vision
+    return cfg, 0
+
+
+def _gemma3(cfg: dict) -> tuple[dict, int]:
+    """Gemma 3's text model and the parameters of its SigLIP tower and projector (a linear layer and its norm)."""
+    text, v = cfg.get("text_config") or {}, {**SIGLIP, **(cfg.get("vision_config") or {})}
+    if not isinstance(text, dict) or not isinstance(cfg.get("vision_config") or {}, dict):
+        raise ValueError("text_config and vision_config must be objects")
+    dtype = cfg.get("dtype") or cfg.get("torch_dtype") or text.get("dtype") or text.get("torch_dtype")
+    h, i, patch = _int(v, "hidden_size"), _int(v, "intermediate_size"), _int(v, "patch_size")
+    if patch <= 0:
+        raise ValueError(f"vision_config.patch_size must be > 0, got {patch}")
+    mlp = 2 * h * i + i + h
+    per_layer = 4 * h * h + 4 * h + mlp + 4 * h  # q/k/v/o, the MLP, two layer norms, with their biases
+    embeddings = _int(v, "num_channels") * patch * patch * h + h + (_int(v, "image_size") // patch) ** 2 * h
+    head = h + 4 * h * h + 4 * h + 2 * h + mlp if v["vision_use_head"] else 0  # a probe attending over the patches
+    projector = h * _int({**GEMMA3_TEXT, **text}, "hidden_size") + h  # and its norm
+    vision = _int(v, "num_hidden_layers") * per_layer + embeddings + 2 * h + head + projector
+    return {**text, "model_type": "gemma3_text", "quantization_config": cfg.get("quantization_config"),
+            "dtype": dtype}, vision
 
 
 def _mistral3(cfg: dict) -> tuple[dict, int]:
@@ -400,10 +404,10 @@ def _qwen_vl(cfg: dict) -> tuple[dict, int]:
         if qwen3:  # transformers would build its defaults, whatever the top level says
             raise ValueError(f"a {kind} config.json holds its text model under text_config: there is none")
         text = {k: val for k, val in cfg.items() if k not in ("vision_config", "model_type")}
-    if text.get("model_type", QWEN_VL_TEXT_TYPE[cfg["model_type"]]) != QWEN_VL_TEXT_TYPE[cfg["model_type"]]:
+    if text.get("model_type", QWEN_VL_TEXT_TYPE[kind]) != QWEN_VL_TEXT_TYPE[kind]:
         raise ValueError(f"text_config.model_type {text['model_type']!r} is not supported (this checkpoint's text "
-                         f"model is {QWEN_VL_TEXT_TYPE[cfg['model_type']]!r})")
-    text = {**QWEN_VL_TEXT_DEFAULTS[cfg["model_type"]], **text}
+                         f"model is {QWEN_VL_TEXT_TYPE[kind]!r})")
+    text = {**QWEN_VL_TEXT_DEFAULTS[kind], **text}
     v = {**(QWEN3_VL_VISION if qwen3 else QWEN2_VL_VISION if kind == "qwen2_vl" else QWEN25_VL_VISION), **(v or {})}
     dtype = cfg.get("dtype") or cfg.get("torch_dtype") or text.get("dtype") or text.get("torch_dtype")
     # tied as transformers ties them: by the top level's field, or (Qwen2-VL's and Qwen2.5-VL's) the text
@@ -434,9 +438,8 @@ def _qwen_vl(cfg: dict) -> tuple[dict, int]:
         block = 2 * h + 3 * h * h + 3 * h + h * h + h + 3 * h * i + 2 * i + h
         tower = patch + h + merger
     tower += _int(v, "depth") * block
-    model_type = QWEN_VL_TEXT[cfg["model_type"]]
     moe = {"norm_topk_prob": True} if kind == "qwen3_vl_moe" else {}
-    return {**text, **moe, "model_type": model_type, "tie_word_embeddings": tie, "dtype": dtype,
+    return {**text, **moe, "model_type": QWEN_VL_TEXT[kind], "tie_word_embeddings": tie, "dtype": dtype,
             "quantization_config": cfg.get("quantization_config")}, tower
 
 
@@ -702,11 +705,11 @@ def _longest_context(cfg: dict, max_position: int) -> int:
         return max_position
     kind = params.get("rope_type", params.get("type")) if isinstance(params, dict) else None
     if kind == "yarn":  # vLLM: the original context times the factor, in place of the declared one
+        if params.get("factor") is None:  # the ratio of the two contexts: the declared one, unrounded
+            return max_position
         try:
             original, factor = _yarn_context(params, cfg)
         except (KeyError, TypeError, ValueError):  # read past for sizing; refused where the weights are run
-            return max_position
-        if params.get("factor") is None:  # the ratio of the two contexts: the declared one, unrounded
             return max_position
         return int(original * factor) if factor > 0 else max_position
     factor = params.get("factor") if isinstance(params, dict) else None
@@ -831,9 +834,10 @@ def load_checkpoint(directory: str | Path, device: str | torch.device = "cpu",
         bits = weight_bits(directory)
     except CheckpointError as exc:
         raise CheckpointError(f"{exc}; {advice}") from None
+    raw = json.loads((directory / "config.json").read_text())  # read_config has read it: valid JSON
     if bits is not None and bits < 16:
-        source = "hf_quant_config.json" if (directory / "hf_quant_config.json").is_file() and not json.loads(
-            (directory / "config.json").read_text()).get("quantization_config") else "config.json's quantization_config"
+        source = ("hf_quant_config.json" if (directory / "hf_quant_config.json").is_file()
+                  and not raw.get("quantization_config") else "config.json's quantization_config")
         raise CheckpointError(f"{directory}: its weights are quantised to {bits} bits ({source}); {advice}")
     state: dict[str, torch.Tensor] = {}
     for f in _weight_files(directory):
@@ -846,7 +850,7 @@ def load_checkpoint(directory: str | Path, device: str | torch.device = "cpu",
             raise CheckpointError(f"{f}: tensor {byte!r} is {tensors[byte].dtype} (quantised); {advice}")
         state.update(tensors)
     state = _unfused(_text_model(state), mc, directory)
-    if json.loads((directory / "config.json").read_text()).get("model_type") == "qwen3_vl_moe":
+    if raw.get("model_type") == "qwen3_vl_moe":
         state = _experts_as_held(state, mc)
     if mc.swiglu_limit is not None:  # gpt-oss: its experts stored as transformers holds them, in MXFP4 or not
         state = _dequantised(state, torch_dtype(mc.dtype), directory)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 from functools import partial
+from typing import Callable
 
 import torch
 from torch import nn
@@ -210,13 +211,27 @@ class Experts(nn.Module):
         self.down_proj = nn.Parameter(torch.empty(e, h, i))
 
 
+def routed(x: torch.Tensor, picked: torch.Tensor, weights: torch.Tensor,
+           expert: Callable[[int, torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    """The tokens ``x`` through the experts ``picked`` for them ([tokens, k]), weighed by ``weights``: each
+    expert (``expert(e, its tokens)``) runs once on the tokens routed to it, and a token's weighted outputs
+    are summed in one reduction and rounded once to ``x``'s dtype, as transformers' default (grouped GEMM)
+    path and vLLM's fused MoE sum them, not rounded after each expert."""
+    n, k = picked.shape
+    flat = picked.flatten()  # row t * k + j: token t's j-th pick
+    order = torch.argsort(flat, stable=True)  # grouped by expert
+    experts, counts = torch.unique_consecutive(flat[order], return_counts=True)
+    weighted = torch.empty(n * k, x.shape[-1], dtype=torch.promote_types(x.dtype, weights.dtype), device=x.device)
+    w = weights.flatten()
+    for e, rows in zip(experts.tolist(), order.split(counts.tolist())):
+        weighted[rows] = expert(e, x[rows // k]) * w[rows, None]
+    return weighted.view(n, k, -1).sum(dim=1).to(x.dtype)
+
+
 class SparseMoE(nn.Module):
     """A mixture of experts: each token goes through the ``experts_per_token`` experts its router
     scores highest, their outputs weighed by the router's softmax (renormalised over those picked
-    where ``norm_topk_prob``). Each expert runs once on the tokens routed to it; a token's weighted
-    expert outputs are then summed in one reduction and rounded once to the model's dtype, as
-    transformers' default (grouped GEMM) path and vLLM's fused MoE sum them, not rounded after
-    each expert. Qwen2-MoE adds a shared expert every token passes through, its output scaled by a
+    where ``norm_topk_prob``), each expert run as ``routed`` runs them. Qwen2-MoE adds a shared expert every token passes through, its output scaled by a
     sigmoid gate of its own."""
 
     def __init__(self, cfg: ModelConfig) -> None:
@@ -235,19 +250,14 @@ class SparseMoE(nn.Module):
             weights = weights / weights.sum(dim=-1, keepdim=True)
         if not self.float32_weights:
             weights = weights.to(logits.dtype)
-        n, k = picked.shape
-        flat = picked.flatten()  # row t * k + j: token t's j-th pick
-        order = torch.argsort(flat, stable=True)  # grouped by expert
-        experts, counts = torch.unique_consecutive(flat[order], return_counts=True)
-        weighted = torch.empty(n * k, x.shape[-1], dtype=torch.promote_types(x.dtype, weights.dtype), device=x.device)
-        w = weights.flatten()
-        for e, rows in zip(experts.tolist(), order.split(counts.tolist())):
-            gate, up = F.linear(x[rows // k], self.experts.gate_up_proj[e]).chunk(2, dim=-1)
-            weighted[rows] = F.linear(F.silu(gate) * up, self.experts.down_proj[e]) * w[rows, None]
-        out = weighted.view(n, k, -1).sum(dim=1).to(x.dtype)
+        out = routed(x, picked, weights, self._expert)
         if self.shared_expert is not None:
             out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
         return out
+
+    def _expert(self, e: int, x: torch.Tensor) -> torch.Tensor:
+        gate, up = F.linear(x, self.experts.gate_up_proj[e]).chunk(2, dim=-1)
+        return F.linear(F.silu(gate) * up, self.experts.down_proj[e])
 
 
 class ClampedExperts(nn.Module):
@@ -268,9 +278,8 @@ class ClampedMoE(nn.Module):
     """gpt-oss's mixture of experts: a router with a bias picks the ``experts_per_token`` highest logits and
     weighs those experts by the softmax of the logits picked (in the model's dtype); each expert's
     SwiGLU is clamped (the gate above, the up projection both ways, at ``swiglu_limit``) and computes
-    gate x sigmoid(alpha x gate) x (up + 1). Each expert runs once on its tokens, its matrix products
-    and bias additions apart, and a token's weighted outputs are summed once, as transformers' default
-    (grouped GEMM) path does."""
+    gate x sigmoid(alpha x gate) x (up + 1), its matrix products and bias additions apart, as
+    transformers' default (grouped GEMM) path computes them; run as ``routed`` runs them."""
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
@@ -280,21 +289,15 @@ class ClampedMoE(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         top, picked = torch.topk(self.router(x), self.top_k, dim=-1)
-        weights = F.softmax(top, dim=1, dtype=top.dtype)
-        n, k = picked.shape
-        flat = picked.flatten()  # row t * k + j: token t's j-th pick
-        order = torch.argsort(flat, stable=True)  # grouped by expert
-        experts, counts = torch.unique_consecutive(flat[order], return_counts=True)
-        weighted = torch.empty(n * k, x.shape[-1], dtype=torch.promote_types(x.dtype, weights.dtype), device=x.device)
-        w, ex = weights.flatten(), self.experts
-        for e, rows in zip(experts.tolist(), order.split(counts.tolist())):
-            gate_up = x[rows // k] @ ex.gate_up_proj[e]
-            gate_up.add_(ex.gate_up_proj_bias[e])
-            gate, up = gate_up[:, ::2].clamp(max=self.limit), gate_up[:, 1::2].clamp(min=-self.limit, max=self.limit)
-            out = ((up + 1) * (gate * torch.sigmoid(gate * self.alpha))) @ ex.down_proj[e]
-            out.add_(ex.down_proj_bias[e])
-            weighted[rows] = out * w[rows, None]
-        return weighted.view(n, k, -1).sum(dim=1).to(x.dtype)
+        return routed(x, picked, F.softmax(top, dim=1, dtype=top.dtype), self._expert)
+
+    def _expert(self, e: int, x: torch.Tensor) -> torch.Tensor:
+        ex = self.experts
+        gate_up = x @ ex.gate_up_proj[e]
+        gate_up.add_(ex.gate_up_proj_bias[e])
+        gate, up = gate_up[:, ::2].clamp(max=self.limit), gate_up[:, 1::2].clamp(min=-self.limit, max=self.limit)
+        out = ((up + 1) * (gate * torch.sigmoid(gate * self.alpha))) @ ex.down_proj[e]
+        return out.add_(ex.down_proj_bias[e])
 
 
 class DecoderLayer(nn.Module):

@@ -19,6 +19,7 @@ from engine.request import Request
 from engine.roofline import deployment
 from experiments import CHECKPOINTS
 from rlctl.bench.engine import hf_twin
+from test_moe import prompts
 
 transformers = pytest.importorskip("transformers")
 transformers.logging.set_verbosity_error()  # a tiny YaRN model's factor is not its contexts' ratio: said, and meant
@@ -44,11 +45,6 @@ def hf_gpt_oss(dtype: torch.dtype = torch.float32, **extra):
             elif ".mlp.experts." in key:
                 p.mul_(8)
     return hf.to(dtype)
-
-
-def prompts(lengths: list[int], seed: int = 5) -> list[list[int]]:
-    g = torch.Generator().manual_seed(seed)
-    return [torch.randint(0, 300, (n,), generator=g).tolist() for n in lengths]
 
 
 def generate(model, ps: list[list[int]], new_tokens: int = 12) -> list[list[int]]:
