@@ -9,6 +9,7 @@ attends causally to its whole context.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -80,28 +81,39 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tenso
     return torch.softmax(scores, dim=-1, dtype=scores.dtype)[..., :-1].to(v.dtype) @ v
 
 
+# what a layer makes of the KV it gathered, [K/V, sequences, tokens, kv_heads, head_dim]: each sequence's keys and
+# values as [sequences, heads, tokens, features]
+Expand = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+
+
+def _as_heads(kv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """K and V as the pool holds them, each KV head's."""
+    return kv[0].transpose(1, 2), kv[1].transpose(1, 2)
+
+
 def paged_attention(q: torch.Tensor, layer: int, batch: AttentionBatch, pool: KVPool, scale: float | None = None,
                     cap: float | None = None, windowed: bool = False,
-                    sinks: torch.Tensor | None = None) -> torch.Tensor:
-    """Attention output [tokens, heads, head_dim] for queries [tokens, heads, head_dim]; ``scale``
+                    sinks: torch.Tensor | None = None, expand: Expand = _as_heads) -> torch.Tensor:
+    """Attention output [tokens, heads, value features] for queries [tokens, heads, head_dim]; ``scale``
     multiplies the scores (None: head_dim ** -0.5), ``cap`` soft-caps them (None: not), a
-    ``windowed`` layer reads only the keys within the model's sliding window, and ``sinks`` (one
-    logit a head; None: none) take a share of each query's softmax."""
+    ``windowed`` layer reads only the keys within the model's sliding window, ``sinks`` (one
+    logit a head; None: none) take a share of each query's softmax, and ``expand`` makes the keys and
+    values of what the pool holds (``Expand``; latent attention projects them from its latent)."""
     nd, bs = batch.num_decodes, pool.block_size
+    entries, heads, width = pool.block_shape[1], pool.num_kv_heads, pool.head_dim
     parts = []
     if nd:
         w = batch.decode_width
-        kv = pool.gather_blocks(layer, batch.decode_blocks, nd * w)  # [2, nd * w, bs, kvh, d]
-        kv = kv.view(2, nd, w * bs, pool.num_kv_heads, pool.head_dim)[:, :, :batch.decode_len]
+        kv = pool.gather_blocks(layer, batch.decode_blocks, nd * w)  # [K/V, nd * w, bs, kvh, d]
+        k, v = expand(kv.view(entries, nd, w * bs, heads, width)[:, :, :batch.decode_len])
         mask = batch.decode_window_mask if windowed and batch.decode_window_mask is not None else batch.decode_mask
-        o = _attend(q[:nd, :, None], kv[0].transpose(1, 2), kv[1].transpose(1, 2), mask, scale, cap, sinks)
+        o = _attend(q[:nd, :, None], k, v, mask, scale, cap, sinks)
         parts.append(o.squeeze(2))
     for c in batch.prefills:
         kv = pool.gather_blocks(layer, c.blocks, c.num_blocks)
-        kv = kv.view(2, c.num_blocks * bs, pool.num_kv_heads, pool.head_dim)[:, :c.context_len]
+        k, v = expand(kv.view(entries, 1, c.num_blocks * bs, heads, width)[:, :, :c.context_len])
         mask = c.window_mask if windowed and c.window_mask is not None else c.mask
-        o = _attend(q[c.start:c.start + c.num_tokens].transpose(0, 1)[None], kv[0].transpose(0, 1)[None],
-                    kv[1].transpose(0, 1)[None], mask, scale, cap, sinks)
+        o = _attend(q[c.start:c.start + c.num_tokens].transpose(0, 1)[None], k, v, mask, scale, cap, sinks)
         parts.append(o[0].transpose(0, 1))
     return parts[0] if len(parts) == 1 else torch.cat(parts)
 
@@ -113,11 +125,16 @@ def _sdpa_bytes(model: ModelConfig, batch: int, queries: int, keys: int, gathere
     """Bytes one ``_attend`` call allocates when SDPA takes its math kernel, which an additive mask
     with grouped-query heads selects on CUDA (the fused kernels take one or the other): the K/V
     gathered from the pool (``gathered`` token slots, whole blocks), K/V repeated to every query
-    head, scaled copies of q and K, the score matrix, the masked scores and their softmax, the output."""
-    h, kvh, d, dt = model.num_heads, model.num_kv_heads, model.head_dim, model.dtype_bytes
-    expanded = 2 * batch * h * keys * d * dt if h != kvh else 0
-    return (2 * batch * gathered * kvh * d * dt + expanded + batch * h * (queries + keys) * d * dt
-            + 3 * batch * h * queries * keys * SCORE_BYTES + batch * h * queries * d * dt)
+    head (latent attention's: each head's keys and values projected from the latent, its keys then
+    assembled), scaled copies of q and K, the score matrix, the masked scores and their softmax, the output."""
+    entries, kvh, width = model.kv_layout
+    h, d, dt = model.num_heads, model.head_dim, model.dtype_bytes
+    if model.kv_lora_rank:
+        expanded = batch * keys * h * (model.qk_nope_head_dim + model.value_dim + d) * dt
+    else:
+        expanded = 2 * batch * h * keys * d * dt if h != kvh else 0
+    return (entries * batch * gathered * kvh * width * dt + expanded + batch * h * (queries + keys) * d * dt
+            + 3 * batch * h * queries * keys * SCORE_BYTES + batch * h * queries * model.value_dim * dt)
 
 
 def workspace_bytes(model: ModelConfig, block_size: int, decode_contexts: list[int],
@@ -143,4 +160,4 @@ def workspace_bytes(model: ModelConfig, block_size: int, decode_contexts: list[i
         tokens += n
     if model.window_layers:  # a windowed layer's masks beside the others
         masks *= 2
-    return masks + max(calls) + 2 * tokens * model.num_heads * model.head_dim * dt
+    return masks + max(calls) + 2 * tokens * model.num_heads * model.value_dim * dt

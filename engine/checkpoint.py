@@ -1,5 +1,6 @@
 """Loading a local Hugging Face Llama, Mistral, Mistral 3, Qwen2, Qwen3, Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Phi-3, Gemma, Gemma 2,
-Gemma 3, Mixtral, Qwen2-MoE, Qwen3-MoE or gpt-oss checkpoint directory (``config.json`` + ``*.safetensors``).
+Gemma 3, Mixtral, Qwen2-MoE, Qwen3-MoE, gpt-oss, DeepSeek-V2 or DeepSeek-V3 checkpoint directory (``config.json`` +
+``*.safetensors``).
 
 Nothing is fetched from a hub: the directory must hold everything. Every refusal names the file
 or tensor at fault.
@@ -33,9 +34,14 @@ from engine.model import LlamaModel
 # RoPE of their own. Its multimodal checkpoints (``gemma3``) hold the text model beside a vision tower.
 # gpt-oss is a mixture of experts of its own: attention with biases and a sink logit per head, a
 # 128-token window on every other layer, YaRN, a router with a bias, clamped SwiGLU experts with
-# biases, stored in MXFP4 (4-bit floats, a power-of-two scale for each 32).
+# biases, stored in MXFP4 (4-bit floats, a power-of-two scale for each 32). DeepSeek-V2 (and V2-Lite,
+# DeepSeek-Coder-V2) and DeepSeek-V3 (V3, R1, Moonlight) attend through multi-head latent attention (a
+# latent a token cached in place of each head's K and V) and route each token to experts in groups,
+# beside shared experts every token takes, after a first few dense layers.
 MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma", "gemma2", "gemma3_text", "gemma3", "mixtral",
-               "qwen2_moe", "qwen3_moe", "gpt_oss", "mistral3", "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe")
+               "qwen2_moe", "qwen3_moe", "gpt_oss", "mistral3", "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe",
+               "deepseek_v2", "deepseek_v3")
+DEEPSEEK_TYPES = ("deepseek_v2", "deepseek_v3")
 GEMMA_TYPES = ("gemma", "gemma2", "gemma3_text")
 # the model types vLLM refuses to run in float16 (numerically unstable): bfloat16 in its place
 NO_FLOAT16 = ("gemma2", "gemma3_text")
@@ -49,6 +55,16 @@ DEFAULTS = {**{t: {"sliding_window": 4096} for t in ("mistral", "qwen2", "qwen3"
             "gemma": {"head_dim": 256, "max_position_embeddings": 8192},
             "gemma2": {"head_dim": 256, "max_position_embeddings": 8192, "sliding_window": 4096},
             "gemma3_text": GEMMA3_TEXT,
+            # DeepSeek's latent attention and experts: transformers' DeepseekV2Config's and DeepseekV3Config's
+            "deepseek_v2": {"kv_lora_rank": 512, "q_lora_rank": 1536, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64,
+                            "v_head_dim": 128, "moe_intermediate_size": 1407, "n_routed_experts": 64,
+                            "n_shared_experts": 2, "routed_scaling_factor": 1.0, "topk_method": "greedy",
+                            "first_k_dense_replace": 0, "norm_topk_prob": False},
+            "deepseek_v3": {"kv_lora_rank": 512, "q_lora_rank": 1536, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64,
+                            "v_head_dim": 128, "moe_intermediate_size": 2048, "n_routed_experts": 256,
+                            "n_shared_experts": 1, "routed_scaling_factor": 2.5, "n_group": 8, "topk_group": 4,
+                            "num_experts_per_tok": 8, "first_k_dense_replace": 3, "norm_topk_prob": True,
+                            "rope_interleave": True},
             # gpt-oss's config.json names no dtype: its release's tensors are bfloat16, as vLLM serves it
             "gpt_oss": {"torch_dtype": "bfloat16", "head_dim": 64, "sliding_window": 128, "attention_bias": True,
                         "rope_theta": 150_000.0, "max_position_embeddings": 131_072, "rms_norm_eps": 1e-5,
@@ -98,7 +114,7 @@ QWEN_VL_TEXT_DEFAULTS = {
                      "max_position_embeddings": 128_000, "rms_norm_eps": 1e-6, "rope_theta": 500_000.0,
                      "moe_intermediate_size": 1408, "num_experts": 60, "num_experts_per_tok": 4, "decoder_sparse_step": 1}}
 FUSED = {"self_attn.qkv_proj.weight": ("q_proj", "k_proj", "v_proj"), "mlp.gate_up_proj.weight": ("gate_proj", "up_proj")}
-MOE_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe", "gpt_oss")
+MOE_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe", "gpt_oss", *DEEPSEEK_TYPES)
 # where a layer's experts are stored, and one expert's (gate, up, down) projections there: Mixtral's
 # names, or Qwen-MoE's
 EXPERT_LAYOUTS = {"block_sparse_moe": ("w1", "w3", "w2"), "mlp": ("gate_proj", "up_proj", "down_proj")}
@@ -254,10 +270,12 @@ def _read_config(directory: str | Path, run: bool) -> tuple[ModelConfig, list[st
         heads, hidden = _int(cfg, "num_attention_heads"), _int(cfg, "hidden_size")
         if heads <= 0:
             raise ValueError(f"num_attention_heads must be > 0, got {heads}")
-        head_dim = hidden // heads if cfg.get("head_dim") is None else _int(cfg, "head_dim")
+        # latent attention's heads are as wide as its fields say (transformers writes its RoPE's width as head_dim)
+        latent = _latent(cfg) if cfg["model_type"] in DEEPSEEK_TYPES else {}
+        head_dim = hidden // heads if cfg.get("head_dim") is None or latent else _int(cfg, "head_dim")
         if head_dim <= 0:
             raise ValueError(f"head_dim must be > 0, got {head_dim}")
-        mc = ModelConfig(
+        mc = ModelConfig(**latent,
             vocab_size=_int(cfg, "vocab_size"), hidden_size=hidden,
             intermediate_size=_int(cfg, "intermediate_size"), num_layers=_int(cfg, "num_hidden_layers"),
             num_heads=heads, num_kv_heads=heads if cfg.get("num_key_value_heads") is None
@@ -266,7 +284,7 @@ def _read_config(directory: str | Path, run: bool) -> tuple[ModelConfig, list[st
             rope_scaling=scaling,
             rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", cfg["model_type"] in GEMMA_TYPES)),
-            qkv_bias=(cfg["model_type"] == "qwen2" or bool(cfg.get("attention_bias"))
+            qkv_bias=(cfg["model_type"] == "qwen2" or bool(cfg.get("attention_bias")) and not latent
                       or (cfg["model_type"] == "qwen2_moe" and bool(cfg.get("qkv_bias", True)))),
             o_bias=bool(cfg.get("attention_bias")),
             qk_norm=cfg["model_type"] in ("qwen3", "qwen3_moe"),
@@ -443,6 +461,64 @@ def _qwen_vl(cfg: dict) -> tuple[dict, int]:
             "quantization_config": cfg.get("quantization_config")}, tower
 
 
+def _latent(cfg: dict) -> dict:
+    """DeepSeek's multi-head latent attention, as ``ModelConfig`` fields: its ranks and head widths, its
+    RoPE's pairs interleaved (DeepSeek-V2's always; V3's unless ``rope_interleave`` is false, as transformers
+    reads them), and where YaRN scales RoPE, the scale of its scores times mscale(factor, mscale_all_dim)
+    squared, as transformers' ``yarn_apply_mscale`` and vLLM fold it in."""
+    fields = {"kv_lora_rank": _int(cfg, "kv_lora_rank"), "q_lora_rank": _int(cfg, "q_lora_rank", 0),
+              "qk_nope_head_dim": _int(cfg, "qk_nope_head_dim"), "qk_rope_head_dim": _int(cfg, "qk_rope_head_dim"),
+              "v_head_dim": _int(cfg, "v_head_dim"),
+              "rope_interleaved": cfg["model_type"] == "deepseek_v2" or cfg.get("rope_interleave") is not False}
+    if fields["kv_lora_rank"] <= 0:
+        raise ValueError(f"kv_lora_rank must be > 0, got {fields['kv_lora_rank']}")
+    params = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+    kind = params.get("rope_type", params.get("type")) if isinstance(params, dict) else None
+    mscale_all = _float(params, "mscale_all_dim") if kind not in (None, "default") else None
+    if mscale_all:
+        _, factor = _yarn_context(params, cfg) if kind == "yarn" else (None, _float(params, "factor") or 1.0)
+        m = 0.1 * mscale_all * math.log(factor) + 1.0 if factor > 1 else 1.0
+        fields["query_scale"] = (fields["qk_nope_head_dim"] + fields["qk_rope_head_dim"]) ** -0.5 * m * m
+    return fields
+
+
+def _deepseek_experts(cfg: dict, mc: ModelConfig) -> ModelConfig:
+    """``mc`` with DeepSeek's mixture of experts: ``n_routed_experts`` experts routed in groups
+    (DeepSeek-V2's ``greedy`` or ``group_limited_greedy`` over softmax scores, V3's over sigmoid scores and
+    a learned bias), their weights renormalised where ``norm_topk_prob`` and times
+    ``routed_scaling_factor``; ``n_shared_experts`` shared experts as one ungated MLP; the first
+    ``first_k_dense_replace`` layers dense, and from there every ``moe_layer_freq``-th sparse (vLLM's rule;
+    every published checkpoint's is 1)."""
+    kind = cfg["model_type"]
+    scoring = cfg.get("scoring_func") or ("softmax" if kind == "deepseek_v2" else "sigmoid")
+    if scoring != ("softmax" if kind == "deepseek_v2" else "sigmoid"):
+        raise ValueError(f"scoring_func {scoring!r} is not supported ({kind}'s router scores by "
+                         f"{'softmax' if kind == 'deepseek_v2' else 'sigmoid'})")
+    if kind == "deepseek_v2":
+        method = cfg.get("topk_method") or "greedy"
+        if method not in ("greedy", "group_limited_greedy"):
+            raise ValueError(f"topk_method {method!r} is not supported (DeepSeek-V2's: greedy, group_limited_greedy)")
+        groups = (1, 1) if method == "greedy" else (_int(cfg, "n_group"), _int(cfg, "topk_group"))
+        router = "softmax_groups"
+    else:  # V3's picks by its biased sigmoid scores within groups (transformers' whatever topk_method says)
+        groups, router = (_int(cfg, "n_group"), _int(cfg, "topk_group")), "sigmoid_groups"
+    first, every = _int(cfg, "first_k_dense_replace", 0), _int(cfg, "moe_layer_freq", 1)
+    if every <= 0:
+        raise ValueError(f"moe_layer_freq must be > 0, got {every}")
+    experts, width = _int(cfg, "n_routed_experts"), _int(cfg, "moe_intermediate_size")
+    if experts <= 0:
+        raise ValueError(f"n_routed_experts must be > 0, got {experts}")
+    scaling = cfg.get("routed_scaling_factor", 1.0)
+    if isinstance(scaling, bool) or not isinstance(scaling, (int, float)) or not (math.isfinite(scaling) and scaling > 0):
+        raise ValueError(f"routed_scaling_factor must be a number > 0, got {scaling!r}")
+    return replace(mc, num_experts=experts, experts_per_token=_int(cfg, "num_experts_per_tok"),
+                   moe_intermediate_size=width, norm_topk_prob=bool(cfg.get("norm_topk_prob")),
+                   moe_float32_weights=True,
+                   dense_layers=tuple(i for i in range(mc.num_layers) if i < first or i % every),
+                   shared_expert_intermediate_size=width * _int(cfg, "n_shared_experts", 0), shared_expert_gate=False,
+                   router=router, expert_groups=groups[0], topk_groups=groups[1], routed_scaling=float(scaling))
+
+
 def _gemma(cfg: dict, mc: ModelConfig) -> ModelConfig:
     """``mc`` with Gemma's differences from Llama, and Gemma 2's and 3's (their defaults where config.json
     omits them)."""
@@ -489,6 +565,8 @@ def _experts(cfg: dict, mc: ModelConfig, path: Path) -> ModelConfig:
     """``mc`` with the mixture of experts ``cfg`` describes (Mixtral's or Qwen-MoE's fields)."""
     mixtral = cfg["model_type"] in ("mixtral", "gpt_oss")  # experts as wide as intermediate_size, every layer sparse
     try:
+        if cfg["model_type"] in DEEPSEEK_TYPES:
+            return _deepseek_experts(cfg, mc)
         experts = _int(cfg, "num_local_experts" if cfg.get("num_local_experts") else "num_experts", 0)
         if experts <= 0:
             raise CheckpointError(f"{path}: a {cfg['model_type']} checkpoint needs num_experts (or num_local_experts) > 0")

@@ -17,6 +17,7 @@ def torch_dtype(name: str) -> torch.dtype:
     return _DTYPES[name]
 
 
+ROUTERS = ("softmax", "softmax_groups", "sigmoid_groups")  # how a mixture of experts' router picks (ModelConfig)
 ACTIVATIONS = ("silu", "gelu_tanh")  # the MLP's gate: SwiGLU's, or GeGLU's with GELU's tanh approximation
 WEIGHT_BITS = (2, 3, 4, 8, 16, 32)  # the bits a weight may be stored in: quantised, or a float dtype's
 
@@ -163,6 +164,27 @@ class ModelConfig:
     # the routed experts' matrices' bits where only they are quantised (gpt-oss's MXFP4: 4 bits and an
     # 8-bit scale for each 32 weights, 4.25); None: as the other weights. Only the ledger and cost models read it
     expert_weight_bits: float | None = None
+    # Multi-head latent attention (MLA: DeepSeek-V2 and V3): a token's KV is one latent of ``kv_lora_rank``
+    # features and one rotated key of ``qk_rope_head_dim`` features that every head shares, held in place of
+    # each head's K and V (vLLM's cache); each head's key (``qk_nope_head_dim`` features from the latent, then
+    # the shared rotated ones) and value (``v_head_dim``) are projected from it; queries come through a
+    # low-rank projection of ``q_lora_rank`` features where > 0. 0: attention as the others'.
+    kv_lora_rank: int = 0
+    q_lora_rank: int = 0
+    qk_nope_head_dim: int = 0
+    qk_rope_head_dim: int = 0
+    v_head_dim: int = 0
+    rope_interleaved: bool = False  # RoPE rotates interleaved pairs (x0, x1), (x2, x3), ... (DeepSeek's MLA)
+    # how a mixture's router picks and weighs (ROUTERS): ``softmax`` the highest softmax scores (Mixtral's,
+    # Qwen-MoE's); ``softmax_groups`` (DeepSeek-V2's) the highest within the ``topk_groups`` of
+    # ``expert_groups`` groups whose best score is highest; ``sigmoid_groups`` (DeepSeek-V3's) sigmoid scores
+    # plus a learned bias pick within the groups whose two best sum highest, the unbiased scores weigh; the
+    # weights are then multiplied by ``routed_scaling``
+    router: str = "softmax"
+    expert_groups: int = 1
+    topk_groups: int = 1
+    routed_scaling: float = 1.0
+    shared_expert_gate: bool = True  # the shared expert's output gated by a sigmoid (Qwen2-MoE's), or not (DeepSeek's)
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
@@ -170,7 +192,7 @@ class ModelConfig:
             _count(name, getattr(self, name))
         if self.explicit_head_dim is not None and self.explicit_head_dim <= 0:
             raise ValueError(f"explicit_head_dim must be > 0, got {self.explicit_head_dim}")
-        if self.explicit_head_dim is None and self.hidden_size % self.num_heads:
+        if self.explicit_head_dim is None and not self.kv_lora_rank and self.hidden_size % self.num_heads:
             raise ValueError(f"hidden_size {self.hidden_size} is not a multiple of num_heads {self.num_heads}")
         if self.num_heads % self.num_kv_heads:
             raise ValueError(f"num_heads {self.num_heads} is not a multiple of num_kv_heads {self.num_kv_heads}")
@@ -214,15 +236,78 @@ class ModelConfig:
         if isinstance(self.swiglu_alpha, bool) or not isinstance(self.swiglu_alpha, (int, float)) \
                 or not (math.isfinite(self.swiglu_alpha) and self.swiglu_alpha > 0):
             raise ValueError(f"swiglu_alpha must be a number > 0, got {self.swiglu_alpha!r}")
+        self._check_latent_attention()
+        self._check_router()
         for name in ("query_scale", "attn_softcap", "logit_softcap", "local_rope_theta", "swiglu_limit"):
             value = getattr(self, name)
             if value is not None and not (isinstance(value, (int, float)) and not isinstance(value, bool)
                                           and math.isfinite(value) and value > 0):
                 raise ValueError(f"{name} must be a number > 0 or None, got {value!r}")
 
+    def _check_latent_attention(self) -> None:
+        for name in ("kv_lora_rank", "q_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
+            _count(name, getattr(self, name), minimum=0)
+        if not self.kv_lora_rank:
+            if self.rope_interleaved:
+                raise ValueError("rope_interleaved is latent attention's (DeepSeek's): it needs kv_lora_rank > 0")
+            return
+        if not self.qk_rope_head_dim or self.qk_rope_head_dim % 2 or not self.v_head_dim:
+            raise ValueError(f"latent attention needs an even qk_rope_head_dim > 0 and v_head_dim > 0, got "
+                             f"{self.qk_rope_head_dim} and {self.v_head_dim}")
+        other = next((name for name in ("qk_norm", "attn_sinks", "attn_softcap", "window_layers", "explicit_head_dim")
+                      if getattr(self, name)), None)
+        if other is not None:
+            raise ValueError(f"latent attention (kv_lora_rank > 0) does not take {other}")
+
+    def _check_router(self) -> None:
+        if self.router not in ROUTERS:
+            raise ValueError(f"router must be one of {', '.join(ROUTERS)}, got {self.router!r}")
+        _count("expert_groups", self.expert_groups)
+        _count("topk_groups", self.topk_groups)
+        if isinstance(self.routed_scaling, bool) or not isinstance(self.routed_scaling, (int, float)) \
+                or not (math.isfinite(self.routed_scaling) and self.routed_scaling > 0):
+            raise ValueError(f"routed_scaling must be a number > 0, got {self.routed_scaling!r}")
+        if self.router == "softmax" or not self.num_experts:
+            return
+        if self.num_experts % self.expert_groups or self.topk_groups > self.expert_groups:
+            raise ValueError(f"expert_groups must divide num_experts ({self.num_experts}) and topk_groups be at most "
+                             f"expert_groups, got {self.expert_groups} and {self.topk_groups}")
+        if self.topk_groups * (self.num_experts // self.expert_groups) < self.experts_per_token:
+            raise ValueError(f"the {self.topk_groups} of {self.expert_groups} expert groups a token picks hold fewer "
+                             f"experts than experts_per_token ({self.experts_per_token})")
+
     @property
     def head_dim(self) -> int:
+        """The width of a head's query and key (latent attention's: its own features and the rotated ones)."""
+        if self.kv_lora_rank:
+            return self.qk_nope_head_dim + self.qk_rope_head_dim
         return self.explicit_head_dim or self.hidden_size // self.num_heads
+
+    @property
+    def rotary_dim(self) -> int:
+        """The features of a query or key head RoPE rotates: latent attention's rotated ones, else all."""
+        return self.qk_rope_head_dim if self.kv_lora_rank else self.head_dim
+
+    @property
+    def value_dim(self) -> int:
+        """The width of a head's value, and of its attention output."""
+        return self.v_head_dim if self.kv_lora_rank else self.head_dim
+
+    @property
+    def kv_layout(self) -> tuple[int, int, int]:
+        """What a token's KV cache holds in each layer, as (entries, heads, features): K and V per KV head, or
+        latent attention's one entry, its latent and shared rotated key side by side, as vLLM caches it."""
+        if self.kv_lora_rank:
+            return 1, 1, self.kv_lora_rank + self.qk_rope_head_dim
+        return 2, self.num_kv_heads, self.head_dim
+
+    def pair_flops(self) -> int:
+        """FLOPs of one layer for one attended (query, key) pair: scores and values over every head; latent
+        attention's as vLLM decodes it, on the latent (each head's scores over the latent and the rotated key,
+        its values over the latent)."""
+        if self.kv_lora_rank:
+            return 2 * self.num_heads * (2 * self.kv_lora_rank + self.qk_rope_head_dim)
+        return 4 * self.num_heads * self.head_dim
 
     @property
     def dtype_bytes(self) -> int:
@@ -246,18 +331,28 @@ class ModelConfig:
         return 2 * self.moe_intermediate_size + self.hidden_size if self.swiglu_limit is not None else 0
 
     def shared_expert_params(self) -> int:
-        """Parameters of a sparse layer's shared expert and its gate (Qwen2-MoE), 0 without one."""
+        """Parameters of a sparse layer's shared experts and their gate (Qwen2-MoE's; DeepSeek's have none),
+        0 without them."""
         s = self.shared_expert_intermediate_size
-        return 3 * self.hidden_size * s + self.hidden_size if s else 0
+        return 3 * self.hidden_size * s + self.hidden_size * self.shared_expert_gate if s else 0
+
+    def attention_params(self) -> int:
+        """Parameters of one layer's attention: its projections, their biases, its norms and sinks."""
+        h, heads = self.hidden_size, self.num_heads
+        if self.kv_lora_rank:  # latent attention: attention_bias on the projections from the hidden state and o
+            ql, r, rope, b = self.q_lora_rank, self.kv_lora_rank, self.qk_rope_head_dim, self.o_bias
+            q = (h + b + 1) * ql + ql * heads * self.head_dim if ql else h * heads * self.head_dim
+            kv = (h + b) * (r + rope) + r + r * heads * (self.qk_nope_head_dim + self.v_head_dim)
+            return q + kv + heads * self.v_head_dim * h + b * h
+        q, kv = heads * self.head_dim, self.num_kv_heads * self.head_dim
+        return (h * q * 2 + h * kv * 2 + (q + 2 * kv) * self.qkv_bias + h * self.o_bias
+                + 2 * self.head_dim * self.qk_norm + heads * self.attn_sinks)
 
     def param_count(self, active: bool = False) -> int:
         """Every parameter; with ``active``, those one token passes through (a mixture of experts'
         ``experts_per_token`` of its experts per layer, and its router)."""
         h, i = self.hidden_size, self.intermediate_size
-        q, kv = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        norms = 4 if self.sandwich_norms else 2
-        per_layer = (h * q * 2 + h * kv * 2 + norms * h + (q + 2 * kv) * self.qkv_bias + h * self.o_bias
-                     + 2 * self.head_dim * self.qk_norm + self.num_heads * self.attn_sinks)
+        per_layer = self.attention_params() + (4 if self.sandwich_norms else 2) * h
         experts = self.experts_per_token if active else self.num_experts
         sparse = self.sparse_layers
         router = (h + (self.swiglu_limit is not None)) * self.num_experts  # gpt-oss's has a bias
@@ -295,18 +390,23 @@ class ModelConfig:
         return self.weight_bits or 8 * self.dtype_bytes
 
     def kv_bytes_per_token(self) -> int:
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.dtype_bytes
+        entries, heads, features = self.kv_layout
+        return entries * self.num_layers * heads * features * self.dtype_bytes
 
     def workspace_bytes_per_token(self) -> int:
         """Peak activation bytes one batched token needs in a forward pass (residual, qkv, MLP, logits)."""
         h, i = self.hidden_size, self.intermediate_size
-        q, kv = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        if self.kv_lora_rank:  # the low-rank query, the queries, the latent and rotated key, the attention output
+            attention = (self.q_lora_rank + self.num_heads * self.head_dim + self.kv_lora_rank + self.qk_rope_head_dim
+                         + self.num_heads * self.v_head_dim)
+        else:
+            attention = (self.num_heads + 2 * self.num_kv_heads) * self.head_dim
         mlp = 3 * i if self.sparse_layers < self.num_layers else 0
         if self.num_experts:  # the router's logits and softmax; each pick's gate-up, product and
             # weighted output (at float32 in a 16-bit model), as vLLM's fused MoE holds them
             mlp = max(mlp, 3 * self.num_experts + self.experts_per_token * (3 * self.moe_intermediate_size + 2 * h)
                       + (3 * self.shared_expert_intermediate_size + 2 * h if self.shared_expert_intermediate_size else 0))
-        return (3 * h + q + 2 * kv + mlp + self.vocab_size) * self.dtype_bytes
+        return (3 * h + attention + mlp + self.vocab_size) * self.dtype_bytes
 
     def workspace_bytes(self, num_tokens: int, context_tokens: int) -> int:
         """Activation workspace of an iteration: per-token activations plus one layer's gathered KV."""

@@ -1,6 +1,7 @@
 """The KV pool's tensors: fixed-size blocks in segments that grow on demand and shrink from the tail.
 
-A block holds K and V of ``block_size`` tokens for every layer. Block ``b`` lives in segment
+A block holds K and V of ``block_size`` tokens for every layer (latent attention's one entry, its
+latent and shared rotated key, in place of the two: ``ModelConfig.kv_layout``). Block ``b`` lives in segment
 ``b // segment_blocks``; segments form a prefix of the block map (lowest-free-first allocation
 fills them in order, and only trailing free segments are released), so the pool's device
 footprint is the segments it holds, not the blocks in use. With ``materialize=False`` the pool
@@ -26,9 +27,9 @@ class KVPool:
         self.segment_blocks = min(segment_blocks, num_blocks)
         self.device, self.materialize = device, materialize
         self.dtype = torch_dtype(model.dtype)
-        self.num_kv_heads, self.head_dim = model.num_kv_heads, model.head_dim
-        # [layers, K/V, blocks, block_size, kv_heads, head_dim]
-        self.block_shape = (model.num_layers, 2, block_size, model.num_kv_heads, model.head_dim)
+        entries, self.num_kv_heads, self.head_dim = model.kv_layout
+        # [layers, K/V (or latent attention's one entry), blocks, block_size, kv_heads, head_dim]
+        self.block_shape = (model.num_layers, entries, block_size, self.num_kv_heads, self.head_dim)
         self.block_bytes = model.kv_bytes_per_token() * block_size
         self.segments: list[torch.Tensor | None] = []
 
@@ -104,21 +105,23 @@ class KVPool:
         """One layer of a segment as [K/V, blocks, block_size, kv_heads, head_dim], a view."""
         return self.segments[segment][layer]
 
-    def write_slots(self, layer: int, slots: Located, k: torch.Tensor, v: torch.Tensor) -> None:
+    def write_slots(self, layer: int, slots: Located, k: torch.Tensor, v: torch.Tensor | None) -> None:
         """Store K and V of new tokens ([tokens, kv_heads, head_dim]) at slots ``locate``d with
-        ``rows_per_block`` = block_size."""
+        ``rows_per_block`` = block_size; ``v`` None where the pool holds one entry a token (latent attention's)."""
         for s, where, rows in slots:
-            kv = self._layer(s, layer).flatten(1, 2)  # [2, slots, kv_heads, head_dim]
+            kv = self._layer(s, layer).flatten(1, 2)  # [K/V, slots, kv_heads, head_dim]
             kv[0].index_copy_(0, rows, k if where is None else k[where])
-            kv[1].index_copy_(0, rows, v if where is None else v[where])
+            if v is not None:
+                kv[1].index_copy_(0, rows, v if where is None else v[where])
 
     def gather_blocks(self, layer: int, blocks: Located, n: int) -> torch.Tensor:
         """K and V of ``n`` blocks ``locate``d with ``rows_per_block`` = 1, in their order, as
-        [2, n, block_size, kv_heads, head_dim]: one copy (index_select) per segment touched."""
+        [K/V, n, block_size, kv_heads, head_dim]: one copy (index_select) per segment touched."""
         if len(blocks) == 1 and blocks[0][1] is None:
             s, _, rows = blocks[0]
             return self._layer(s, layer).index_select(1, rows)
-        out = torch.empty((2, n) + self.block_shape[2:], dtype=self.dtype, device=self.device.torch_device)
+        out = torch.empty((self.block_shape[1], n) + self.block_shape[2:], dtype=self.dtype,
+                          device=self.device.torch_device)
         for s, where, rows in blocks:
             out.index_copy_(1, where, self._layer(s, layer).index_select(1, rows))
         return out
@@ -128,14 +131,14 @@ class KVPool:
         self.write_slots(layer, self.locate(blocks * self.block_size + offsets, self.block_size), k, v)
 
     def gather(self, layer: int, block_table: torch.Tensor) -> torch.Tensor:
-        """K and V of the blocks in ``block_table`` ([..., n]) as [2, ..., n * block_size, kv_heads, head_dim]."""
+        """K and V of the blocks in ``block_table`` ([..., n]) as [K/V, ..., n * block_size, kv_heads, head_dim]."""
         flat = block_table.reshape(-1)
         out = self.gather_blocks(layer, self.locate(flat), flat.numel())
         lead = tuple(block_table.shape[:-1])
-        return out.reshape((2,) + lead + (block_table.shape[-1] * self.block_size, self.num_kv_heads, self.head_dim))
+        return out.reshape((self.block_shape[1],) + lead + (block_table.shape[-1] * self.block_size, self.num_kv_heads, self.head_dim))
 
     def read_blocks(self, ids: list[int]) -> torch.Tensor:
-        """Whole blocks (every layer, K and V) as [n, layers, 2, block_size, kv_heads, head_dim]."""
+        """Whole blocks (every layer, K and V) as [n, layers, K/V, block_size, kv_heads, head_dim]."""
         if not ids or not self.materialize:  # shape and bytes without data
             return torch.empty((len(ids),) + self.block_shape, dtype=self.dtype, device="meta")
         idx = torch.tensor(ids, dtype=torch.long, device=self.device.torch_device)
@@ -149,7 +152,7 @@ class KVPool:
         return data
 
     def write_blocks(self, ids: list[int], data: torch.Tensor) -> None:
-        """Store whole blocks ([n, layers, 2, block_size, kv_heads, head_dim]) at ``ids``."""
+        """Store whole blocks ([n, layers, K/V, block_size, kv_heads, head_dim]) at ``ids``."""
         if not self.materialize:
             return
         data = data.to(self.device.torch_device, non_blocking=True).permute(1, 2, 0, 3, 4, 5)

@@ -2,8 +2,9 @@
 with what some checkpoints of that architecture add: biases on the attention projections
 (Qwen2's on q, k and v), an RMSNorm over each q and k head (Qwen3's), a mixture of SwiGLU
 experts in place of the MLP (Mixtral's, Qwen3-MoE's), and Gemma's and Gemma 2's differences
-(scaled embeddings, norms by 1 + weight, GeGLU, norms around attention and the MLP, soft caps) and
-Gemma 3's (a RoPE of their own for its windowed layers).
+(scaled embeddings, norms by 1 + weight, GeGLU, norms around attention and the MLP, soft caps),
+Gemma 3's (a RoPE of their own for its windowed layers), and DeepSeek-V2's and V3's (multi-head latent
+attention, and a mixture of experts with grouped routing and shared experts).
 
 Parameter names follow Hugging Face's ``LlamaForCausalLM`` so that a local checkpoint loads as a
 plain state dict. The forward pass takes a flat batch of tokens from many sequences (prefill
@@ -187,6 +188,60 @@ class Attention(nn.Module):
         return self.o_proj(out.reshape(n, self.num_heads * self.head_dim))
 
 
+class LatentAttention(nn.Module):
+    """DeepSeek's multi-head latent attention (MLA) on the paged pool: the pool holds each token's latent
+    (``kv_a_proj_with_mqa``'s first ``kv_lora_rank`` features, normed) beside its rotated key, which every
+    head shares (the rest), as vLLM caches them; each step projects every head's keys and values from the
+    latents it reads (``kv_b_proj``), as transformers does from its cache. RoPE rotates the last
+    ``qk_rope_head_dim`` features of each query and the shared key, their pairs interleaved where
+    ``rope_interleaved`` (read apart first, as transformers reads them), and the scale is
+    ``query_scale`` (YaRN's mscale folded in) or head_dim ** -0.5."""
+
+    def __init__(self, cfg: ModelConfig, layer: int) -> None:
+        super().__init__()
+        self.layer, self.num_heads, self.windowed = layer, cfg.num_heads, False
+        self.nope, self.rope_dim, self.rank, self.v_dim = (cfg.qk_nope_head_dim, cfg.qk_rope_head_dim,
+                                                           cfg.kv_lora_rank, cfg.v_head_dim)
+        h, q, bias = cfg.hidden_size, cfg.num_heads * cfg.head_dim, cfg.o_bias  # attention_bias
+        if cfg.q_lora_rank:
+            self.q_a_proj = nn.Linear(h, cfg.q_lora_rank, bias=bias)
+            self.q_a_layernorm = norm(cfg, cfg.q_lora_rank)
+            self.q_b_proj = nn.Linear(cfg.q_lora_rank, q, bias=False)
+        else:
+            self.q_proj = nn.Linear(h, q, bias=False)
+        self.kv_a_proj_with_mqa = nn.Linear(h, self.rank + self.rope_dim, bias=bias)
+        self.kv_a_layernorm = norm(cfg, self.rank)
+        self.kv_b_proj = nn.Linear(self.rank, cfg.num_heads * (self.nope + self.v_dim), bias=False)
+        self.o_proj = nn.Linear(cfg.num_heads * self.v_dim, h, bias=bias)
+        self.scale, self.interleaved = cfg.query_scale, cfg.rope_interleaved
+
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
+                batch: AttentionBatch, pool: KVPool) -> torch.Tensor:
+        n, h = x.shape[0], self.num_heads
+        q = self.q_proj(x) if hasattr(self, "q_proj") else self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x)))
+        q = q.view(n, h, self.nope + self.rope_dim)
+        latent, key = self.kv_a_proj_with_mqa(x).split([self.rank, self.rope_dim], dim=-1)
+        rotated = torch.cat((q[..., self.nope:], key[:, None]), dim=1)  # every head's query, then the shared key
+        if self.interleaved:
+            rotated = torch.cat((rotated[..., 0::2], rotated[..., 1::2]), dim=-1)
+        rotated = rotate(rotated, *rope)
+        q = torch.cat((q[..., :self.nope], rotated[:, :h]), dim=-1)
+        pool.write_slots(self.layer, batch.slots, torch.cat((self.kv_a_layernorm(latent), rotated[:, h]), dim=-1)[:, None],
+                         None)
+        out = paged_attention(q, self.layer, batch, pool, scale=self.scale, expand=self._expand)
+        return self.o_proj(out.reshape(n, h * self.v_dim))
+
+    def _expand(self, cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each head's keys and values [sequences, heads, tokens, features] from the latents and rotated keys
+        gathered ([1, sequences, tokens, 1, kv_lora_rank + qk_rope_head_dim])."""
+        latent, key = cache[0, :, :, 0].split([self.rank, self.rope_dim], dim=-1)
+        b, t, h = latent.shape[0], latent.shape[1], self.num_heads
+        # contiguous, as transformers' cache holds it (a strided bf16 input takes a CPU GEMM path ~40x slower)
+        kv = self.kv_b_proj(latent.contiguous()).view(b, t, h, self.nope + self.v_dim)
+        k = torch.cat((kv[..., :self.nope], key[:, :, None].expand(b, t, h, self.rope_dim)), dim=-1)
+        return k.transpose(1, 2), kv[..., self.nope:].transpose(1, 2)
+
+
 class MLP(nn.Module):
     def __init__(self, cfg: ModelConfig, width: int | None = None) -> None:
         super().__init__()
@@ -209,6 +264,11 @@ class Experts(nn.Module):
         e, h, i = cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size
         self.gate_up_proj = nn.Parameter(torch.empty(e, 2 * i, h))
         self.down_proj = nn.Parameter(torch.empty(e, h, i))
+
+    def one(self, e: int, x: torch.Tensor) -> torch.Tensor:
+        """Expert ``e``'s SwiGLU on the tokens ``x`` routed to it."""
+        gate, up = F.linear(x, self.gate_up_proj[e]).chunk(2, dim=-1)
+        return F.linear(F.silu(gate) * up, self.down_proj[e])
 
 
 def routed(x: torch.Tensor, picked: torch.Tensor, weights: torch.Tensor,
@@ -250,14 +310,70 @@ class SparseMoE(nn.Module):
             weights = weights / weights.sum(dim=-1, keepdim=True)
         if not self.float32_weights:
             weights = weights.to(logits.dtype)
-        out = routed(x, picked, weights, self._expert)
+        out = routed(x, picked, weights, self.experts.one)
         if self.shared_expert is not None:
             out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
         return out
 
-    def _expert(self, e: int, x: torch.Tensor) -> torch.Tensor:
-        gate, up = F.linear(x, self.experts.gate_up_proj[e]).chunk(2, dim=-1)
-        return F.linear(F.silu(gate) * up, self.experts.down_proj[e])
+
+class Router(nn.Module):
+    """DeepSeek's router: ``weight`` [experts, hidden] scores each token in float32, as transformers and vLLM
+    score it; with ``sigmoid_groups`` (DeepSeek-V3's) a learned ``e_score_correction_bias`` is added to the
+    scores that pick (not to those that weigh), held in float32 whatever the model's dtype, as both hold it.
+    ``forward`` gives each token's experts picked and their weights (float32), as ``ModelConfig.router`` says."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.kind, self.top_k, self.normalise, self.scaling = (cfg.router, cfg.experts_per_token, cfg.norm_topk_prob,
+                                                              cfg.routed_scaling)
+        self.groups, self.topk_groups = cfg.expert_groups, cfg.topk_groups
+        self.weight = nn.Parameter(torch.empty(cfg.num_experts, cfg.hidden_size))
+        if cfg.router == "sigmoid_groups":
+            self.register_buffer("e_score_correction_bias", torch.zeros(cfg.num_experts))
+
+    def _apply(self, fn, recurse=True):
+        bias = getattr(self, "e_score_correction_bias", None)  # float32 kept, on the device it goes to
+        super()._apply(fn, recurse)
+        if bias is not None:
+            self.e_score_correction_bias = bias.to(self.weight.device)
+        return self
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        logits = F.linear(x.float(), self.weight.float())
+        n, e = logits.shape
+        if self.kind == "sigmoid_groups":
+            scores = logits.sigmoid()
+            choice = scores + self.e_score_correction_bias
+            best = choice.view(n, self.groups, e // self.groups).topk(2, dim=-1)[0].sum(dim=-1)
+        else:
+            scores = choice = logits.softmax(dim=-1)
+            best = choice.view(n, self.groups, e // self.groups).max(dim=-1).values
+        kept = torch.zeros_like(best).scatter_(1, torch.topk(best, self.topk_groups, dim=-1, sorted=False)[1], 1)
+        outside = ~kept.bool()[:, :, None].expand(n, self.groups, e // self.groups).reshape(n, e)
+        choice = choice.masked_fill(outside, float("-inf") if self.kind == "sigmoid_groups" else 0.0)
+        picked = torch.topk(choice, self.top_k, dim=-1, sorted=False)[1]
+        weights = scores.gather(1, picked)
+        if self.normalise:
+            weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
+        return picked, weights * self.scaling
+
+
+class GroupedMoE(nn.Module):
+    """DeepSeek's mixture of experts: its ``Router`` picks and weighs ``experts_per_token`` SwiGLU experts
+    (run as ``routed`` runs them), and every token also passes through the shared experts, one MLP
+    ``shared_expert_intermediate_size`` wide, ungated."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.gate = Router(cfg)
+        self.experts = Experts(cfg)
+        shared = cfg.shared_expert_intermediate_size
+        self.shared_experts = MLP(cfg, shared) if shared else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        picked, weights = self.gate(x)
+        out = routed(x, picked, weights, self.experts.one)
+        return out if self.shared_experts is None else out + self.shared_experts(x)
 
 
 class ClampedExperts(nn.Module):
@@ -309,13 +425,13 @@ class DecoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig, layer: int) -> None:
         super().__init__()
         self.input_layernorm = norm(cfg)
-        self.self_attn = Attention(cfg, layer)
+        self.self_attn = LatentAttention(cfg, layer) if cfg.kv_lora_rank else Attention(cfg, layer)
         self.post_attention_layernorm = norm(cfg)
         if cfg.sandwich_norms:
             self.pre_feedforward_layernorm = norm(cfg)
             self.post_feedforward_layernorm = norm(cfg)
         self.sandwich = cfg.sandwich_norms
-        sparse = ClampedMoE if cfg.swiglu_limit is not None else SparseMoE
+        sparse = ClampedMoE if cfg.swiglu_limit is not None else SparseMoE if cfg.router == "softmax" else GroupedMoE
         self.mlp = sparse(cfg) if cfg.is_sparse(layer) else MLP(cfg)
 
     def forward(self, x, rope, batch, pool):
@@ -341,7 +457,7 @@ class LlamaModel(nn.Module):
         super().__init__()
         self.config = cfg
         self.model = LlamaBody(cfg)
-        self.rotary = Rotary(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
+        self.rotary = Rotary(cfg.rotary_dim, cfg.rope_theta, cfg.rope_scaling)
         # Gemma 3's windowed layers rotate by a RoPE of their own, unscaled
         self.local_rotary = Rotary(cfg.head_dim, cfg.local_rope_theta) if cfg.local_rope_theta else None
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)

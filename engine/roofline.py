@@ -49,7 +49,8 @@ class RooflineCostModel:
 
     FLOPs of an iteration: 2 per parameter per batched token (the embedding lookup excluded,
     the LM head counted for every token) plus 4 x layers x heads x head_dim per attended
-    (query, key) pair. Bytes: the weights once, plus the KV each sequence reads and writes.
+    (query, key) pair (latent attention's as vLLM decodes it, on the latent: ``ModelConfig.pair_flops``).
+    Bytes: the weights once, plus the KV each sequence reads and writes.
 
     An encoder beside the decoder (a multimodal checkpoint's vision tower) is never read for text.
     A layer that attends through a sliding window (``window``) reads and scores only the keys within
@@ -79,13 +80,13 @@ class RooflineCostModel:
         m = self.model
         matmul_params = m.param_count(active=True) - m.vocab_size * m.hidden_size * (0 if m.tie_word_embeddings else 1)
         expert_bytes = m.routed_expert_bytes()
-        for name, value in (("_token_flops", 2 * matmul_params), ("_pair_flops", 4 * m.num_layers * m.num_heads * m.head_dim),
+        for name, value in (("_token_flops", 2 * matmul_params), ("_pair_flops", m.num_layers * m.pair_flops()),
                             ("_weight_bytes", m.weight_bytes() - expert_bytes - m.encoder_bytes()), ("_expert_bytes", expert_bytes),
                             ("_expert_unpicked", 1.0 - m.experts_per_token / m.num_experts if m.num_experts else 1.0),
                             ("_kv_token_bytes", m.kv_bytes_per_token()),
                             ("_window", m.sliding_window if m.window_layers else None),
                             ("_windowed_kv_bytes", m.kv_bytes_per_token() // m.num_layers * len(m.window_layers)),
-                            ("_windowed_pair_flops", 4 * len(m.window_layers) * m.num_heads * m.head_dim),
+                            ("_windowed_pair_flops", len(m.window_layers) * m.pair_flops()),
                             ("_flops_per_s", self.gpu.peak_flops * self.flops_efficiency),
                             ("_bytes_per_s", self.gpu.memory_bytes_per_s * self.memory_efficiency)):
             object.__setattr__(self, name, value)

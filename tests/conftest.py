@@ -33,14 +33,14 @@ def assert_greedy_up_to_rounding(hf, prompt: list[int], tokens: list[int], ulps:
 
 def hf_tiny(name: str, **extra):
     """transformers' ``<name>ForCausalLM`` at a tiny size (3 layers, 6 heads over 2 KV heads, a
-    300-token vocabulary), its weights drawn from seed 0; ``extra`` adds to its configuration."""
+    300-token vocabulary), its weights drawn from seed 0; ``extra`` adds to its configuration or overrides it."""
     import transformers
 
     torch.manual_seed(0)
-    cfg = getattr(transformers, f"{name}Config")(
-        vocab_size=300, hidden_size=48, intermediate_size=96, num_hidden_layers=3, num_attention_heads=6,
-        num_key_value_heads=2, max_position_embeddings=512, rope_theta=50000.0, rms_norm_eps=1e-6,
-        bos_token_id=None, eos_token_id=None, pad_token_id=None, **extra)
+    cfg = getattr(transformers, f"{name}Config")(**{
+        **dict(vocab_size=300, hidden_size=48, intermediate_size=96, num_hidden_layers=3, num_attention_heads=6,
+               num_key_value_heads=2, max_position_embeddings=512, rope_theta=50000.0, rms_norm_eps=1e-6,
+               bos_token_id=None, eos_token_id=None, pad_token_id=None), **extra})
     return getattr(transformers, f"{name}ForCausalLM")(cfg).eval()
 
 

@@ -227,7 +227,7 @@ def test_a_yarn_checkpoint_loads_its_scaling_as_transformers_reads_it(checkpoint
 
 
 @pytest.mark.parametrize("fields, match", [
-    ({"model_type": "deepseek_v3"}, "model_type 'deepseek_v3' is not one of llama, mistral, qwen2, qwen3, phi3, gemma"),
+    ({"model_type": "llama4"}, "model_type 'llama4' is not one of llama, mistral, qwen2, qwen3, phi3, gemma"),
     ({"model_type": "gemma3_text", "attn_logit_softcapping": 50.0}, "attn_logit_softcapping 50.0 is not supported"),
     ({"model_type": "gemma3_text", "rope_parameters": {"full_attention": {"rope_type": "default"},
                                                        "sliding_attention": {"rope_type": "linear", "factor": 2.0}}},

@@ -57,6 +57,15 @@ def generate(model, ps: list[list[int]], new_tokens: int = 12) -> list[list[int]
     return [eng.outputs[f"c{i}"] for i in range(len(ps))]
 
 
+def generate_broken(directory, ps: list[list[int]], change) -> list[list[int]]:
+    """What the checkpoint in ``directory`` generates for ``ps`` with ``change(layer)`` done to each of its layers."""
+    model = load_checkpoint(directory)
+    with torch.no_grad():
+        for layer in model.model.layers:
+            change(layer)
+    return generate(model, ps)
+
+
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_a_gpt_oss_checkpoint_generates_what_transformers_generates(tmp_path, dtype):
     hf = hf_gpt_oss(getattr(torch, dtype))
@@ -86,13 +95,6 @@ def test_each_of_gpt_oss_rules_changes_what_it_generates(tmp_path):
     expected = [hf_greedy(hf, p, 12) for p in ps]
     assert generate(load_checkpoint(tmp_path), ps) == expected
 
-    def broken(change) -> list[list[int]]:
-        model = load_checkpoint(tmp_path)
-        with torch.no_grad():
-            for layer in model.model.layers:
-                change(layer)
-        return generate(model, ps)
-
     def no_sinks(layer):
         layer.self_attn.sinks.fill_(-1e4)  # a sink no query's softmax gives a share to
 
@@ -100,7 +102,7 @@ def test_each_of_gpt_oss_rules_changes_what_it_generates(tmp_path):
         layer.self_attn.windowed = False
 
     for change in (no_sinks, unwindowed):  # the clamp: in the expert block's test
-        assert broken(change) != expected, change.__name__
+        assert generate_broken(tmp_path, ps, change) != expected, change.__name__
 
 
 def test_the_expert_block_is_transformers_to_the_bit_in_bf16_and_its_rules_matter(tmp_path):

@@ -38,10 +38,19 @@ def test_decodes_are_charged_for_their_padding_and_chunks_for_their_scores():
                                      dict(num_experts=8, experts_per_token=2, moe_intermediate_size=256,
                                           dtype="bfloat16", moe_float32_weights=True),
                                      dict(num_experts=8, experts_per_token=2, moe_intermediate_size=64,
-                                          shared_expert_intermediate_size=256)])
+                                          shared_expert_intermediate_size=256),
+                                     # DeepSeek-V3's: latent attention (each head's keys and values projected
+                                     # from the latents read) and grouped routing beside ungated shared experts
+                                     dict(num_experts=8, experts_per_token=2, moe_intermediate_size=64,
+                                          shared_expert_intermediate_size=128, shared_expert_gate=False,
+                                          router="sigmoid_groups", expert_groups=4, topk_groups=2,
+                                          moe_float32_weights=True, dtype="bfloat16", kv_lora_rank=64, q_lora_rank=48,
+                                          qk_nope_head_dim=32, qk_rope_head_dim=16, v_head_dim=48,
+                                          rope_interleaved=True)])
 def test_a_mixture_of_experts_allocates_at_most_its_charged_workspace(experts):
     # the router's scores, each pick's expert rows and its weighted output (float32 beside bf16, as
-    # Mixtral's routing weights keep it), and a shared expert's rows (Qwen2-MoE's) are charged per batched token
+    # Mixtral's routing weights keep it), and a shared expert's rows (Qwen2-MoE's) are charged per batched token;
+    # latent attention's keys and values, projected for every head, per key read
     sizes = Sizes.cpu()
     report = check_workspace(replace(sizes, big_model={**sizes.big_model, **experts}), Deadline(600))
     assert report["status"] == "ok", report
