@@ -1,6 +1,6 @@
 """Loading a local Hugging Face Llama, Mistral, Mistral 3, Qwen2, Qwen3, Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Phi-3, Gemma, Gemma 2,
-Gemma 3, Mixtral, Qwen2-MoE, Qwen3-MoE, gpt-oss, DeepSeek-V2 or DeepSeek-V3 checkpoint directory (``config.json`` +
-``*.safetensors``).
+Gemma 3, Mixtral, Qwen2-MoE, Qwen3-MoE, gpt-oss, DeepSeek-V2, DeepSeek-V3 or GLM-4.5 checkpoint directory
+(``config.json`` + ``*.safetensors``).
 
 Nothing is fetched from a hub: the directory must hold everything. Every refusal names the file
 or tensor at fault.
@@ -37,11 +37,16 @@ from engine.model import LlamaModel
 # biases, stored in MXFP4 (4-bit floats, a power-of-two scale for each 32). DeepSeek-V2 (and V2-Lite,
 # DeepSeek-Coder-V2) and DeepSeek-V3 (V3, R1, Moonlight) attend through multi-head latent attention (a
 # latent a token cached in place of each head's K and V) and route each token to experts in groups,
-# beside shared experts every token takes, after a first few dense layers.
+# beside shared experts every token takes, after a first few dense layers. GLM-4.5 (and 4.5-Air, 4.6) routes
+# as DeepSeek-V3 does, with Llama's attention around it: biases on q, k and v, optionally Qwen3's RMSNorm
+# over each q and k head, and RoPE over half of each head's features.
 MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma", "gemma2", "gemma3_text", "gemma3", "mixtral",
                "qwen2_moe", "qwen3_moe", "gpt_oss", "mistral3", "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe",
-               "deepseek_v2", "deepseek_v3")
+               "deepseek_v2", "deepseek_v3", "glm4_moe")
 DEEPSEEK_TYPES = ("deepseek_v2", "deepseek_v3")
+GROUPED_TYPES = (*DEEPSEEK_TYPES, "glm4_moe")  # DeepSeek's mixture of experts, routed in groups
+# the model types whose transformers implementation rotates only the first partial_rotary_factor of each head
+PARTIAL_ROTARY_TYPES = ("phi3", "glm4_moe")
 GEMMA_TYPES = ("gemma", "gemma2", "gemma3_text")
 # the model types vLLM refuses to run in float16 (numerically unstable): bfloat16 in its place
 NO_FLOAT16 = ("gemma2", "gemma3_text")
@@ -65,6 +70,9 @@ DEFAULTS = {**{t: {"sliding_window": 4096} for t in ("mistral", "qwen2", "qwen3"
                             "n_shared_experts": 1, "routed_scaling_factor": 2.5, "n_group": 8, "topk_group": 4,
                             "num_experts_per_tok": 8, "first_k_dense_replace": 3, "norm_topk_prob": True,
                             "rope_interleave": True},
+            "glm4_moe": {"moe_intermediate_size": 1408, "n_routed_experts": 128, "n_shared_experts": 1,
+                         "routed_scaling_factor": 1.0, "n_group": 1, "topk_group": 1, "num_experts_per_tok": 8,
+                         "first_k_dense_replace": 1, "norm_topk_prob": True, "partial_rotary_factor": 0.5},
             # gpt-oss's config.json names no dtype: its release's tensors are bfloat16, as vLLM serves it
             "gpt_oss": {"torch_dtype": "bfloat16", "head_dim": 64, "sliding_window": 128, "attention_bias": True,
                         "rope_theta": 150_000.0, "max_position_embeddings": 131_072, "rms_norm_eps": 1e-5,
@@ -114,7 +122,7 @@ QWEN_VL_TEXT_DEFAULTS = {
                      "max_position_embeddings": 128_000, "rms_norm_eps": 1e-6, "rope_theta": 500_000.0,
                      "moe_intermediate_size": 1408, "num_experts": 60, "num_experts_per_tok": 4, "decoder_sparse_step": 1}}
 FUSED = {"self_attn.qkv_proj.weight": ("q_proj", "k_proj", "v_proj"), "mlp.gate_up_proj.weight": ("gate_proj", "up_proj")}
-MOE_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe", "gpt_oss", *DEEPSEEK_TYPES)
+MOE_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe", "gpt_oss", *GROUPED_TYPES)
 # where a layer's experts are stored, and one expert's (gate, up, down) projections there: Mixtral's
 # names, or Qwen-MoE's
 EXPERT_LAYOUTS = {"block_sparse_moe": ("w1", "w3", "w2"), "mlp": ("gate_proj", "up_proj", "down_proj")}
@@ -275,7 +283,8 @@ def _read_config(directory: str | Path, run: bool) -> tuple[ModelConfig, list[st
         head_dim = hidden // heads if cfg.get("head_dim") is None or latent else _int(cfg, "head_dim")
         if head_dim <= 0:
             raise ValueError(f"head_dim must be > 0, got {head_dim}")
-        mc = ModelConfig(**latent,
+        partial = _partial_rotary(cfg)
+        mc = ModelConfig(**latent, partial_rotary=partial if cfg["model_type"] in PARTIAL_ROTARY_TYPES else 1.0,
             vocab_size=_int(cfg, "vocab_size"), hidden_size=hidden,
             intermediate_size=_int(cfg, "intermediate_size"), num_layers=_int(cfg, "num_hidden_layers"),
             num_heads=heads, num_kv_heads=heads if cfg.get("num_key_value_heads") is None
@@ -286,8 +295,8 @@ def _read_config(directory: str | Path, run: bool) -> tuple[ModelConfig, list[st
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", cfg["model_type"] in GEMMA_TYPES)),
             qkv_bias=(cfg["model_type"] == "qwen2" or bool(cfg.get("attention_bias")) and not latent
                       or (cfg["model_type"] == "qwen2_moe" and bool(cfg.get("qkv_bias", True)))),
-            o_bias=bool(cfg.get("attention_bias")),
-            qk_norm=cfg["model_type"] in ("qwen3", "qwen3_moe"),
+            o_bias=bool(cfg.get("attention_bias")) and cfg["model_type"] != "glm4_moe",
+            qk_norm=cfg["model_type"] in ("qwen3", "qwen3_moe") or cfg["model_type"] == "glm4_moe" and bool(cfg.get("use_qk_norm")),
             explicit_head_dim=None if head_dim * heads == hidden else head_dim,
             dtype=str(cfg.get("dtype") or cfg.get("torch_dtype") or "float32"))
         if cfg["model_type"] in GEMMA_TYPES:
@@ -338,9 +347,9 @@ def _read_config(directory: str | Path, run: bool) -> tuple[ModelConfig, list[st
         raise CheckpointError(f"{path}: hidden_act {cfg['hidden_act']!r} is not supported (Llama's MLP is 'silu')")
     if cfg.get("mlp_bias"):
         raise CheckpointError(f"{path}: MLP biases are not supported")
-    partial = (cfg.get("rope_parameters") or {}).get("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0))
-    if partial not in (None, 1, 1.0):
-        raise CheckpointError(f"{path}: partial_rotary_factor {partial!r} is not supported (RoPE over the whole head)")
+    if partial != 1 and cfg["model_type"] not in PARTIAL_ROTARY_TYPES:  # transformers' own rotates the whole head
+        raise CheckpointError(f"{path}: partial_rotary_factor {partial!r} is not supported for {cfg['model_type']} "
+                              f"(RoPE over the whole head; a part of it for {', '.join(PARTIAL_ROTARY_TYPES)})")
     return mc, ignored
 
 
@@ -461,6 +470,20 @@ def _qwen_vl(cfg: dict) -> tuple[dict, int]:
             "quantization_config": cfg.get("quantization_config")}, tower
 
 
+def _partial_rotary(cfg: dict) -> float:
+    """The share of each head's features RoPE rotates: ``partial_rotary_factor`` in ``rope_parameters``
+    (transformers 5) or at config.json's top level; 1 where neither gives one."""
+    params = cfg.get("rope_parameters")
+    value = params.get("partial_rotary_factor") if isinstance(params, dict) else None
+    if value is None:
+        value = cfg.get("partial_rotary_factor")
+    if value is None:
+        return 1.0
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
+        raise ValueError(f"partial_rotary_factor must be a number in (0, 1], got {value!r}")
+    return float(value)
+
+
 def _latent(cfg: dict) -> dict:
     """DeepSeek's multi-head latent attention, as ``ModelConfig`` fields: its ranks and head widths, its
     RoPE's pairs interleaved (DeepSeek-V2's always; V3's unless ``rope_interleave`` is false, as transformers
@@ -484,8 +507,8 @@ def _latent(cfg: dict) -> dict:
 
 def _deepseek_experts(cfg: dict, mc: ModelConfig) -> ModelConfig:
     """``mc`` with DeepSeek's mixture of experts: ``n_routed_experts`` experts routed in groups
-    (DeepSeek-V2's ``greedy`` or ``group_limited_greedy`` over softmax scores, V3's over sigmoid scores and
-    a learned bias), their weights renormalised where ``norm_topk_prob`` and times
+    (DeepSeek-V2's ``greedy`` or ``group_limited_greedy`` over softmax scores, V3's and GLM-4.5's over sigmoid
+    scores and a learned bias), their weights renormalised where ``norm_topk_prob`` and times
     ``routed_scaling_factor``; ``n_shared_experts`` shared experts as one ungated MLP; the first
     ``first_k_dense_replace`` layers dense, and from there every ``moe_layer_freq``-th sparse (vLLM's rule;
     every published checkpoint's is 1)."""
@@ -565,7 +588,7 @@ def _experts(cfg: dict, mc: ModelConfig, path: Path) -> ModelConfig:
     """``mc`` with the mixture of experts ``cfg`` describes (Mixtral's or Qwen-MoE's fields)."""
     mixtral = cfg["model_type"] in ("mixtral", "gpt_oss")  # experts as wide as intermediate_size, every layer sparse
     try:
-        if cfg["model_type"] in DEEPSEEK_TYPES:
+        if cfg["model_type"] in GROUPED_TYPES:
             return _deepseek_experts(cfg, mc)
         experts = _int(cfg, "num_local_experts" if cfg.get("num_local_experts") else "num_experts", 0)
         if experts <= 0:

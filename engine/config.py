@@ -185,6 +185,9 @@ class ModelConfig:
     topk_groups: int = 1
     routed_scaling: float = 1.0
     shared_expert_gate: bool = True  # the shared expert's output gated by a sigmoid (Qwen2-MoE's), or not (DeepSeek's)
+    # the share of each query and key head's features RoPE rotates, its first int(head_dim x this) (GLM-4.5's
+    # half, Phi-4-mini's three quarters); the rest pass through unrotated
+    partial_rotary: float = 1.0
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
@@ -237,6 +240,12 @@ class ModelConfig:
                 or not (math.isfinite(self.swiglu_alpha) and self.swiglu_alpha > 0):
             raise ValueError(f"swiglu_alpha must be a number > 0, got {self.swiglu_alpha!r}")
         self._check_latent_attention()
+        if isinstance(self.partial_rotary, bool) or not isinstance(self.partial_rotary, (int, float)) \
+                or not 0 < self.partial_rotary <= 1 or (self.kv_lora_rank and self.partial_rotary != 1):
+            raise ValueError(f"partial_rotary must be a share in (0, 1] (1 with latent attention), got {self.partial_rotary!r}")
+        if self.rotary_dim < 2 or self.rotary_dim % 2:
+            raise ValueError(f"RoPE rotates pairs: {self.partial_rotary} of a {self.head_dim}-feature head is "
+                             f"{self.rotary_dim} features")
         self._check_router()
         for name in ("query_scale", "attn_softcap", "logit_softcap", "local_rope_theta", "swiglu_limit"):
             value = getattr(self, name)
@@ -285,8 +294,9 @@ class ModelConfig:
 
     @property
     def rotary_dim(self) -> int:
-        """The features of a query or key head RoPE rotates: latent attention's rotated ones, else all."""
-        return self.qk_rope_head_dim if self.kv_lora_rank else self.head_dim
+        """The features of a query or key head RoPE rotates: latent attention's rotated ones, else the first
+        ``partial_rotary`` of them, as transformers counts them (rounded down)."""
+        return self.qk_rope_head_dim if self.kv_lora_rank else int(self.head_dim * self.partial_rotary)
 
     @property
     def value_dim(self) -> int:

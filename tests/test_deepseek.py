@@ -182,8 +182,8 @@ def test_shipped_deepseek_v2_lite_counts_and_caches_what_the_published_checkpoin
         built = transformers.AutoModelForCausalLM.from_config(
             transformers.AutoConfig.from_pretrained(CHECKPOINTS / "DeepSeek-V2-Lite-Chat"))
     assert built.num_parameters() == m.param_count()
-    # vLLM caches 512 + 64 features a token and layer, 31,104 bytes a token over 27 layers in bf16: a
-    # model of its size with 16 heads' K and V cached would take 16x as much
+    # vLLM caches 512 + 64 features a token and layer, 31,104 bytes a token over 27 layers in bf16, where
+    # its 16 heads' keys (192 features) and values (128) would take 8.9 times as much
     assert m.kv_bytes_per_token() == 27 * 576 * 2
     assert (m.router, m.expert_groups, m.shared_expert_intermediate_size, m.dense_layers) == ("softmax_groups", 1, 2816, (0,))
     assert d.max_model_len == 32768 and "15.7B params (2.7B active) at 16 bits" in d.describe()
@@ -226,7 +226,7 @@ def test_a_deepseek_config_that_cannot_be_run_is_refused_by_name(tmp_path, chang
 
 def test_no_twin_is_built_of_latent_attention():
     mc = ModelConfig(num_heads=4, num_kv_heads=4, kv_lora_rank=8, qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=8)
-    with pytest.raises(ValueError, match="no transformers twin is built here of DeepSeek's latent attention"):
+    with pytest.raises(ValueError, match="no transformers twin is built here of latent attention"):
         hf_twin(Engine(mc, EngineConfig(num_blocks=8)).model)
     with pytest.raises(ValueError, match="latent attention .* does not take window_layers"):
         replace(mc, sliding_window=4, window_layers=(0,))
