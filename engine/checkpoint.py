@@ -69,7 +69,7 @@ DEFAULTS = {**{t: {"sliding_window": 4096} for t in ("mistral", "qwen2", "qwen3"
                             "v_head_dim": 128, "moe_intermediate_size": 2048, "n_routed_experts": 256,
                             "n_shared_experts": 1, "routed_scaling_factor": 2.5, "n_group": 8, "topk_group": 4,
                             "num_experts_per_tok": 8, "first_k_dense_replace": 3, "norm_topk_prob": True,
-                            "rope_interleave": True},
+                            "rope_interleave": True, "max_position_embeddings": 4096},
             "glm4_moe": {"moe_intermediate_size": 1408, "n_routed_experts": 128, "n_shared_experts": 1,
                          "routed_scaling_factor": 1.0, "n_group": 1, "topk_group": 1, "num_experts_per_tok": 8,
                          "first_k_dense_replace": 1, "norm_topk_prob": True, "partial_rotary_factor": 0.5},
@@ -280,8 +280,10 @@ def _read_config(directory: str | Path, run: bool) -> tuple[ModelConfig, list[st
             raise ValueError(f"num_attention_heads must be > 0, got {heads}")
         # latent attention's heads are as wide as its fields say (transformers writes its RoPE's width as head_dim)
         latent = _latent(cfg) if cfg["model_type"] in DEEPSEEK_TYPES else {}
-        head_dim = hidden // heads if cfg.get("head_dim") is None or latent else _int(cfg, "head_dim")
-        if head_dim <= 0:
+        head_dim = hidden // heads if cfg.get("head_dim") is None else _int(cfg, "head_dim")
+        if latent:  # its heads' width is qk_nope_head_dim + qk_rope_head_dim, whatever hidden_size / heads is
+            head_dim = hidden // heads if hidden % heads == 0 and hidden >= heads else 0
+        elif head_dim <= 0:
             raise ValueError(f"head_dim must be > 0, got {head_dim}")
         partial = _partial_rotary(cfg)
         mc = ModelConfig(**latent, partial_rotary=partial if cfg["model_type"] in PARTIAL_ROTARY_TYPES else 1.0,
@@ -297,7 +299,7 @@ def _read_config(directory: str | Path, run: bool) -> tuple[ModelConfig, list[st
                       or (cfg["model_type"] == "qwen2_moe" and bool(cfg.get("qkv_bias", True)))),
             o_bias=bool(cfg.get("attention_bias")) and cfg["model_type"] != "glm4_moe",
             qk_norm=cfg["model_type"] in ("qwen3", "qwen3_moe") or cfg["model_type"] == "glm4_moe" and bool(cfg.get("use_qk_norm")),
-            explicit_head_dim=None if head_dim * heads == hidden else head_dim,
+            explicit_head_dim=None if head_dim * heads == hidden or latent else head_dim,
             dtype=str(cfg.get("dtype") or cfg.get("torch_dtype") or "float32"))
         if cfg["model_type"] in GEMMA_TYPES:
             mc = _gemma(cfg, mc)
@@ -492,7 +494,7 @@ def _latent(cfg: dict) -> dict:
     fields = {"kv_lora_rank": _int(cfg, "kv_lora_rank"), "q_lora_rank": _int(cfg, "q_lora_rank", 0),
               "qk_nope_head_dim": _int(cfg, "qk_nope_head_dim"), "qk_rope_head_dim": _int(cfg, "qk_rope_head_dim"),
               "v_head_dim": _int(cfg, "v_head_dim"),
-              "rope_interleaved": cfg["model_type"] == "deepseek_v2" or cfg.get("rope_interleave") is not False}
+              "rope_interleaved": cfg["model_type"] == "deepseek_v2" or bool(cfg.get("rope_interleave", True))}
     if fields["kv_lora_rank"] <= 0:
         raise ValueError(f"kv_lora_rank must be > 0, got {fields['kv_lora_rank']}")
     params = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
@@ -508,8 +510,9 @@ def _latent(cfg: dict) -> dict:
 def _deepseek_experts(cfg: dict, mc: ModelConfig) -> ModelConfig:
     """``mc`` with DeepSeek's mixture of experts: ``n_routed_experts`` experts routed in groups
     (DeepSeek-V2's ``greedy`` or ``group_limited_greedy`` over softmax scores, V3's and GLM-4.5's over sigmoid
-    scores and a learned bias), their weights renormalised where ``norm_topk_prob`` and times
-    ``routed_scaling_factor``; ``n_shared_experts`` shared experts as one ungated MLP; the first
+    scores and a learned bias), their weights renormalised where ``norm_topk_prob`` (as vLLM reads it for V2 too,
+    where transformers ignores it: no published V2 sets it) and times ``routed_scaling_factor``;
+    ``n_shared_experts`` shared experts as one ungated MLP; the first
     ``first_k_dense_replace`` layers dense, and from there every ``moe_layer_freq``-th sparse (vLLM's rule;
     every published checkpoint's is 1)."""
     kind = cfg["model_type"]
@@ -525,12 +528,19 @@ def _deepseek_experts(cfg: dict, mc: ModelConfig) -> ModelConfig:
         router = "softmax_groups"
     else:  # V3's picks by its biased sigmoid scores within groups (transformers' whatever topk_method says)
         groups, router = (_int(cfg, "n_group"), _int(cfg, "topk_group")), "sigmoid_groups"
+    experts = _int(cfg, "n_routed_experts")
+    if experts <= 0:
+        raise ValueError(f"n_routed_experts must be > 0, got {experts}")
+    if not 0 < groups[1] <= groups[0] or experts % groups[0]:
+        raise ValueError(f"n_group must divide n_routed_experts ({experts}) and topk_group be in [1, n_group], "
+                         f"got {groups[0]} and {groups[1]}")
+    if router == "sigmoid_groups" and experts // groups[0] < 2:
+        raise ValueError(f"n_group {groups[0]} leaves one of the {experts} experts a group, where each group is "
+                         "scored by its two best")
     first, every = _int(cfg, "first_k_dense_replace", 0), _int(cfg, "moe_layer_freq", 1)
     if every <= 0:
         raise ValueError(f"moe_layer_freq must be > 0, got {every}")
-    experts, width = _int(cfg, "n_routed_experts"), _int(cfg, "moe_intermediate_size")
-    if experts <= 0:
-        raise ValueError(f"n_routed_experts must be > 0, got {experts}")
+    width = _int(cfg, "moe_intermediate_size")
     scaling = cfg.get("routed_scaling_factor", 1.0)
     if isinstance(scaling, bool) or not isinstance(scaling, (int, float)) or not (math.isfinite(scaling) and scaling > 0):
         raise ValueError(f"routed_scaling_factor must be a number > 0, got {scaling!r}")
@@ -859,8 +869,8 @@ def _window_layers(cfg: dict, num_layers: int) -> tuple[int, ...]:
         if cfg["model_type"] == "qwen2_moe":
             return tuple(i for i in range(min(below, num_layers)) if (i + 1) % 2)
         return tuple(range(below, num_layers))
-    if cfg["model_type"] == "gemma":  # transformers' Gemma attends fully whatever sliding_window says
-        return ()
+    if cfg["model_type"] in ("gemma", *GROUPED_TYPES):  # transformers' Gemma, DeepSeek and GLM-4.5 attend fully
+        return ()  # whatever sliding_window says
     if cfg["model_type"] in ("gemma2", "gpt_oss"):
         return tuple(range(0, num_layers, 2))
     if cfg["model_type"] == "gemma3_text":  # transformers 4's sliding_window_pattern: every n-th layer full

@@ -281,6 +281,9 @@ class ModelConfig:
         if self.num_experts % self.expert_groups or self.topk_groups > self.expert_groups:
             raise ValueError(f"expert_groups must divide num_experts ({self.num_experts}) and topk_groups be at most "
                              f"expert_groups, got {self.expert_groups} and {self.topk_groups}")
+        if self.router == "sigmoid_groups" and self.num_experts // self.expert_groups < 2:
+            raise ValueError(f"sigmoid_groups scores each group by its two best experts: {self.expert_groups} groups of "
+                             f"{self.num_experts} experts leave one a group")
         if self.topk_groups * (self.num_experts // self.expert_groups) < self.experts_per_token:
             raise ValueError(f"the {self.topk_groups} of {self.expert_groups} expert groups a token picks hold fewer "
                              f"experts than experts_per_token ({self.experts_per_token})")
@@ -318,6 +321,14 @@ class ModelConfig:
         if self.kv_lora_rank:
             return 2 * self.num_heads * (2 * self.kv_lora_rank + self.qk_rope_head_dim)
         return 4 * self.num_heads * self.head_dim
+
+    def prefill_pair_flops(self) -> int:
+        """``pair_flops`` for a prefill's queries: latent attention's as vLLM prefills, on each head's keys
+        and values projected from the latent (scores over head_dim features, values over value_dim); the
+        others' as ``pair_flops``."""
+        if self.kv_lora_rank:
+            return 2 * self.num_heads * (self.head_dim + self.value_dim)
+        return self.pair_flops()
 
     @property
     def dtype_bytes(self) -> int:

@@ -207,14 +207,16 @@ class LatentAttention(nn.Module):
         self.nope, self.rope_dim, self.rank, self.v_dim = (cfg.qk_nope_head_dim, cfg.qk_rope_head_dim,
                                                            cfg.kv_lora_rank, cfg.v_head_dim)
         h, q, bias = cfg.hidden_size, cfg.num_heads * cfg.head_dim, cfg.o_bias  # attention_bias
+        # the low-rank norms' epsilon is 1e-6 whatever rms_norm_eps says, as DeepSeek's reference code and
+        # transformers build them (vLLM reads rms_norm_eps: the same for every DeepSeek release, not for Moonlight's)
         if cfg.q_lora_rank:
             self.q_a_proj = nn.Linear(h, cfg.q_lora_rank, bias=bias)
-            self.q_a_layernorm = norm(cfg, cfg.q_lora_rank)
+            self.q_a_layernorm = RMSNorm(cfg.q_lora_rank, 1e-6)
             self.q_b_proj = nn.Linear(cfg.q_lora_rank, q, bias=False)
         else:
             self.q_proj = nn.Linear(h, q, bias=False)
         self.kv_a_proj_with_mqa = nn.Linear(h, self.rank + self.rope_dim, bias=bias)
-        self.kv_a_layernorm = norm(cfg, self.rank)
+        self.kv_a_layernorm = RMSNorm(self.rank, 1e-6)
         self.kv_b_proj = nn.Linear(self.rank, cfg.num_heads * (self.nope + self.v_dim), bias=False)
         self.o_proj = nn.Linear(cfg.num_heads * self.v_dim, h, bias=bias)
         self.scale, self.interleaved = cfg.query_scale, cfg.rope_interleaved

@@ -49,7 +49,10 @@ class RooflineCostModel:
 
     FLOPs of an iteration: 2 per parameter per batched token (the embedding lookup excluded,
     the LM head counted for every token) plus 4 x layers x heads x head_dim per attended
-    (query, key) pair (latent attention's as vLLM decodes it, on the latent: ``ModelConfig.pair_flops``).
+    (query, key) pair. Latent attention's pairs cost what vLLM computes: a sequence's last query (a decode's
+    only one) on the latent (``ModelConfig.pair_flops``), its other queries (a prefill chunk's) on each
+    head's keys and values projected from it (``prefill_pair_flops``, 3.4x less for DeepSeek's shapes): an
+    iteration's ``context_tokens`` pairs the first way, its ``attended`` - ``context_tokens`` the second.
     Bytes: the weights once, plus the KV each sequence reads and writes.
 
     An encoder beside the decoder (a multimodal checkpoint's vision tower) is never read for text.
@@ -81,6 +84,7 @@ class RooflineCostModel:
         matmul_params = m.param_count(active=True) - m.vocab_size * m.hidden_size * (0 if m.tie_word_embeddings else 1)
         expert_bytes = m.routed_expert_bytes()
         for name, value in (("_token_flops", 2 * matmul_params), ("_pair_flops", m.num_layers * m.pair_flops()),
+                            ("_prefill_pair_flops", m.num_layers * m.prefill_pair_flops()),
                             ("_weight_bytes", m.weight_bytes() - expert_bytes - m.encoder_bytes()), ("_expert_bytes", expert_bytes),
                             ("_expert_unpicked", 1.0 - m.experts_per_token / m.num_experts if m.num_experts else 1.0),
                             ("_kv_token_bytes", m.kv_bytes_per_token()),
@@ -109,7 +113,11 @@ class RooflineCostModel:
         iterations, engine/decode_run.py), with the same arithmetic, so the same durations. The
         windowed layers' keys and pairs past their window (``windowed_*``: what they read and score)
         are taken off the whole-context figures."""
-        flops = self._token_flops * num_tokens + self._pair_flops * attended
+        if self._prefill_pair_flops == self._pair_flops:
+            flops = self._token_flops * num_tokens + self._pair_flops * attended
+        else:  # every sequence's last query (context_tokens pairs) as a decode, the rest as a prefill
+            flops = (self._token_flops * num_tokens + self._pair_flops * context_tokens
+                     + self._prefill_pair_flops * (np.asarray(attended) - context_tokens))
         nbytes = self._weight_bytes + self._kv_token_bytes * (context_tokens + num_tokens)
         if windowed_context is not None and self._window is not None:
             flops = flops - self._windowed_pair_flops * (attended - windowed_attended)

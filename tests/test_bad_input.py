@@ -238,7 +238,7 @@ def test_a_yarn_checkpoint_loads_its_scaling_as_transformers_reads_it(checkpoint
     ({"model_type": "gemma2", "use_bidirectional_attention": True}, "use_bidirectional_attention is not supported"),
     ({"model_type": "gemma2", "attn_logit_softcapping": -1}, "attn_logit_softcapping must be a number > 0 or null"),
     ({"model_type": "gemma2"}, r"tensor 'model.layers.0.post_feedforward_layernorm.weight' is missing \(2 missing"),
-    ({"model_type": "phi3", "partial_rotary_factor": 0.75}, "partial_rotary_factor 0.75 is not supported"),
+    ({"model_type": "llama", "partial_rotary_factor": 0.75}, "partial_rotary_factor 0.75 is not supported for llama"),
     ({"model_type": "qwen3"}, r"tensor 'model.layers.0.self_attn.k_norm.weight' is missing \(2 missing"),  # Llama's weights
     ({"model_type": "mistral", "sliding_window": 64.5}, "sliding_window must be a whole number of tokens >= 2, got 64.5"),
     ({"model_type": "qwen2", "use_sliding_window": True, "sliding_window": "64", "max_window_layers": 0},

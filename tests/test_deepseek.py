@@ -32,13 +32,14 @@ LATENT = dict(kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=8, v_head_di
               n_routed_experts=8, num_experts_per_tok=2, n_shared_experts=2, moe_intermediate_size=24,
               first_k_dense_replace=1, rope_theta=100.0)
 # DeepSeek-V2-Lite's layout (no low-rank query, greedy routing); DeepSeek-V2's (a low-rank query, routing
-# limited to 2 of 4 groups, scaled weights) with YaRN and its mscale folded into the scores' scale;
+# limited to 2 of 4 groups, scaled weights) with YaRN and its mscale folded into the scores' scale, and biases
+# on its projections from the hidden state and on o;
 # DeepSeek-V3's (sigmoid scores and a learned bias picking within 2 of 4 groups, renormalised and scaled),
 # its RoPE's pairs interleaved or, with rope_interleave false, not
 ARCHS = {
     "v2_lite": ("DeepseekV2", dict(LATENT, q_lora_rank=None)),
     "v2_groups_yarn": ("DeepseekV2", dict(LATENT, q_lora_rank=20, topk_method="group_limited_greedy", n_group=4,
-                                          topk_group=2, routed_scaling_factor=3.0,
+                                          topk_group=2, routed_scaling_factor=3.0, attention_bias=True,
                                           rope_parameters={"rope_type": "yarn", "rope_theta": 50000.0, "factor": 40.0,
                                                            "mscale": 0.707, "mscale_all_dim": 0.707,
                                                            "original_max_position_embeddings": 64})),
@@ -57,6 +58,8 @@ def hf_deepseek(arch: str, dtype: torch.dtype = torch.float32):
         for key, p in hf.named_parameters():
             if key.endswith("mlp.gate.weight"):
                 p.normal_(0.0, 1.0)
+            elif key.endswith(".bias"):  # attention_bias's (transformers starts them at zero)
+                p.normal_(0.0, 0.02)
             elif key.endswith("norm.weight"):
                 p.normal_(1.0, 0.3)
             elif ".mlp." in key:
@@ -210,7 +213,9 @@ def test_deepseek_v3_is_sized_as_transformers_builds_it_and_refused_on_one_gpu(t
     ({"scoring_func": "sigmoid"}, "scoring_func 'sigmoid' is not supported"),
     ({"topk_method": "noaux_tc"}, "topk_method 'noaux_tc' is not supported"),
     ({"kv_lora_rank": 0}, "kv_lora_rank must be > 0, got 0"),
-    ({"topk_method": "group_limited_greedy", "n_group": 3, "topk_group": 2}, "expert_groups must divide num_experts"),
+    ({"topk_method": "group_limited_greedy", "n_group": 3, "topk_group": 2}, "n_group must divide n_routed_experts"),
+    ({"topk_method": "group_limited_greedy", "n_group": 0, "topk_group": 0}, "n_group must divide n_routed_experts"),
+    ({"model_type": "deepseek_v3", "n_group": 8, "topk_group": 4}, "n_group 8 leaves one of the 8 experts a group"),
     ({"routed_scaling_factor": "2"}, "routed_scaling_factor must be a number > 0"),
     ({"moe_layer_freq": 0}, "moe_layer_freq must be > 0, got 0"),
     ({"qk_rope_head_dim": 5}, "an even qk_rope_head_dim"),
@@ -230,3 +235,67 @@ def test_no_twin_is_built_of_latent_attention():
         hf_twin(Engine(mc, EngineConfig(num_blocks=8)).model)
     with pytest.raises(ValueError, match="latent attention .* does not take window_layers"):
         replace(mc, sliding_window=4, window_layers=(0,))
+
+
+def test_deepseek_fields_are_read_as_transformers_reads_them(tmp_path):
+    # a sliding_window its attention ignores; rope_interleave null (not interleaved, as transformers tests it);
+    # hidden_size not a multiple of the heads (its heads are nope + rope wide); the low-rank norms' epsilon
+    # 1e-6 whatever rms_norm_eps says; moe_layer_freq (vLLM's rule: every published one is 1)
+    cfg = {**transformers.DeepseekV3Config(**{**ARCHS["v3"][1], "num_key_value_heads": 5}, vocab_size=300,
+                                           hidden_size=50, intermediate_size=96, num_hidden_layers=6,
+                                           num_attention_heads=5, rms_norm_eps=1e-5).to_dict(),
+           "sliding_window": 8, "rope_interleave": None, "moe_layer_freq": 2}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    mc = read_sizes(tmp_path)[0]
+    assert (mc.window_layers, mc.rope_interleaved, mc.head_dim, mc.dense_layers) == ((), False, 16, (0, 1, 3, 5))
+    with torch.device("meta"):
+        built = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.from_pretrained(tmp_path))
+    # transformers ignores moe_layer_freq: layers 1, 3 and 5 are mixtures there, dense MLPs here
+    assert built.num_parameters() - mc.param_count() == 3 * ((8 + 2) * 3 * 50 * 24 + 8 * 50 - 3 * 50 * 96)
+    model = __import__("engine.model", fromlist=["LlamaModel"]).LlamaModel(mc)
+    assert model.model.layers[0].self_attn.kv_a_layernorm.eps == model.model.layers[0].self_attn.q_a_layernorm.eps == 1e-6
+
+
+@pytest.mark.parametrize("kind", ["deepseek_v2", "deepseek_v3", "glm4_moe"])
+def test_a_field_config_json_leaves_out_takes_transformers_default(tmp_path, kind):
+    from engine.checkpoint import DEFAULTS
+
+    name = {"deepseek_v2": "DeepseekV2Config", "deepseek_v3": "DeepseekV3Config", "glm4_moe": "Glm4MoeConfig"}[kind]
+    full = {**getattr(transformers, name)(num_experts_per_tok=8, head_dim=128).to_dict(), "model_type": kind}
+    (tmp_path / "config.json").write_text(json.dumps(full))
+    whole = read_sizes(tmp_path)[0]
+    assert set(DEFAULTS[kind]) - {"partial_rotary_factor"} <= set(full)  # transformers 5: in rope_parameters
+    (tmp_path / "config.json").write_text(json.dumps({k: v for k, v in full.items() if k not in DEFAULTS[kind]}))
+    assert read_sizes(tmp_path)[0] == whole
+
+
+def test_deepseek_v3s_router_is_transformers_to_the_bit_in_bf16(tmp_path):
+    # correction biases far below zero, so that the groups left out (filled with -inf) would otherwise win
+    hf = hf_deepseek("v3", torch.bfloat16)
+    with torch.no_grad():
+        hf.model.layers[1].mlp.gate.e_score_correction_bias.normal_(-5.0, 0.3)
+    hf.save_pretrained(tmp_path)
+    ours = load_checkpoint(tmp_path).model.layers[1].mlp.gate
+    x = (torch.randn(64, 48, generator=torch.Generator().manual_seed(3)) * 4).to(torch.bfloat16)
+    with torch.no_grad():
+        _, weights, picked = hf.model.layers[1].mlp.gate(x)
+        mine, my_weights = ours(x)
+    order, my_order = picked.argsort(dim=-1), mine.argsort(dim=-1)
+    assert torch.equal(picked.gather(1, order), mine.gather(1, my_order))
+    assert torch.equal(weights.gather(1, order), my_weights.gather(1, my_order))
+    assert my_weights.dtype == torch.float32
+
+
+def test_the_roofline_prefills_latent_attention_on_its_heads_and_decodes_it_on_the_latent():
+    from engine.scheduler import BatchShape
+
+    d = deployment("DeepSeek-V2-Lite-Chat@h100")
+    cost, m = d.cost_model(), d.model
+    matmul = 2 * (m.param_count(active=True) - m.vocab_size * m.hidden_size)
+    n = 8192  # a fresh 8,192-token prefill: its last query's pairs on the latent, the rest on 16 heads' 192 + 128
+    pairs = n * (n + 1) // 2
+    flops = matmul * n + 27 * 2 * 16 * (2 * 512 + 64) * n + 27 * 2 * 16 * (192 + 128) * (pairs - n)
+    assert cost.iteration_s(BatchShape(n, n, pairs)) == pytest.approx(2e-3 + flops / (989e12 * 0.6), rel=1e-9)
+    # 256 decodes at 4,096 tokens each read their latents: memory-bound, every pair on the latent
+    assert cost.iteration_s(BatchShape(256, 256 * 4096, 256 * 4096)) == pytest.approx(
+        2e-3 + (m.weight_bytes() + m.kv_bytes_per_token() * 256 * 4097) / (3.35e12 * 0.8), rel=1e-9)
