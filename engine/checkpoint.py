@@ -1,6 +1,6 @@
 """Loading a local Hugging Face Llama, Mistral, Mistral 3, Qwen2, Qwen3, Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Phi-3, Gemma, Gemma 2,
-Gemma 3, Mixtral, Qwen2-MoE, Qwen3-MoE, gpt-oss, DeepSeek-V2, DeepSeek-V3 or GLM-4.5 checkpoint directory
-(``config.json`` + ``*.safetensors``).
+Gemma 3, Granite, OLMo 2, Mixtral, Qwen2-MoE, Qwen3-MoE, gpt-oss, DeepSeek-V2, DeepSeek-V3 or GLM-4.5 checkpoint
+directory (``config.json`` + ``*.safetensors``).
 
 Nothing is fetched from a hub: the directory must hold everything. Every refusal names the file
 or tensor at fault.
@@ -39,10 +39,13 @@ from engine.model import LlamaModel
 # latent a token cached in place of each head's K and V) and route each token to experts in groups,
 # beside shared experts every token takes, after a first few dense layers. GLM-4.5 (and 4.5-Air, 4.6) routes
 # as DeepSeek-V3 does, with Llama's attention around it: biases on q, k and v, optionally Qwen3's RMSNorm
-# over each q and k head, and RoPE over half of each head's features.
+# over each q and k head, and RoPE over half of each head's features. Granite (3.x) is Llama's with four
+# scalars: on the embeddings, the attention scores, each sublayer's output and the logits. OLMo 2 is Llama's
+# with one RMSNorm over all of q's heads' features and one over k's, and its layers' norms after attention
+# and the MLP, on their outputs, in place of the norms on their inputs.
 MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma", "gemma2", "gemma3_text", "gemma3", "mixtral",
                "qwen2_moe", "qwen3_moe", "gpt_oss", "mistral3", "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe",
-               "deepseek_v2", "deepseek_v3", "glm4_moe")
+               "deepseek_v2", "deepseek_v3", "glm4_moe", "granite", "olmo2")
 DEEPSEEK_TYPES = ("deepseek_v2", "deepseek_v3")
 GROUPED_TYPES = (*DEEPSEEK_TYPES, "glm4_moe")  # DeepSeek's mixture of experts, routed in groups
 # the model types whose transformers implementation rotates only the first partial_rotary_factor of each head
@@ -303,6 +306,10 @@ def _read_config(directory: str | Path, run: bool) -> tuple[ModelConfig, list[st
             dtype=str(cfg.get("dtype") or cfg.get("torch_dtype") or "float32"))
         if cfg["model_type"] in GEMMA_TYPES:
             mc = _gemma(cfg, mc)
+        if cfg["model_type"] == "granite":
+            mc = _granite(cfg, mc)
+        if cfg["model_type"] == "olmo2":
+            mc = replace(mc, qk_norm=True, qk_norm_across_heads=True, sandwich_norms=True, pre_norms=False)
         if vision:
             mc = replace(mc, encoder_params=vision)
     except KeyError as exc:
@@ -550,6 +557,20 @@ def _deepseek_experts(cfg: dict, mc: ModelConfig) -> ModelConfig:
                    dense_layers=tuple(i for i in range(mc.num_layers) if i < first or i % every),
                    shared_expert_intermediate_size=width * _int(cfg, "n_shared_experts", 0), shared_expert_gate=False,
                    router=router, expert_groups=groups[0], topk_groups=groups[1], routed_scaling=float(scaling))
+
+
+def _granite(cfg: dict, mc: ModelConfig) -> ModelConfig:
+    """``mc`` with Granite's scalars (transformers' GraniteConfig's defaults, 1, where config.json leaves one
+    out): ``embedding_multiplier``, ``residual_multiplier``, ``logits_scaling``, and ``attention_multiplier``
+    as the scores' scale in place of head_dim ** -0.5."""
+    def scalar(key: str) -> float:
+        value = cfg.get(key, 1.0)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not (math.isfinite(value) and value > 0):
+            raise ValueError(f"{key} must be a number > 0, got {value!r}")
+        return float(value)
+
+    return replace(mc, embedding_multiplier=scalar("embedding_multiplier"), residual_multiplier=scalar("residual_multiplier"),
+                   logits_scaling=scalar("logits_scaling"), query_scale=scalar("attention_multiplier"))
 
 
 def _gemma(cfg: dict, mc: ModelConfig) -> ModelConfig:
@@ -936,7 +957,7 @@ def load_checkpoint(directory: str | Path, device: str | torch.device = "cpu",
     directory = Path(directory).expanduser()
     mc = read_config(directory)
     if dtype is not None:
-        if dtype == "float16" and mc.sandwich_norms:
+        if dtype == "float16" and mc.sandwich_norms and mc.norm_offset:
             raise CheckpointError(f"{directory}: Gemma 2 and 3 do not run in float16 (numerically unstable, and vLLM "
                                   "refuses it): bfloat16 or float32")
         mc = ModelConfig(**{**mc.__dict__, "dtype": dtype})

@@ -188,6 +188,17 @@ class ModelConfig:
     # the share of each query and key head's features RoPE rotates, its first int(head_dim x this) (GLM-4.5's
     # half, Phi-4-mini's three quarters); the rest pass through unrotated
     partial_rotary: float = 1.0
+    # OLMo 2's differences: its q and k norms each over all of their heads' features at once (``qk_norm`` with
+    # ``qk_norm_across_heads``), and only the norms after attention and the MLP (``sandwich_norms`` without
+    # ``pre_norms``)
+    qk_norm_across_heads: bool = False
+    pre_norms: bool = True
+    # Granite's scalars: embeddings times ``embedding_multiplier``, each sublayer's output times
+    # ``residual_multiplier`` before it joins the residual stream, the final logits divided by ``logits_scaling``
+    # (its attention_multiplier is ``query_scale``)
+    embedding_multiplier: float = 1.0
+    residual_multiplier: float = 1.0
+    logits_scaling: float = 1.0
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
@@ -247,6 +258,17 @@ class ModelConfig:
             raise ValueError(f"RoPE rotates pairs: {self.partial_rotary} of a {self.head_dim}-feature head is "
                              f"{self.rotary_dim} features")
         self._check_router()
+        if self.qk_norm_across_heads and not self.qk_norm:
+            raise ValueError("qk_norm_across_heads says how qk_norm norms: it needs qk_norm")
+        if self.residual_multiplier != 1 and self.sandwich_norms:
+            raise ValueError("residual_multiplier is Granite's, whose layers norm only each sublayer's input: it does "
+                             "not take sandwich_norms")
+        if not self.pre_norms and not self.sandwich_norms:
+            raise ValueError("pre_norms=False leaves only the norms after attention and the MLP: it needs sandwich_norms")
+        for name in ("embedding_multiplier", "residual_multiplier", "logits_scaling"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not (math.isfinite(value) and value > 0):
+                raise ValueError(f"{name} must be a number > 0, got {value!r}")
         for name in ("query_scale", "attn_softcap", "logit_softcap", "local_rope_theta", "swiglu_limit"):
             value = getattr(self, name)
             if value is not None and not (isinstance(value, (int, float)) and not isinstance(value, bool)
@@ -366,14 +388,14 @@ class ModelConfig:
             kv = (h + b) * (r + rope) + r + r * heads * (self.qk_nope_head_dim + self.v_head_dim)
             return q + kv + heads * self.v_head_dim * h + b * h
         q, kv = heads * self.head_dim, self.num_kv_heads * self.head_dim
-        return (h * q * 2 + h * kv * 2 + (q + 2 * kv) * self.qkv_bias + h * self.o_bias
-                + 2 * self.head_dim * self.qk_norm + heads * self.attn_sinks)
+        qk_norms = (q + kv if self.qk_norm_across_heads else 2 * self.head_dim) * self.qk_norm
+        return h * q * 2 + h * kv * 2 + (q + 2 * kv) * self.qkv_bias + h * self.o_bias + qk_norms + heads * self.attn_sinks
 
     def param_count(self, active: bool = False) -> int:
         """Every parameter; with ``active``, those one token passes through (a mixture of experts'
         ``experts_per_token`` of its experts per layer, and its router)."""
         h, i = self.hidden_size, self.intermediate_size
-        per_layer = self.attention_params() + (4 if self.sandwich_norms else 2) * h
+        per_layer = self.attention_params() + (4 if self.sandwich_norms and self.pre_norms else 2) * h
         experts = self.experts_per_token if active else self.num_experts
         sparse = self.sparse_layers
         router = (h + (self.swiglu_limit is not None)) * self.num_experts  # gpt-oss's has a bias

@@ -167,8 +167,10 @@ class Attention(nn.Module):
         self.qkv_proj = stacked(self, "qkv_proj", cfg.hidden_size, {"q_proj": q, "k_proj": kv, "v_proj": kv},
                                 bias=cfg.qkv_bias)
         self.o_proj = nn.Linear(cfg.num_heads * cfg.head_dim, cfg.hidden_size, bias=cfg.o_bias)
-        self.q_norm = norm(cfg, cfg.head_dim) if cfg.qk_norm else None
-        self.k_norm = norm(cfg, cfg.head_dim) if cfg.qk_norm else None
+        across = cfg.qk_norm_across_heads  # OLMo 2's: one norm over every head's features
+        self.q_norm = norm(cfg, q if across else cfg.head_dim) if cfg.qk_norm else None
+        self.k_norm = norm(cfg, kv if across else cfg.head_dim) if cfg.qk_norm else None
+        self.across = across
         self.scale, self.softcap = cfg.query_scale, cfg.attn_softcap
         self.windowed = layer in cfg.window_layers
         self.sinks = nn.Parameter(torch.zeros(cfg.num_heads)) if cfg.attn_sinks else None
@@ -179,7 +181,10 @@ class Attention(nn.Module):
         n, h, kvh = x.shape[0], self.num_heads, self.num_kv_heads
         qkv = self.qkv_proj(x).view(n, h + 2 * kvh, self.head_dim)
         qk = qkv[:, :h + kvh]
-        if self.q_norm is not None:
+        if self.q_norm is not None and self.across:
+            qk = torch.cat((self.q_norm(qk[:, :h].reshape(n, -1)), self.k_norm(qk[:, h:].reshape(n, -1))),
+                           dim=1).view(n, h + kvh, self.head_dim)
+        elif self.q_norm is not None:
             qk = torch.cat((self.q_norm(qk[:, :h]), self.k_norm(qk[:, h:])), dim=1)
         if self.rotary_dim == self.head_dim:
             qk = rotate(qk, *rope)  # q and k heads in one go
@@ -426,24 +431,33 @@ class DecoderLayer(nn.Module):
     """Attention and the MLP, each after a norm and added to the residual stream. With
     ``sandwich_norms`` (Gemma 2) each output is normed too before it is added: there
     ``post_attention_layernorm`` norms attention's output and ``pre_feedforward_layernorm`` the
-    MLP's input, as transformers names them."""
+    MLP's input, as transformers names them; without ``pre_norms`` (OLMo 2) only the outputs are normed;
+    with ``residual_multiplier`` (Granite) each output is scaled before it is added."""
 
     def __init__(self, cfg: ModelConfig, layer: int) -> None:
         super().__init__()
-        self.input_layernorm = norm(cfg)
+        if cfg.pre_norms:
+            self.input_layernorm = norm(cfg)
         self.self_attn = LatentAttention(cfg, layer) if cfg.kv_lora_rank else Attention(cfg, layer)
         self.post_attention_layernorm = norm(cfg)
         if cfg.sandwich_norms:
-            self.pre_feedforward_layernorm = norm(cfg)
+            if cfg.pre_norms:
+                self.pre_feedforward_layernorm = norm(cfg)
             self.post_feedforward_layernorm = norm(cfg)
-        self.sandwich = cfg.sandwich_norms
+        self.sandwich, self.pre_norms, self.residual_multiplier = cfg.sandwich_norms, cfg.pre_norms, cfg.residual_multiplier
         sparse = ClampedMoE if cfg.swiglu_limit is not None else SparseMoE if cfg.router == "softmax" else GroupedMoE
         self.mlp = sparse(cfg) if cfg.is_sparse(layer) else MLP(cfg)
 
     def forward(self, x, rope, batch, pool):
+        if not self.pre_norms:  # OLMo 2: each sublayer's output normed, its input not
+            x = x + self.post_attention_layernorm(self.self_attn(x, rope, batch, pool))
+            return x + self.post_feedforward_layernorm(self.mlp(x))
         if self.sandwich:
             x = x + self.post_attention_layernorm(self.self_attn(self.input_layernorm(x), rope, batch, pool))
             return x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x)))
+        if self.residual_multiplier != 1:  # Granite: each sublayer's output scaled before it is added
+            x = x + self.self_attn(self.input_layernorm(x), rope, batch, pool) * self.residual_multiplier
+            return x + self.mlp(self.post_attention_layernorm(x)) * self.residual_multiplier
         x = x + self.self_attn(self.input_layernorm(x), rope, batch, pool)
         return x + self.mlp(self.post_attention_layernorm(x))
 
@@ -489,13 +503,16 @@ class LlamaModel(nn.Module):
         x = self.model.embed_tokens(input_ids)
         if self.config.embed_scale:  # the scale rounded to the model's dtype first, as Gemma's reference
             x = x * torch.tensor(self.config.hidden_size ** 0.5, dtype=x.dtype)
+        if self.config.embedding_multiplier != 1:  # Granite's, a Python float as its reference multiplies
+            x = x * self.config.embedding_multiplier
         rope = self.rotary(positions, x.dtype)
         local = rope if self.local_rotary is None else self.local_rotary(positions, x.dtype)
         for layer in self.model.layers:
             x = layer(x, local if layer.self_attn.windowed else rope, batch, pool)
         if batch.logit_rows is not None:
             x = x[batch.logit_rows]
-        return softcap(self.lm_head(self.model.norm(x)), self.config.logit_softcap)
+        logits = softcap(self.lm_head(self.model.norm(x)), self.config.logit_softcap)
+        return logits if self.config.logits_scaling == 1 else logits / self.config.logits_scaling
 
     def weight_bytes(self) -> int:
         return sum(p.numel() * p.element_size() for p in self.parameters())

@@ -91,9 +91,11 @@ def hf_twin(model: LlamaModel):
                               MistralConfig, Qwen2Config, Qwen3Config)
 
     mc = model.config
-    if mc.kv_lora_rank or mc.router != "softmax" or mc.partial_rotary != 1:
-        raise ValueError("no transformers twin is built here of latent attention, grouped routing or partial RoPE "
-                         "(DeepSeek's, GLM-4.5's, Phi-4-mini's): load its checkpoint with transformers' own class")
+    if mc.kv_lora_rank or mc.router != "softmax" or mc.partial_rotary != 1 or not mc.pre_norms \
+            or (mc.embedding_multiplier, mc.residual_multiplier, mc.logits_scaling) != (1, 1, 1):
+        raise ValueError("no transformers twin is built here of latent attention, grouped routing, partial RoPE, "
+                         "OLMo 2's norms or Granite's scalars (DeepSeek's, GLM-4.5's, Phi-4-mini's, OLMo 2's, "
+                         "Granite's): load its checkpoint with transformers' own class")
     common = dict(vocab_size=mc.vocab_size, hidden_size=mc.hidden_size, intermediate_size=mc.intermediate_size,
                   num_hidden_layers=mc.num_layers, num_attention_heads=mc.num_heads,
                   num_key_value_heads=mc.num_kv_heads, head_dim=mc.head_dim, max_position_embeddings=mc.max_position,
