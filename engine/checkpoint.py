@@ -1,6 +1,6 @@
 """Loading a local Hugging Face Llama, Mistral, Mistral 3, Qwen2, Qwen3, Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Phi-3, Gemma, Gemma 2,
-Gemma 3, Granite, OLMo 2, Mixtral, Qwen2-MoE, Qwen3-MoE, gpt-oss, DeepSeek-V2, DeepSeek-V3 or GLM-4.5 checkpoint
-directory (``config.json`` + ``*.safetensors``).
+Gemma 3, Granite, OLMo 2, GLM-4, Mixtral, Qwen2-MoE, Qwen3-MoE, gpt-oss, DeepSeek-V2, DeepSeek-V3 or GLM-4.5
+checkpoint directory (``config.json`` + ``*.safetensors``).
 
 Nothing is fetched from a hub: the directory must hold everything. Every refusal names the file
 or tensor at fault.
@@ -42,14 +42,16 @@ from engine.model import LlamaModel
 # over each q and k head, and RoPE over half of each head's features. Granite (3.x) is Llama's with four
 # scalars: on the embeddings, the attention scores, each sublayer's output and the logits. OLMo 2 is Llama's
 # with one RMSNorm over all of q's heads' features and one over k's, and its layers' norms after attention
-# and the MLP, on their outputs, in place of the norms on their inputs.
+# and the MLP, on their outputs, in place of the norms on their inputs. GLM-4 (dense: GLM-4-0414, GLM-Z1) is
+# Llama's with biases on q, k and v, a norm on each sublayer's output as well as its input, gate and up
+# stored as one tensor (as Phi-3's), and RoPE over half of each head's features, its pairs interleaved.
 MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma", "gemma2", "gemma3_text", "gemma3", "mixtral",
                "qwen2_moe", "qwen3_moe", "gpt_oss", "mistral3", "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe",
-               "deepseek_v2", "deepseek_v3", "glm4_moe", "granite", "olmo2")
+               "deepseek_v2", "deepseek_v3", "glm4_moe", "granite", "olmo2", "glm4")
 DEEPSEEK_TYPES = ("deepseek_v2", "deepseek_v3")
 GROUPED_TYPES = (*DEEPSEEK_TYPES, "glm4_moe")  # DeepSeek's mixture of experts, routed in groups
 # the model types whose transformers implementation rotates only the first partial_rotary_factor of each head
-PARTIAL_ROTARY_TYPES = ("phi3", "glm4_moe")
+PARTIAL_ROTARY_TYPES = ("phi3", "glm4_moe", "glm4")
 GEMMA_TYPES = ("gemma", "gemma2", "gemma3_text")
 # the model types vLLM refuses to run in float16 (numerically unstable): bfloat16 in its place
 NO_FLOAT16 = ("gemma2", "gemma3_text")
@@ -76,6 +78,7 @@ DEFAULTS = {**{t: {"sliding_window": 4096} for t in ("mistral", "qwen2", "qwen3"
             "glm4_moe": {"moe_intermediate_size": 1408, "n_routed_experts": 128, "n_shared_experts": 1,
                          "routed_scaling_factor": 1.0, "n_group": 1, "topk_group": 1, "num_experts_per_tok": 8,
                          "first_k_dense_replace": 1, "norm_topk_prob": True, "partial_rotary_factor": 0.5},
+            "glm4": {"head_dim": 128, "attention_bias": True, "partial_rotary_factor": 0.5},
             # gpt-oss's config.json names no dtype: its release's tensors are bfloat16, as vLLM serves it
             "gpt_oss": {"torch_dtype": "bfloat16", "head_dim": 64, "sliding_window": 128, "attention_bias": True,
                         "rope_theta": 150_000.0, "max_position_embeddings": 131_072, "rms_norm_eps": 1e-5,
@@ -300,7 +303,7 @@ def _read_config(directory: str | Path, run: bool) -> tuple[ModelConfig, list[st
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", cfg["model_type"] in GEMMA_TYPES)),
             qkv_bias=(cfg["model_type"] == "qwen2" or bool(cfg.get("attention_bias")) and not latent
                       or (cfg["model_type"] == "qwen2_moe" and bool(cfg.get("qkv_bias", True)))),
-            o_bias=bool(cfg.get("attention_bias")) and cfg["model_type"] != "glm4_moe",
+            o_bias=bool(cfg.get("attention_bias")) and cfg["model_type"] not in ("glm4_moe", "glm4"),
             qk_norm=cfg["model_type"] in ("qwen3", "qwen3_moe") or cfg["model_type"] == "glm4_moe" and bool(cfg.get("use_qk_norm")),
             explicit_head_dim=None if head_dim * heads == hidden or latent else head_dim,
             dtype=str(cfg.get("dtype") or cfg.get("torch_dtype") or "float32"))
@@ -310,6 +313,8 @@ def _read_config(directory: str | Path, run: bool) -> tuple[ModelConfig, list[st
             mc = _granite(cfg, mc)
         if cfg["model_type"] == "olmo2":
             mc = replace(mc, qk_norm=True, qk_norm_across_heads=True, sandwich_norms=True, pre_norms=False)
+        if cfg["model_type"] == "glm4":
+            mc = replace(mc, sandwich_norms=True, rope_interleaved=True)
         if vision:
             mc = replace(mc, encoder_params=vision)
     except KeyError as exc:
@@ -697,6 +702,22 @@ def _text_model(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return out
 
 
+# GLM-4's norms around each sublayer, by transformers' names -> the model's (Gemma 2's)
+GLM4_NORMS = {"post_self_attn_layernorm": "post_attention_layernorm", "post_attention_layernorm": "pre_feedforward_layernorm",
+              "post_mlp_layernorm": "post_feedforward_layernorm"}
+
+
+def _glm4_norms(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``state`` with GLM-4's norms under the model's names (``GLM4_NORMS``): its post_attention_layernorm is
+    the MLP's input norm, Gemma 2's pre_feedforward_layernorm."""
+    out = {}
+    for key, tensor in state.items():
+        head, _, kind = key.rpartition(".")  # model.layers.N.<norm>, weight
+        prefix, _, name = head.rpartition(".")
+        out[f"{prefix}.{GLM4_NORMS[name]}.{kind}" if name in GLM4_NORMS else key] = tensor
+    return out
+
+
 def _unfused(state: dict[str, torch.Tensor], mc: ModelConfig, directory) -> dict[str, torch.Tensor]:
     """``state`` with Phi-3's stacked tensors split under Llama's names, as the model's loader takes them."""
     q, kv = mc.num_heads * mc.head_dim, mc.num_kv_heads * mc.head_dim
@@ -982,6 +1003,8 @@ def load_checkpoint(directory: str | Path, device: str | torch.device = "cpu",
             raise CheckpointError(f"{f}: tensor {byte!r} is {tensors[byte].dtype} (quantised); {advice}")
         state.update(tensors)
     state = _unfused(_text_model(state), mc, directory)
+    if raw.get("model_type") == "glm4":
+        state = _glm4_norms(state)
     if raw.get("model_type") == "qwen3_vl_moe":
         state = _experts_as_held(state, mc)
     if mc.swiglu_limit is not None:  # gpt-oss: its experts stored as transformers holds them, in MXFP4 or not

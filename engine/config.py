@@ -174,7 +174,7 @@ class ModelConfig:
     qk_nope_head_dim: int = 0
     qk_rope_head_dim: int = 0
     v_head_dim: int = 0
-    rope_interleaved: bool = False  # RoPE rotates interleaved pairs (x0, x1), (x2, x3), ... (DeepSeek's MLA)
+    rope_interleaved: bool = False  # RoPE rotates interleaved pairs (x0, x1), (x2, x3), ... (DeepSeek's MLA, GLM-4's)
     # how a mixture's router picks and weighs (ROUTERS): ``softmax`` the highest softmax scores (Mixtral's,
     # Qwen-MoE's); ``softmax_groups`` (DeepSeek-V2's) the highest within the ``topk_groups`` of
     # ``expert_groups`` groups whose best score is highest; ``sigmoid_groups`` (DeepSeek-V3's) sigmoid scores
@@ -279,8 +279,6 @@ class ModelConfig:
         for name in ("kv_lora_rank", "q_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
             _count(name, getattr(self, name), minimum=0)
         if not self.kv_lora_rank:
-            if self.rope_interleaved:
-                raise ValueError("rope_interleaved is latent attention's (DeepSeek's): it needs kv_lora_rank > 0")
             return
         if not self.qk_rope_head_dim or self.qk_rope_head_dim % 2 or not self.v_head_dim:
             raise ValueError(f"latent attention needs an even qk_rope_head_dim > 0 and v_head_dim > 0, got "

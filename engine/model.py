@@ -174,7 +174,7 @@ class Attention(nn.Module):
         self.scale, self.softcap = cfg.query_scale, cfg.attn_softcap
         self.windowed = layer in cfg.window_layers
         self.sinks = nn.Parameter(torch.zeros(cfg.num_heads)) if cfg.attn_sinks else None
-        self.rotary_dim = cfg.rotary_dim
+        self.rotary_dim, self.interleaved = cfg.rotary_dim, cfg.rope_interleaved
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
                 batch: AttentionBatch, pool: KVPool) -> torch.Tensor:
@@ -186,10 +186,13 @@ class Attention(nn.Module):
                            dim=1).view(n, h + kvh, self.head_dim)
         elif self.q_norm is not None:
             qk = torch.cat((self.q_norm(qk[:, :h]), self.k_norm(qk[:, h:])), dim=1)
-        if self.rotary_dim == self.head_dim:
+        if self.rotary_dim == self.head_dim and not self.interleaved:
             qk = rotate(qk, *rope)  # q and k heads in one go
         else:  # partial RoPE: the first rotary_dim features of each head rotated, the rest passed through
-            qk = torch.cat((rotate(qk[..., :self.rotary_dim], *rope), qk[..., self.rotary_dim:]), dim=-1)
+            rotated = qk[..., :self.rotary_dim]
+            if self.interleaved:  # pairs (x0, x1), (x2, x3), ... read apart, as for latent attention's
+                rotated = torch.cat((rotated[..., 0::2], rotated[..., 1::2]), dim=-1)
+            qk = torch.cat((rotate(rotated, *rope), qk[..., self.rotary_dim:]), dim=-1)
         q, k, v = qk[:, :h], qk[:, h:], qkv[:, h + kvh:]
         pool.write_slots(self.layer, batch.slots, k, v)
         out = paged_attention(q, self.layer, batch, pool, scale=self.scale, cap=self.softcap, windowed=self.windowed,

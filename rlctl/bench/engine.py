@@ -91,7 +91,7 @@ def hf_twin(model: LlamaModel):
                               MistralConfig, Qwen2Config, Qwen3Config)
 
     mc = model.config
-    if mc.kv_lora_rank or mc.router != "softmax" or mc.partial_rotary != 1 or not mc.pre_norms \
+    if mc.kv_lora_rank or mc.router != "softmax" or mc.partial_rotary != 1 or mc.rope_interleaved or not mc.pre_norms \
             or (mc.embedding_multiplier, mc.residual_multiplier, mc.logits_scaling) != (1, 1, 1):
         raise ValueError("no transformers twin is built here of latent attention, grouped routing, partial RoPE, "
                          "OLMo 2's norms or Granite's scalars (DeepSeek's, GLM-4.5's, Phi-4-mini's, OLMo 2's, "

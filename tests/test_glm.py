@@ -1,7 +1,9 @@
-"""GLM-4.5 checkpoints (``glm4_moe``) and partial RoPE: the engine generates what transformers generates from
-the same directory (DeepSeek-V3's grouped routing and shared experts around Llama's attention with biases on
-q, k and v, Qwen3's q and k norms where ``use_qk_norm``, RoPE over the first half of each head); Phi-3's
-partial RoPE too, and the share rotated is read from config.json; a deployment counts what GLM-4.5-Air holds."""
+"""GLM-4.5 (``glm4_moe``) and GLM-4 (``glm4``) checkpoints and partial RoPE: the engine generates what
+transformers generates from the same directory (GLM-4.5: DeepSeek-V3's grouped routing and shared experts around
+Llama's attention with biases on q, k and v, Qwen3's q and k norms where ``use_qk_norm``, RoPE over the first half
+of each head; GLM-4: norms on each sublayer's output too, gate and up in one tensor, RoPE over half of each head
+with its pairs interleaved); Phi-3's partial RoPE too, and the share rotated is read from config.json; a
+deployment counts what GLM-4.5-Air holds."""
 from __future__ import annotations
 
 import json
@@ -126,3 +128,25 @@ def test_shipped_glm_4_5_air_counts_what_the_published_checkpoint_holds(tmp_path
         "quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": [128, 128]}}))
     fp8 = deployment(f"{tmp_path}@h200")
     assert fp8.num_blocks() * fp8.block_size == 80_432 and "106.9B params (13.4B active) at 8 bits" in fp8.describe()
+
+
+def test_a_glm4_checkpoint_generates_what_transformers_generates(tmp_path):
+    hf = hf_tiny("Glm4", head_dim=16, rope_theta=100.0)
+    with torch.no_grad():
+        for key, p in hf.named_parameters():
+            if key.endswith("norm.weight"):  # its four norms a layer, each drawn apart
+                p.normal_(1.0, 0.3)
+            elif key.endswith(("q_proj.weight", "k_proj.weight")):
+                p.mul_(2)  # scores far from uniform, so that a wrong rotation shows
+    hf.save_pretrained(tmp_path)
+    model = load_checkpoint(tmp_path)
+    mc = model.config
+    assert (mc.rotary_dim, mc.rope_interleaved, mc.sandwich_norms, mc.qkv_bias, mc.o_bias) == (8, True, True, True, False)
+    assert mc.param_count() == hf.num_parameters()
+    ps = prompts([13, 30, 21])
+    outputs = generate(model, ps)
+    assert len({t for o in outputs for t in o}) > 8
+    assert outputs == [hf_greedy(hf, p, 12) for p in ps]
+    for layer in model.model.layers:  # its pairs rotated as rotate-half's would be: other tokens
+        layer.self_attn.interleaved = False
+    assert generate(model, ps) != outputs
