@@ -77,8 +77,11 @@ DEFAULTS = {**{t: {"sliding_window": 4096} for t in ("mistral", "qwen2", "qwen3"
                             "rope_interleave": True, "max_position_embeddings": 4096},
             "glm4_moe": {"moe_intermediate_size": 1408, "n_routed_experts": 128, "n_shared_experts": 1,
                          "routed_scaling_factor": 1.0, "n_group": 1, "topk_group": 1, "num_experts_per_tok": 8,
-                         "first_k_dense_replace": 1, "norm_topk_prob": True, "partial_rotary_factor": 0.5},
-            "glm4": {"head_dim": 128, "attention_bias": True, "partial_rotary_factor": 0.5},
+                         "first_k_dense_replace": 1, "norm_topk_prob": True, "partial_rotary_factor": 0.5,
+                         "num_key_value_heads": 8, "max_position_embeddings": 131_072, "rms_norm_eps": 1e-5},
+            "glm4": {"head_dim": 128, "attention_bias": True, "partial_rotary_factor": 0.5, "num_key_value_heads": 2,
+                     "max_position_embeddings": 131_072, "rms_norm_eps": 1.5625e-07},
+            "olmo2": {"rms_norm_eps": 1e-5},
             # gpt-oss's config.json names no dtype: its release's tensors are bfloat16, as vLLM serves it
             "gpt_oss": {"torch_dtype": "bfloat16", "head_dim": 64, "sliding_window": 128, "attention_bias": True,
                         "rope_theta": 150_000.0, "max_position_embeddings": 131_072, "rms_norm_eps": 1e-5,
@@ -552,7 +555,9 @@ def _deepseek_experts(cfg: dict, mc: ModelConfig) -> ModelConfig:
     first, every = _int(cfg, "first_k_dense_replace", 0), _int(cfg, "moe_layer_freq", 1)
     if every <= 0:
         raise ValueError(f"moe_layer_freq must be > 0, got {every}")
-    width = _int(cfg, "moe_intermediate_size")
+    width, shared = _int(cfg, "moe_intermediate_size"), _int(cfg, "n_shared_experts", 0)
+    if shared < 0:
+        raise ValueError(f"n_shared_experts must be >= 0, got {shared}")
     scaling = cfg.get("routed_scaling_factor", 1.0)
     if isinstance(scaling, bool) or not isinstance(scaling, (int, float)) or not (math.isfinite(scaling) and scaling > 0):
         raise ValueError(f"routed_scaling_factor must be a number > 0, got {scaling!r}")
@@ -560,7 +565,7 @@ def _deepseek_experts(cfg: dict, mc: ModelConfig) -> ModelConfig:
                    moe_intermediate_size=width, norm_topk_prob=bool(cfg.get("norm_topk_prob")),
                    moe_float32_weights=True,
                    dense_layers=tuple(i for i in range(mc.num_layers) if i < first or i % every),
-                   shared_expert_intermediate_size=width * _int(cfg, "n_shared_experts", 0), shared_expert_gate=False,
+                   shared_expert_intermediate_size=width * shared, shared_expert_gate=False,
                    router=router, expert_groups=groups[0], topk_groups=groups[1], routed_scaling=float(scaling))
 
 

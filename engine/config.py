@@ -217,6 +217,7 @@ class ModelConfig:
             raise ValueError(f"weight_bits must be one of {', '.join(map(str, WEIGHT_BITS))}, got {self.weight_bits}")
         if self.num_experts < 0:
             raise ValueError(f"num_experts must be >= 0, got {self.num_experts}")
+        _count("shared_expert_intermediate_size", self.shared_expert_intermediate_size, minimum=0)
         if self.num_experts:
             if not 0 < self.experts_per_token <= self.num_experts:
                 raise ValueError(f"experts_per_token must be in [1, num_experts={self.num_experts}], "

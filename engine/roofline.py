@@ -49,10 +49,15 @@ class RooflineCostModel:
 
     FLOPs of an iteration: 2 per parameter per batched token (the embedding lookup excluded,
     the LM head counted for every token) plus 4 x layers x heads x head_dim per attended
-    (query, key) pair. Latent attention's pairs cost what vLLM computes: a sequence's last query (a decode's
-    only one) on the latent (``ModelConfig.pair_flops``), its other queries (a prefill chunk's) on each
-    head's keys and values projected from it (``prefill_pair_flops``, 3.4x less for DeepSeek's shapes): an
-    iteration's ``context_tokens`` pairs the first way, its ``attended`` - ``context_tokens`` the second.
+    (query, key) pair. Latent attention's pairs cost what vLLM computes: a decode's on the latent
+    (``ModelConfig.pair_flops``), a prefill's on each head's keys and values projected from it
+    (``prefill_pair_flops``, 3.4x less for DeepSeek's shapes). An iteration's shape does not tell its
+    decodes from its chunks, so its ``context_tokens`` pairs (each sequence's last query's: a decode's only
+    one) are charged the first way and the rest (``attended`` - ``context_tokens``) the second; a chunk's last
+    query, which vLLM prefills, is the error, one row of the chunk's. Left out: vLLM projects a chunked
+    prefill's earlier context from its latents again for every chunk (2 x kv_lora_rank x heads x
+    (qk_nope_head_dim + v_head_dim) FLOPs a context token and layer), about a tenth more for a 2,048-token
+    chunk at a 32k context, and hidden where the iteration is bound by memory.
     Bytes: the weights once, plus the KV each sequence reads and writes.
 
     An encoder beside the decoder (a multimodal checkpoint's vision tower) is never read for text.

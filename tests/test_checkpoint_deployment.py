@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from engine.checkpoint import CheckpointError, read_sizes
 from engine.roofline import GB, RooflineCostModel, deployment
 from engine.scheduler import BatchShape
 from env.scenario_yaml import ScenarioError, load_scenario
@@ -463,3 +464,21 @@ def test_the_shipped_policy_replays_a_trace_on_a_users_checkpoint(tmp_path, caps
     assert "Qwen2.5-7B-Instruct@l40s" in printed and "puts it at 1.2x" in printed
     results = json.loads(out.read_text())["results"]
     assert results["default"]["steps"] == 5 and results["vllm"]["requests_submitted"] > 0
+
+
+@pytest.mark.parametrize("kind, config", [("deepseek_v2", "DeepseekV2Config"), ("deepseek_v3", "DeepseekV3Config"),
+                                          ("glm4_moe", "Glm4MoeConfig"), ("glm4", "Glm4Config"),
+                                          ("granite", "GraniteConfig"), ("olmo2", "Olmo2Config")])
+def test_a_field_config_json_leaves_out_takes_transformers_default_or_is_refused_by_name(tmp_path, kind, config):
+    # each field transformers writes, left out one at a time: read as transformers' default, or refused as missing
+    transformers = pytest.importorskip("transformers")
+    extra = {"num_experts_per_tok": 8} if kind == "deepseek_v2" else {"head_dim": 128} if kind == "glm4_moe" else {}
+    full = {**getattr(transformers, config)(**extra).to_dict(), "model_type": kind}
+    (tmp_path / "config.json").write_text(json.dumps(full))
+    whole = read_sizes(tmp_path)[0]
+    for field in [k for k in full if k != "model_type" and k not in extra]:
+        (tmp_path / "config.json").write_text(json.dumps({k: v for k, v in full.items() if k != field}))
+        try:
+            assert read_sizes(tmp_path)[0] == whole, field
+        except CheckpointError as exc:
+            assert f"missing field {field!r}" in str(exc)

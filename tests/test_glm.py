@@ -13,6 +13,7 @@ import torch
 
 from conftest import assert_greedy_up_to_rounding, hf_greedy, hf_tiny
 from engine.checkpoint import CheckpointError, load_checkpoint, read_sizes
+from engine.config import ModelConfig
 from engine.model import GroupedMoE
 from engine.roofline import deployment
 from experiments import CHECKPOINTS
@@ -24,7 +25,7 @@ transformers.logging.set_verbosity_error()
 
 GLM = dict(head_dim=16, n_routed_experts=8, num_experts_per_tok=2, n_shared_experts=1, moe_intermediate_size=24,
            first_k_dense_replace=1, n_group=4, topk_group=2, routed_scaling_factor=2.5, attention_bias=True,
-           rope_theta=100.0)
+           rope_theta=100.0, rms_norm_eps=1e-5)
 
 
 def hf_glm(dtype: torch.dtype = torch.float32, **extra):
@@ -97,6 +98,11 @@ def test_a_phi3_checkpoint_rotates_the_share_of_each_head_its_config_says(tmp_pa
     assert len({t for o in expected for t in o}) > 8
     # the same weights rotating whole heads generate something else: the share is read, not assumed
     assert rotating_whole_heads(tmp_path, ps) != expected
+
+
+def test_partial_rope_rotates_the_share_transformers_rounds_down_to():
+    # 0.4 of a 16-feature head: 6.4, of which transformers (and this engine) rotate 6
+    assert ModelConfig(hidden_size=64, num_heads=4, num_kv_heads=2, explicit_head_dim=16, partial_rotary=0.4).rotary_dim == 6
 
 
 def test_partial_rope_is_refused_where_transformers_rotates_whole_heads_and_a_bad_share_by_name(tmp_path):
