@@ -522,7 +522,7 @@ def _latent(cfg: dict) -> dict:
     return fields
 
 
-def _deepseek_experts(cfg: dict, mc: ModelConfig) -> ModelConfig:
+def _grouped_experts(cfg: dict, mc: ModelConfig) -> ModelConfig:
     """``mc`` with DeepSeek's mixture of experts: ``n_routed_experts`` experts routed in groups
     (DeepSeek-V2's ``greedy`` or ``group_limited_greedy`` over softmax scores, V3's and GLM-4.5's over sigmoid
     scores and a learned bias), their weights renormalised where ``norm_topk_prob`` (as vLLM reads it for V2 too,
@@ -630,7 +630,7 @@ def _experts(cfg: dict, mc: ModelConfig, path: Path) -> ModelConfig:
     mixtral = cfg["model_type"] in ("mixtral", "gpt_oss")  # experts as wide as intermediate_size, every layer sparse
     try:
         if cfg["model_type"] in GROUPED_TYPES:
-            return _deepseek_experts(cfg, mc)
+            return _grouped_experts(cfg, mc)
         experts = _int(cfg, "num_local_experts" if cfg.get("num_local_experts") else "num_experts", 0)
         if experts <= 0:
             raise CheckpointError(f"{path}: a {cfg['model_type']} checkpoint needs num_experts (or num_local_experts) > 0")

@@ -3,8 +3,10 @@ with what some checkpoints of that architecture add: biases on the attention pro
 (Qwen2's on q, k and v), an RMSNorm over each q and k head (Qwen3's), a mixture of SwiGLU
 experts in place of the MLP (Mixtral's, Qwen3-MoE's), and Gemma's and Gemma 2's differences
 (scaled embeddings, norms by 1 + weight, GeGLU, norms around attention and the MLP, soft caps),
-Gemma 3's (a RoPE of their own for its windowed layers), and DeepSeek-V2's and V3's (multi-head latent
-attention, and a mixture of experts with grouped routing and shared experts).
+Gemma 3's (a RoPE of their own for its windowed layers), DeepSeek-V2's and V3's (multi-head latent
+attention, and a mixture of experts with grouped routing and shared experts, as GLM-4.5's), RoPE over a
+share of each head (GLM's, Phi-4-mini's) with its pairs interleaved (DeepSeek's, GLM-4's), OLMo 2's norms
+and Granite's scalars.
 
 Parameter names follow Hugging Face's ``LlamaForCausalLM`` so that a local checkpoint loads as a
 plain state dict. The forward pass takes a flat batch of tokens from many sequences (prefill
@@ -158,6 +160,12 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torc
     return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * signed_sin
 
 
+def paired(x: torch.Tensor) -> torch.Tensor:
+    """RoPE's interleaved pairs (x0, x1), (x2, x3), ... read apart into rotate-half's layout (x0, x2, ...,
+    x1, x3, ...), as transformers reads DeepSeek's: queries and keys permuted alike score alike."""
+    return torch.cat((x[..., 0::2], x[..., 1::2]), dim=-1)
+
+
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig, layer: int) -> None:
         super().__init__()
@@ -189,9 +197,7 @@ class Attention(nn.Module):
         if self.rotary_dim == self.head_dim and not self.interleaved:
             qk = rotate(qk, *rope)  # q and k heads in one go
         else:  # partial RoPE: the first rotary_dim features of each head rotated, the rest passed through
-            rotated = qk[..., :self.rotary_dim]
-            if self.interleaved:  # pairs (x0, x1), (x2, x3), ... read apart, as for latent attention's
-                rotated = torch.cat((rotated[..., 0::2], rotated[..., 1::2]), dim=-1)
+            rotated = paired(qk[..., :self.rotary_dim]) if self.interleaved else qk[..., :self.rotary_dim]
             qk = torch.cat((rotate(rotated, *rope), qk[..., self.rotary_dim:]), dim=-1)
         q, k, v = qk[:, :h], qk[:, h:], qkv[:, h + kvh:]
         pool.write_slots(self.layer, batch.slots, k, v)
@@ -236,9 +242,7 @@ class LatentAttention(nn.Module):
         q = q.view(n, h, self.nope + self.rope_dim)
         latent, key = self.kv_a_proj_with_mqa(x).split([self.rank, self.rope_dim], dim=-1)
         rotated = torch.cat((q[..., self.nope:], key[:, None]), dim=1)  # every head's query, then the shared key
-        if self.interleaved:
-            rotated = torch.cat((rotated[..., 0::2], rotated[..., 1::2]), dim=-1)
-        rotated = rotate(rotated, *rope)
+        rotated = rotate(paired(rotated) if self.interleaved else rotated, *rope)
         q = torch.cat((q[..., :self.nope], rotated[:, :h]), dim=-1)
         pool.write_slots(self.layer, batch.slots, torch.cat((self.kv_a_layernorm(latent), rotated[:, h]), dim=-1)[:, None],
                          None)
