@@ -1,6 +1,6 @@
 """Loading a local Hugging Face Llama, Mistral, Mistral 3, Qwen2, Qwen3, Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Phi-3, Gemma, Gemma 2,
-Gemma 3, Granite, OLMo 2, GLM-4, Mixtral, Qwen2-MoE, Qwen3-MoE, gpt-oss, DeepSeek-V2, DeepSeek-V3 or GLM-4.5
-checkpoint directory (``config.json`` + ``*.safetensors``).
+Gemma 3, Granite, OLMo 2, GLM-4, SmolLM3, Mixtral, Qwen2-MoE, Qwen3-MoE, gpt-oss, DeepSeek-V2, DeepSeek-V3 or
+GLM-4.5 checkpoint directory (``config.json`` + ``*.safetensors``).
 
 Nothing is fetched from a hub: the directory must hold everything. Every refusal names the file
 or tensor at fault.
@@ -45,9 +45,10 @@ from engine.model import LlamaModel
 # and the MLP, on their outputs, in place of the norms on their inputs. GLM-4 (dense: GLM-4-0414, GLM-Z1) is
 # Llama's with biases on q, k and v, a norm on each sublayer's output as well as its input, gate and up
 # stored as one tensor (as Phi-3's), and RoPE over half of each head's features, its pairs interleaved.
+# SmolLM3 is Llama's with RoPE left out of some layers (``no_rope_layers``: every fourth by default).
 MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma", "gemma2", "gemma3_text", "gemma3", "mixtral",
                "qwen2_moe", "qwen3_moe", "gpt_oss", "mistral3", "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe",
-               "deepseek_v2", "deepseek_v3", "glm4_moe", "granite", "olmo2", "glm4")
+               "deepseek_v2", "deepseek_v3", "glm4_moe", "granite", "olmo2", "glm4", "smollm3")
 DEEPSEEK_TYPES = ("deepseek_v2", "deepseek_v3")
 GROUPED_TYPES = (*DEEPSEEK_TYPES, "glm4_moe")  # DeepSeek's mixture of experts, routed in groups
 # the model types whose transformers implementation rotates only the first partial_rotary_factor of each head
@@ -318,6 +319,8 @@ def _read_config(directory: str | Path, run: bool) -> tuple[ModelConfig, list[st
             mc = replace(mc, qk_norm=True, qk_norm_across_heads=True, sandwich_norms=True, pre_norms=False)
         if cfg["model_type"] == "glm4":
             mc = replace(mc, sandwich_norms=True, rope_interleaved=True)
+        if cfg["model_type"] == "smollm3":
+            mc = replace(mc, nope_layers=_nope_layers(cfg, mc.num_layers))
         if vision:
             mc = replace(mc, encoder_params=vision)
     except KeyError as exc:
@@ -567,6 +570,21 @@ def _grouped_experts(cfg: dict, mc: ModelConfig) -> ModelConfig:
                    dense_layers=tuple(i for i in range(mc.num_layers) if i < first or i % every),
                    shared_expert_intermediate_size=width * shared, shared_expert_gate=False,
                    router=router, expert_groups=groups[0], topk_groups=groups[1], routed_scaling=float(scaling))
+
+
+def _nope_layers(cfg: dict, num_layers: int) -> tuple[int, ...]:
+    """SmolLM3's layers without RoPE: those ``no_rope_layers`` marks 0, else (transformers' rule) every
+    ``no_rope_layer_interval``-th (4 by default)."""
+    marks = cfg.get("no_rope_layers")
+    if marks is None:
+        every = _int(cfg, "no_rope_layer_interval", 4)
+        if every <= 0:
+            raise ValueError(f"no_rope_layer_interval must be > 0, got {every}")
+        return tuple(i for i in range(num_layers) if (i + 1) % every == 0)
+    if not isinstance(marks, list) or len(marks) < num_layers or any(m not in (0, 1) or isinstance(m, float) for m in marks):
+        raise ValueError(f"no_rope_layers must list 1 (RoPE) or 0 (none) for each of the {num_layers} layers, "
+                         f"got {marks!r:.200}")
+    return tuple(i for i in range(num_layers) if not marks[i])
 
 
 def _granite(cfg: dict, mc: ModelConfig) -> ModelConfig:
@@ -898,7 +916,12 @@ def _window_layers(cfg: dict, num_layers: int) -> tuple[int, ...]:
     ``use_sliding_window``, and then Qwen2's and Qwen3's from layer ``max_window_layers`` on, Qwen2-MoE's
     every other one from the first below it, Qwen3-MoE's all; Gemma 2's and gpt-oss's every other one
     from the first; where transformers 5 writes each layer's kind in ``layer_types``, those it names
-    ``sliding_attention`` (Qwen3-MoE's attention reads none)."""
+    ``sliding_attention`` (Qwen3-MoE's attention reads none); SmolLM3's only with ``use_sliding_window``."""
+    if cfg["model_type"] == "smollm3":  # only with use_sliding_window; transformers' default: its NoPE layers
+        if not cfg.get("use_sliding_window"):
+            return ()
+        if cfg.get("layer_types") is None:
+            return _nope_layers(cfg, num_layers)
     kinds = cfg.get("layer_types") if cfg["model_type"] != "qwen3_moe" else None
     if kinds is not None:
         if not isinstance(kinds, list) or len(kinds) != num_layers:

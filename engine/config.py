@@ -193,6 +193,7 @@ class ModelConfig:
     # ``pre_norms``)
     qk_norm_across_heads: bool = False
     pre_norms: bool = True
+    nope_layers: tuple[int, ...] = ()  # layers that apply no RoPE ("NoPE": SmolLM3's every fourth)
     # Granite's scalars: embeddings times ``embedding_multiplier``, each sublayer's output times
     # ``residual_multiplier`` before it joins the residual stream, the final logits divided by ``logits_scaling``
     # (its attention_multiplier is ``query_scale``)
@@ -230,6 +231,9 @@ class ModelConfig:
         bad = [i for i in self.window_layers if not 0 <= i < self.num_layers]
         if bad:
             raise ValueError(f"window_layers: layer {bad[0]} is not one of the {self.num_layers} layers")
+        bad = [i for i in self.nope_layers if not (is_whole(i) and 0 <= i < self.num_layers)]
+        if bad:
+            raise ValueError(f"nope_layers: layer {bad[0]!r} is not one of the {self.num_layers} layers")
         if self.window_layers and not (is_whole(self.sliding_window) and self.sliding_window >= 1):
             raise ValueError(f"sliding_window must be a whole number of tokens >= 1 where window_layers are "
                              f"given, got {self.sliding_window!r}")

@@ -5,8 +5,8 @@ experts in place of the MLP (Mixtral's, Qwen3-MoE's), and Gemma's and Gemma 2's 
 (scaled embeddings, norms by 1 + weight, GeGLU, norms around attention and the MLP, soft caps),
 Gemma 3's (a RoPE of their own for its windowed layers), DeepSeek-V2's and V3's (multi-head latent
 attention, and a mixture of experts with grouped routing and shared experts, as GLM-4.5's), RoPE over a
-share of each head (GLM's, Phi-4-mini's) with its pairs interleaved (DeepSeek's, GLM-4's), OLMo 2's norms
-and Granite's scalars.
+share of each head (GLM's, Phi-4-mini's) with its pairs interleaved (DeepSeek's, GLM-4's) or on no layer
+at all (SmolLM3's NoPE layers), OLMo 2's norms and Granite's scalars.
 
 Parameter names follow Hugging Face's ``LlamaForCausalLM`` so that a local checkpoint loads as a
 plain state dict. The forward pass takes a flat batch of tokens from many sequences (prefill
@@ -183,6 +183,7 @@ class Attention(nn.Module):
         self.windowed = layer in cfg.window_layers
         self.sinks = nn.Parameter(torch.zeros(cfg.num_heads)) if cfg.attn_sinks else None
         self.rotary_dim, self.interleaved = cfg.rotary_dim, cfg.rope_interleaved
+        self.rotates = layer not in cfg.nope_layers  # SmolLM3's NoPE layers attend without positions
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
                 batch: AttentionBatch, pool: KVPool) -> torch.Tensor:
@@ -194,7 +195,9 @@ class Attention(nn.Module):
                            dim=1).view(n, h + kvh, self.head_dim)
         elif self.q_norm is not None:
             qk = torch.cat((self.q_norm(qk[:, :h]), self.k_norm(qk[:, h:])), dim=1)
-        if self.rotary_dim == self.head_dim and not self.interleaved:
+        if not self.rotates:
+            pass
+        elif self.rotary_dim == self.head_dim and not self.interleaved:
             qk = rotate(qk, *rope)  # q and k heads in one go
         else:  # partial RoPE: the first rotary_dim features of each head rotated, the rest passed through
             rotated = paired(qk[..., :self.rotary_dim]) if self.interleaved else qk[..., :self.rotary_dim]
