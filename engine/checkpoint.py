@@ -83,6 +83,8 @@ DEFAULTS = {**{t: {"sliding_window": 4096} for t in ("mistral", "qwen2", "qwen3"
             "glm4": {"head_dim": 128, "attention_bias": True, "partial_rotary_factor": 0.5, "num_key_value_heads": 2,
                      "max_position_embeddings": 131_072, "rms_norm_eps": 1.5625e-07},
             "olmo2": {"rms_norm_eps": 1e-5},
+            "smollm3": {"num_key_value_heads": 4, "tie_word_embeddings": True, "max_position_embeddings": 32_768,
+                        "rope_theta": 2_000_000.0},
             # gpt-oss's config.json names no dtype: its release's tensors are bfloat16, as vLLM serves it
             "gpt_oss": {"torch_dtype": "bfloat16", "head_dim": 64, "sliding_window": 128, "attention_bias": True,
                         "rope_theta": 150_000.0, "max_position_embeddings": 131_072, "rms_norm_eps": 1e-5,

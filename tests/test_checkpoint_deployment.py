@@ -468,7 +468,8 @@ def test_the_shipped_policy_replays_a_trace_on_a_users_checkpoint(tmp_path, caps
 
 @pytest.mark.parametrize("kind, config", [("deepseek_v2", "DeepseekV2Config"), ("deepseek_v3", "DeepseekV3Config"),
                                           ("glm4_moe", "Glm4MoeConfig"), ("glm4", "Glm4Config"),
-                                          ("granite", "GraniteConfig"), ("olmo2", "Olmo2Config")])
+                                          ("granite", "GraniteConfig"), ("olmo2", "Olmo2Config"),
+                                          ("smollm3", "SmolLM3Config")])
 def test_a_field_config_json_leaves_out_takes_transformers_default_or_is_refused_by_name(tmp_path, kind, config):
     # each field transformers writes, left out one at a time: read as transformers' default, or refused as missing
     transformers = pytest.importorskip("transformers")
