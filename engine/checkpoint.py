@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from engine.config import WEIGHT_BITS, ModelConfig, RopeScaling, torch_dtype
+from engine.config import WEIGHT_BITS, ModelConfig, RopeScaling, is_positive, torch_dtype
 from engine.model import LlamaModel
 
 
@@ -563,15 +563,13 @@ def _grouped_experts(cfg: dict, mc: ModelConfig) -> ModelConfig:
     width, shared = _int(cfg, "moe_intermediate_size"), _int(cfg, "n_shared_experts", 0)
     if shared < 0:
         raise ValueError(f"n_shared_experts must be >= 0, got {shared}")
-    scaling = cfg.get("routed_scaling_factor", 1.0)
-    if isinstance(scaling, bool) or not isinstance(scaling, (int, float)) or not (math.isfinite(scaling) and scaling > 0):
-        raise ValueError(f"routed_scaling_factor must be a number > 0, got {scaling!r}")
     return replace(mc, num_experts=experts, experts_per_token=_int(cfg, "num_experts_per_tok"),
                    moe_intermediate_size=width, norm_topk_prob=bool(cfg.get("norm_topk_prob")),
                    moe_float32_weights=True,
                    dense_layers=tuple(i for i in range(mc.num_layers) if i < first or i % every),
                    shared_expert_intermediate_size=width * shared, shared_expert_gate=False,
-                   router=router, expert_groups=groups[0], topk_groups=groups[1], routed_scaling=float(scaling))
+                   router=router, expert_groups=groups[0], topk_groups=groups[1],
+                   routed_scaling=_positive(cfg, "routed_scaling_factor"))
 
 
 def _nope_layers(cfg: dict, num_layers: int) -> tuple[int, ...]:
@@ -593,14 +591,18 @@ def _granite(cfg: dict, mc: ModelConfig) -> ModelConfig:
     """``mc`` with Granite's scalars (transformers' GraniteConfig's defaults, 1, where config.json leaves one
     out): ``embedding_multiplier``, ``residual_multiplier``, ``logits_scaling``, and ``attention_multiplier``
     as the scores' scale in place of head_dim ** -0.5."""
-    def scalar(key: str) -> float:
-        value = cfg.get(key, 1.0)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not (math.isfinite(value) and value > 0):
-            raise ValueError(f"{key} must be a number > 0, got {value!r}")
-        return float(value)
+    return replace(mc, embedding_multiplier=_positive(cfg, "embedding_multiplier"),
+                   residual_multiplier=_positive(cfg, "residual_multiplier"),
+                   logits_scaling=_positive(cfg, "logits_scaling"), query_scale=_positive(cfg, "attention_multiplier"))
 
-    return replace(mc, embedding_multiplier=scalar("embedding_multiplier"), residual_multiplier=scalar("residual_multiplier"),
-                   logits_scaling=scalar("logits_scaling"), query_scale=scalar("attention_multiplier"))
+
+def _positive(cfg: dict, key: str) -> float:
+    """``cfg[key]`` (1 where absent, the default of every field read this way) as a number > 0, refused by name
+    otherwise."""
+    value = cfg.get(key, 1.0)
+    if not is_positive(value):
+        raise ValueError(f"{key} must be a number > 0, got {value!r}")
+    return float(value)
 
 
 def _gemma(cfg: dict, mc: ModelConfig) -> ModelConfig:

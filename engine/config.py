@@ -28,6 +28,11 @@ def is_whole(value) -> bool:
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
+def is_positive(value) -> bool:
+    """Whether ``value`` is a finite number > 0: an int or a float, not a bool, NaN or infinity."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+
+
 def _count(name: str, value, minimum: int = 1) -> None:
     """Refuse ``value`` unless it is a whole number (``is_whole``) >= ``minimum``."""
     if not is_whole(value):
@@ -81,7 +86,7 @@ class RopeScaling:
                 value = getattr(self, name)
                 if value is None and name == "attention_factor":
                     continue
-                if isinstance(value, bool) or not isinstance(value, (int, float)) or not (math.isfinite(value) and value > 0):
+                if not is_positive(value):
                     raise ValueError(f"rope scaling: {name} must be a number > 0, got {value!r}")
 
     @property
@@ -252,9 +257,6 @@ class ModelConfig:
                                                         and 0 < self.expert_weight_bits <= 32):
             raise ValueError(f"expert_weight_bits must be a number of bits in (0, 32] for a mixture of experts, "
                              f"got {self.expert_weight_bits!r}")
-        if isinstance(self.swiglu_alpha, bool) or not isinstance(self.swiglu_alpha, (int, float)) \
-                or not (math.isfinite(self.swiglu_alpha) and self.swiglu_alpha > 0):
-            raise ValueError(f"swiglu_alpha must be a number > 0, got {self.swiglu_alpha!r}")
         self._check_latent_attention()
         if isinstance(self.partial_rotary, bool) or not isinstance(self.partial_rotary, (int, float)) \
                 or not 0 < self.partial_rotary <= 1 or (self.kv_lora_rank and self.partial_rotary != 1):
@@ -270,10 +272,9 @@ class ModelConfig:
                              "not take sandwich_norms")
         if not self.pre_norms and not self.sandwich_norms:
             raise ValueError("pre_norms=False leaves only the norms after attention and the MLP: it needs sandwich_norms")
-        for name in ("embedding_multiplier", "residual_multiplier", "logits_scaling"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not (math.isfinite(value) and value > 0):
-                raise ValueError(f"{name} must be a number > 0, got {value!r}")
+        for name in ("swiglu_alpha", "routed_scaling", "embedding_multiplier", "residual_multiplier", "logits_scaling"):
+            if not is_positive(getattr(self, name)):
+                raise ValueError(f"{name} must be a number > 0, got {getattr(self, name)!r}")
         for name in ("query_scale", "attn_softcap", "logit_softcap", "local_rope_theta", "swiglu_limit"):
             value = getattr(self, name)
             if value is not None and not (isinstance(value, (int, float)) and not isinstance(value, bool)
@@ -298,9 +299,6 @@ class ModelConfig:
             raise ValueError(f"router must be one of {', '.join(ROUTERS)}, got {self.router!r}")
         _count("expert_groups", self.expert_groups)
         _count("topk_groups", self.topk_groups)
-        if isinstance(self.routed_scaling, bool) or not isinstance(self.routed_scaling, (int, float)) \
-                or not (math.isfinite(self.routed_scaling) and self.routed_scaling > 0):
-            raise ValueError(f"routed_scaling must be a number > 0, got {self.routed_scaling!r}")
         if self.router == "softmax" or not self.num_experts:
             return
         if self.num_experts % self.expert_groups or self.topk_groups > self.expert_groups:

@@ -195,11 +195,9 @@ class Attention(nn.Module):
                            dim=1).view(n, h + kvh, self.head_dim)
         elif self.q_norm is not None:
             qk = torch.cat((self.q_norm(qk[:, :h]), self.k_norm(qk[:, h:])), dim=1)
-        if not self.rotates:
-            pass
-        elif self.rotary_dim == self.head_dim and not self.interleaved:
+        if self.rotates and self.rotary_dim == self.head_dim and not self.interleaved:
             qk = rotate(qk, *rope)  # q and k heads in one go
-        else:  # partial RoPE: the first rotary_dim features of each head rotated, the rest passed through
+        elif self.rotates:  # the first rotary_dim features of each head rotated (pairs read apart), the rest passed through
             rotated = paired(qk[..., :self.rotary_dim]) if self.interleaved else qk[..., :self.rotary_dim]
             qk = torch.cat((rotate(rotated, *rope), qk[..., self.rotary_dim:]), dim=-1)
         q, k, v = qk[:, :h], qk[:, h:], qkv[:, h + kvh:]
@@ -226,6 +224,7 @@ class LatentAttention(nn.Module):
         h, q, bias = cfg.hidden_size, cfg.num_heads * cfg.head_dim, cfg.o_bias  # attention_bias
         # the low-rank norms' epsilon is 1e-6 whatever rms_norm_eps says, as DeepSeek's reference code and
         # transformers build them (vLLM reads rms_norm_eps: the same for every DeepSeek release, not for Moonlight's)
+        self.low_rank_query = bool(cfg.q_lora_rank)
         if cfg.q_lora_rank:
             self.q_a_proj = nn.Linear(h, cfg.q_lora_rank, bias=bias)
             self.q_a_layernorm = RMSNorm(cfg.q_lora_rank, 1e-6)
@@ -241,7 +240,7 @@ class LatentAttention(nn.Module):
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
                 batch: AttentionBatch, pool: KVPool) -> torch.Tensor:
         n, h = x.shape[0], self.num_heads
-        q = self.q_proj(x) if hasattr(self, "q_proj") else self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x)))
+        q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x))) if self.low_rank_query else self.q_proj(x)
         q = q.view(n, h, self.nope + self.rope_dim)
         latent, key = self.kv_a_proj_with_mqa(x).split([self.rank, self.rope_dim], dim=-1)
         rotated = torch.cat((q[..., self.nope:], key[:, None]), dim=1)  # every head's query, then the shared key
