@@ -976,6 +976,29 @@ def _experts_as_held(state: dict[str, torch.Tensor], mc: ModelConfig) -> dict[st
     return out
 
 
+# tensors a checkpoint may hold beside its decoder's that vLLM's loaders skip too: RoPE's tables, which older
+# transformers saved, and a multimodal checkpoint's vision tower and projector under transformers 4's names
+ROPE_TABLES = ("rotary_emb.inv_freq", "rotary_emb.cos_cached", "rotary_emb.sin_cached")
+VISION_PREFIXES = ("visual.", "vision_tower.", "multi_modal_projector.")
+
+
+def _unexpected(state: dict[str, torch.Tensor], expected, mc: ModelConfig, directory) -> list[str]:
+    """The tensors of ``state`` the model has no place for, less those vLLM skips as well: RoPE's tables,
+    the multi-token-prediction layers after the decoder's (``num_nextn_predict_layers``: DeepSeek-V3's,
+    GLM-4.5's) and a multimodal checkpoint's vision tower and projector."""
+    path, cfg, vision = _config(directory, run=True)
+    try:
+        nextn = _int(cfg, "num_nextn_predict_layers", 0)
+    except ValueError as exc:
+        raise CheckpointError(f"{path}: {exc}") from None
+
+    def skipped(key: str) -> bool:
+        layer = key.split(".")[2] if key.startswith("model.layers.") else ""
+        return (key.endswith(ROPE_TABLES) or (bool(vision) and key.startswith(VISION_PREFIXES))
+                or (layer.isdigit() and mc.num_layers <= int(layer) < mc.num_layers + nextn))
+    return sorted(k for k in state if k not in expected and not skipped(k))
+
+
 def _weight_files(directory: Path) -> list[Path]:
     """The safetensors files that hold the model, as vLLM and transformers pick them: those an index
     (``model.safetensors.index.json``) lists where there is one, else every ``*.safetensors`` but Mistral's
@@ -1050,6 +1073,10 @@ def load_checkpoint(directory: str | Path, device: str | torch.device = "cpu",
     missing = sorted(k for k in expected if k not in state)
     if missing:
         raise CheckpointError(f"{directory}: tensor {missing[0]!r} is missing ({len(missing)} missing in all)")
+    unexpected = _unexpected(state, expected, mc, directory)
+    if unexpected:  # loaded as it is, the model would run without them: vLLM refuses such a checkpoint too
+        raise CheckpointError(f"{directory}: tensor {unexpected[0]!r} has no place in the model config.json describes "
+                              f"({len(unexpected)} such in all)")
     for name, t in expected.items():
         if tuple(state[name].shape) != tuple(t.shape):
             raise CheckpointError(f"{directory}: tensor {name!r} has shape {tuple(state[name].shape)}, "

@@ -103,6 +103,40 @@ def test_a_checkpoint_missing_a_tensor_is_refused_by_tensor_name(checkpoint):
         load_checkpoint(checkpoint)
 
 
+def test_a_checkpoint_with_a_tensor_the_model_has_no_place_for_is_refused_by_name(checkpoint):
+    # loaded, the model would run without it (a bias config.json does not declare, a layer past its count):
+    # refused as vLLM's loaders refuse it; RoPE's tables older transformers saved, and the multi-token-
+    # prediction layers config.json declares after the decoder's, skipped as vLLM skips them
+    from safetensors.torch import load_file, save_file
+
+    weights = checkpoint / "model.safetensors"
+    state = load_file(str(weights))
+    expected = load_checkpoint(checkpoint).state_dict()
+    def extra():
+        return torch.ones(16)
+
+    for key in ("model.layers.0.self_attn.q_proj.bias", "model.layers.1.mlp.up_proj.weight", "visual.blocks.0.w",
+                "model.layers.x.mlp.up_proj.weight"):
+        save_file({**state, key: extra(), "model.layers.0.self_attn.v_proj.bias": extra()}, str(weights))
+        first = min(key, "model.layers.0.self_attn.v_proj.bias")
+        with pytest.raises(CheckpointError, match=rf"tensor '{first}' has no place in the model config.json "
+                                                  rf"describes \(2 such in all\)"):
+            load_checkpoint(checkpoint)
+    mtp = {"model.layers.1.eh_proj.weight": extra(), "model.layers.1.mlp.up_proj.weight": extra()}
+    save_file({**state, "model.layers.0.self_attn.rotary_emb.inv_freq": extra(), **mtp}, str(weights))
+    with pytest.raises(CheckpointError, match="tensor 'model.layers.1.eh_proj.weight' has no place"):
+        load_checkpoint(checkpoint)  # layer 1 is past the decoder's one, and config.json declares no MTP layer
+    cfg = json.loads((checkpoint / "config.json").read_text())
+    (checkpoint / "config.json").write_text(json.dumps({**cfg, "num_nextn_predict_layers": 1}))
+    assert all(torch.equal(t, expected[k]) for k, t in load_checkpoint(checkpoint).state_dict().items())
+    save_file({**state, "model.layers.2.eh_proj.weight": extra()}, str(weights))
+    with pytest.raises(CheckpointError, match="tensor 'model.layers.2.eh_proj.weight' has no place"):
+        load_checkpoint(checkpoint)  # one MTP layer declared, the second is not
+    (checkpoint / "config.json").write_text(json.dumps({**cfg, "num_nextn_predict_layers": "1"}))
+    with pytest.raises(CheckpointError, match="config.json: num_nextn_predict_layers must be a whole number, got '1'"):
+        load_checkpoint(checkpoint)
+
+
 def test_a_checkpoint_whose_config_disagrees_with_its_tensors_is_refused(checkpoint):
     cfg = json.loads((checkpoint / "config.json").read_text())
     cfg["intermediate_size"] = 48
