@@ -2,8 +2,8 @@
 Gemma 3, Granite, OLMo 2, GLM-4, SmolLM3, Mixtral, Qwen2-MoE, Qwen3-MoE, gpt-oss, DeepSeek-V2, DeepSeek-V3 or
 GLM-4.5 checkpoint directory (``config.json`` + ``*.safetensors``).
 
-Nothing is fetched from a hub: the directory must hold everything. Every refusal names the file
-or tensor at fault.
+Nothing is fetched from a hub: the directory must hold everything. FP8 weights are multiplied by their
+scales as they are read. Every refusal names the file or tensor at fault.
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from engine.config import WEIGHT_BITS, ModelConfig, RopeScaling, is_positive, torch_dtype
+from engine.config import WEIGHT_BITS, ModelConfig, RopeScaling, is_positive, is_whole, torch_dtype
 from engine.model import LlamaModel
 
 
@@ -769,11 +769,9 @@ MODELOPT_BITS = {"FP8": 8, "FP8_PER_CHANNEL_PER_TOKEN": 8, "FP8_BLOCK_SCALES": 8
                  "NVFP4": 4, "MXFP4": 4, "W4A16_AWQ": 4, "W4A8_AWQ": 4, "W4A8_MXFP4_FP8": 4}
 
 
-def weight_bits(directory: str | Path) -> int | None:
-    """The bits of a quantised checkpoint's weights, from its ``quantization_config`` (AWQ's and
-    GPTQ's ``bits``, FP8, bitsandbytes' 4 or 8 bits, compressed-tensors' ``config_groups``, ModelOpt's
-    ``quant_algo``) or ModelOpt's ``hf_quant_config.json``; None where the weights are not quantised
-    (a configuration that quantises only the KV cache, or nothing)."""
+def _quantization_config(directory: str | Path) -> tuple[dict | None, Path]:
+    """A checkpoint's ``quantization_config`` (ModelOpt's ``hf_quant_config.json`` where config.json has
+    none, as ``quant_method: modelopt``) and the file it was read from; None where there is none."""
     path = Path(directory) / "config.json"
     q = json.loads(path.read_text()).get("quantization_config")
     modelopt = Path(directory) / "hf_quant_config.json"
@@ -785,10 +783,19 @@ def weight_bits(directory: str | Path) -> int | None:
         if not isinstance(q, dict):
             raise CheckpointError(f"{modelopt}: must hold a JSON object, got {type(q).__name__}")
         q, path = {"quant_method": "modelopt", **q}, modelopt
+    if q and not isinstance(q, dict):
+        raise CheckpointError(f"{path}: quantization_config must be an object, got {q!r}")
+    return q or None, path
+
+
+def weight_bits(directory: str | Path) -> int | None:
+    """The bits of a quantised checkpoint's weights, from its ``quantization_config`` (AWQ's and
+    GPTQ's ``bits``, FP8, bitsandbytes' 4 or 8 bits, compressed-tensors' ``config_groups``, ModelOpt's
+    ``quant_algo``) or ModelOpt's ``hf_quant_config.json``; None where the weights are not quantised
+    (a configuration that quantises only the KV cache, or nothing)."""
+    q, path = _quantization_config(directory)
     if not q:
         return None
-    if not isinstance(q, dict):
-        raise CheckpointError(f"{path}: quantization_config must be an object, got {q!r}")
     method = q.get("quant_method")
     if "bits" in q:
         if isinstance(q["bits"], bool) or q["bits"] not in WEIGHT_BITS:
@@ -806,6 +813,94 @@ def weight_bits(directory: str | Path) -> int | None:
     if method == "bitsandbytes":  # neither flag: nothing quantised
         return 4 if q.get("load_in_4bit") else 8 if q.get("load_in_8bit") else None
     raise CheckpointError(f"{path}: quantization_config with quant_method {method!r} and no 'bits' is not supported")
+
+
+def float8_weights(directory: str | Path) -> tuple[bool, tuple[int, int] | None]:
+    """Whether a checkpoint's quantised weights are 8-bit floats beside scales the engine multiplies them by
+    at load, and the block of (rows, columns) each scale covers where its scales are blockwise (None: one a
+    tensor or one an output row, told apart by their shapes): ``quant_method: fp8`` (its
+    ``weight_block_size``), compressed-tensors' float groups of 8 bits (``block_structure``, or a
+    ``group_size`` along the input), ModelOpt's ``FP8`` and ``FP8_PER_CHANNEL_PER_TOKEN``."""
+    q, path = _quantization_config(directory)
+    method = q.get("quant_method") if q else None
+    if method == "fp8" and "bits" not in q:
+        block = q.get("weight_block_size")
+        if block is None:
+            return True, None
+        if not (isinstance(block, list) and len(block) == 2 and all(is_whole(b) and b >= 1 for b in block)):
+            raise CheckpointError(f"{path}: weight_block_size must be two whole numbers >= 1 (rows, columns), got {block!r}")
+        return True, (int(block[0]), int(block[1]))
+    if method == "modelopt" or (q and "quant_algo" in q):
+        fields = q.get("quantization", q)
+        return isinstance(fields, dict) and fields.get("quant_algo") in ("FP8", "FP8_PER_CHANNEL_PER_TOKEN"), None
+    if method != "compressed-tensors" or not isinstance(q.get("config_groups"), dict):
+        return False, None
+    weights = [g.get("weights") for g in q["config_groups"].values() if isinstance(g, dict) and g.get("weights")]
+    if not weights or not all(isinstance(w, dict) and w.get("type") == "float" and w.get("num_bits") == 8 for w in weights):
+        return False, None
+    blocks = set()
+    for w in weights:
+        block = w.get("block_structure") if w.get("strategy") == "block" else \
+            [1, w.get("group_size")] if w.get("strategy") == "group" else None
+        if block is not None and not (isinstance(block, list) and len(block) == 2
+                                      and all(is_whole(b) and b >= 1 for b in block)):
+            raise CheckpointError(f"{path}: a compressed-tensors float group's {w.get('strategy')} must give two whole "
+                                  f"numbers >= 1 (block_structure) or one (group_size), got {block!r}")
+        blocks.add(None if block is None else (int(block[0]), int(block[1])))
+    blocks.discard(None)
+    if len(blocks) > 1:
+        raise CheckpointError(f"{path}: compressed-tensors groups with blocks of different shapes ({sorted(blocks)}) "
+                              "are not supported")
+    return True, next(iter(blocks), None)
+
+
+FLOAT8 = (torch.float8_e4m3fn, torch.float8_e5m2, torch.float8_e4m3fnuz, torch.float8_e5m2fnuz)
+ACTIVATION_SCALES = (".input_scale", ".activation_scale")  # a static activation scale: the weights run unquantised
+
+
+def float8_weight(weight: torch.Tensor, scale: torch.Tensor, block: tuple[int, int] | None) -> torch.Tensor:
+    """An 8-bit float matrix [..., rows, columns] times its scales, in float32, as vLLM reads them: one scale
+    (a tensor's), one a block of ``block`` rows and columns ([..., ceil(rows / r), ceil(columns / c)], the
+    last blocks cut short), or one a row ([..., rows] or [..., rows, 1])."""
+    w, s = weight.to(torch.float32), scale.to(torch.float32)
+    *lead, rows, cols = w.shape
+    if s.numel() == 1:
+        return w * s.reshape(())
+    if block is not None and list(s.shape) == [*lead, -(-rows // block[0]), -(-cols // block[1])]:
+        return w * s.repeat_interleave(block[0], -2)[..., :rows, :].repeat_interleave(block[1], -1)[..., :cols]
+    if list(s.shape) in ([*lead, rows], [*lead, rows, 1]):
+        return w * s.reshape(*lead, rows, 1)
+    blocks = f", nor one a block of {block[0]} x {block[1]}" if block is not None else ""
+    raise ValueError(f"scales of shape {tuple(s.shape)} are neither one a tensor nor one a row of its "
+                     f"{tuple(w.shape)}{blocks}")
+
+
+def _float8_dequantised(state: dict[str, torch.Tensor], block: tuple[int, int] | None, dtype: torch.dtype,
+                        directory) -> dict[str, torch.Tensor]:
+    """``state`` with each 8-bit float weight times its scales (``NAME_scale_inv`` or ``NAME_scale``
+    beside it) in ``dtype``, and its scales and static activation scales left out."""
+    scales = {k for k in state if k.endswith((".weight_scale", ".weight_scale_inv"))}
+    for key in sorted(scales):
+        name = key.removesuffix("_inv").removesuffix("_scale")
+        if name not in state or state[name].dtype not in FLOAT8:
+            raise CheckpointError(f"{directory}: tensor {key!r} scales {name!r}, which is "
+                                  f"{'missing' if name not in state else state[name].dtype}")
+    out = {}
+    for key, tensor in state.items():
+        if key in scales or key.endswith(ACTIVATION_SCALES):
+            continue
+        if tensor.dtype not in FLOAT8:
+            out[key] = tensor
+            continue
+        found = [key + suffix for suffix in ("_scale_inv", "_scale") if key + suffix in state]
+        if not key.endswith(".weight") or len(found) != 1:
+            raise CheckpointError(f"{directory}: tensor {key!r} is {tensor.dtype} with "
+                                  f"{'two scales' if found else 'no scale'} beside it (weight_scale or weight_scale_inv)")
+        try:
+            out[key] = float8_weight(tensor, state[found[0]], block).to(dtype)
+        except ValueError as exc:
+            raise CheckpointError(f"{directory}: tensor {found[0]!r}: {exc}") from None
+    return out
 
 
 MXFP4_BITS = 4.25  # MXFP4: a 4-bit float (E2M1) for each weight and an 8-bit power of two for each 32
@@ -979,6 +1074,9 @@ def _experts_as_held(state: dict[str, torch.Tensor], mc: ModelConfig) -> dict[st
 # tensors a checkpoint may hold beside its decoder's that vLLM's loaders skip too: RoPE's tables, which older
 # transformers saved, and a multimodal checkpoint's vision tower and projector under transformers 4's names
 ROPE_TABLES = ("rotary_emb.inv_freq", "rotary_emb.cos_cached", "rotary_emb.sin_cached")
+# a quantised KV cache's scales (compressed-tensors' kv_cache_scheme, ModelOpt's kv_cache_quant_algo): this engine's
+# KV is held in the model's dtype, as vLLM's is with its default kv_cache_dtype (auto), which leaves them unused
+KV_SCALES = (".k_scale", ".v_scale", ".q_scale", ".prob_scale", ".kv_scale", "k_proj.output_scale", "v_proj.output_scale")
 VISION_PREFIXES = ("visual.", "vision_tower.", "multi_modal_projector.")
 
 
@@ -994,7 +1092,7 @@ def _unexpected(state: dict[str, torch.Tensor], expected, mc: ModelConfig, direc
 
     def skipped(key: str) -> bool:
         layer = key.split(".")[2] if key.startswith("model.layers.") else ""
-        return (key.endswith(ROPE_TABLES) or (bool(vision) and key.startswith(VISION_PREFIXES))
+        return (key.endswith(ROPE_TABLES + KV_SCALES) or (bool(vision) and key.startswith(VISION_PREFIXES))
                 or (layer.isdigit() and mc.num_layers <= int(layer) < mc.num_layers + nextn))
     return sorted(k for k in state if k not in expected and not skipped(k))
 
@@ -1037,13 +1135,15 @@ def load_checkpoint(directory: str | Path, device: str | torch.device = "cpu",
             raise CheckpointError(f"{directory}: Gemma 2 and 3 do not run in float16 (numerically unstable, and vLLM "
                                   "refuses it): bfloat16 or float32")
         mc = ModelConfig(**{**mc.__dict__, "dtype": dtype})
-    advice = "this engine runs 16-bit weights (it sizes a quantised checkpoint as a deployment, CHECKPOINT_DIR@GPU)"
+    advice = ("this engine runs 16-bit weights and FP8 ones (it sizes another quantised checkpoint as a deployment, "
+              "CHECKPOINT_DIR@GPU)")
     try:
         bits = weight_bits(directory)
     except CheckpointError as exc:
         raise CheckpointError(f"{exc}; {advice}") from None
     raw = json.loads((directory / "config.json").read_text())  # read_config has read it: valid JSON
-    if bits is not None and bits < 16:
+    float8, block = float8_weights(directory)
+    if bits is not None and bits < 16 and not float8:
         source = ("hf_quant_config.json" if (directory / "hf_quant_config.json").is_file()
                   and not raw.get("quantization_config") else "config.json's quantization_config")
         raise CheckpointError(f"{directory}: its weights are quantised to {bits} bits ({source}); {advice}")
@@ -1054,9 +1154,11 @@ def load_checkpoint(directory: str | Path, device: str | torch.device = "cpu",
         except Exception as exc:  # safetensors raises its own error types for a damaged file
             raise CheckpointError(f"{f}: cannot be read as safetensors ({exc})") from exc
         byte = next((k for k, t in tensors.items() if t.is_floating_point() and t.element_size() == 1), None)
-        if byte is not None:  # a float8 weight: its scales would be ignored
+        if byte is not None and not float8:  # a float8 weight: its scales would be ignored
             raise CheckpointError(f"{f}: tensor {byte!r} is {tensors[byte].dtype} (quantised); {advice}")
         state.update(tensors)
+    if float8:  # multiplied by their scales here, as vLLM's weight-only FP8 kernels (Marlin) do as they run
+        state = _float8_dequantised(state, block, torch_dtype(mc.dtype), directory)
     state = _unfused(_text_model(state), mc, directory)
     if raw.get("model_type") == "glm4":
         state = _glm4_norms(state)

@@ -174,15 +174,19 @@ def test_a_checkpoint_reads_the_files_that_hold_its_model_and_no_others(checkpoi
 
 
 def test_a_checkpoint_with_quantised_weights_is_sized_not_run(checkpoint):
-    # an FP8 checkpoint's weights have a 16-bit one's shapes: run, their scales ignored, they would
-    # generate garbage; refused, by its quantization_config or by a float8 tensor
+    # GPTQ's packed integers, or compressed-tensors' 8-bit integers, run as they are stored, would generate
+    # garbage: refused by its quantization_config. A float8 tensor where the configuration declares no FP8
+    # (whose scales the loader would not know to read) is refused too (FP8 checkpoints run: test_float8.py)
     from safetensors.torch import load_file, save_file
 
     cfg = json.loads((checkpoint / "config.json").read_text())
-    (checkpoint / "config.json").write_text(json.dumps({**cfg, "quantization_config": {"quant_method": "fp8"}}))
-    advice = r"this engine runs 16-bit weights \(it sizes a quantised checkpoint as a deployment, CHECKPOINT_DIR@GPU\)"
-    with pytest.raises(CheckpointError, match=r"quantised to 8 bits \(config.json's quantization_config\); " + advice):
-        load_checkpoint(checkpoint)
+    advice = (r"this engine runs 16-bit weights and FP8 ones \(it sizes another quantised checkpoint as a deployment, "
+              r"CHECKPOINT_DIR@GPU\)")
+    int8 = {"quant_method": "compressed-tensors", "config_groups": {"g": {"weights": {"num_bits": 8, "type": "int"}}}}
+    for q, bits in (({"quant_method": "gptq", "bits": 4}, 4), (int8, 8)):
+        (checkpoint / "config.json").write_text(json.dumps({**cfg, "quantization_config": q}))
+        with pytest.raises(CheckpointError, match=rf"quantised to {bits} bits \(config.json's quantization_config\); " + advice):
+            load_checkpoint(checkpoint)
     (checkpoint / "config.json").write_text(json.dumps({**cfg, "quantization_config": {"quant_method": "torchao"}}))
     with pytest.raises(CheckpointError, match="quant_method 'torchao' and no 'bits' is not supported; " + advice):
         load_checkpoint(checkpoint)
