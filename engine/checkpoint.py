@@ -49,6 +49,16 @@ from engine.model import LlamaModel
 MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma", "gemma2", "gemma3_text", "gemma3", "mixtral",
                "qwen2_moe", "qwen3_moe", "gpt_oss", "mistral3", "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe",
                "deepseek_v2", "deepseek_v3", "glm4_moe", "granite", "olmo2", "glm4", "smollm3")
+# the model classes vLLM picks by config.json's ``architectures`` (it runs a model by its class, not its
+# model_type), read where the model_type is not one of the above: Kimi K2's (``kimi_k2``, transformers has
+# no such type) is DeepSeek-V3's architecture. Its fields are then read as that family's are, its defaults too
+ARCHITECTURES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral", "Qwen2ForCausalLM": "qwen2",
+                 "Qwen3ForCausalLM": "qwen3", "Phi3ForCausalLM": "phi3", "GemmaForCausalLM": "gemma",
+                 "Gemma2ForCausalLM": "gemma2", "Gemma3ForCausalLM": "gemma3_text", "MixtralForCausalLM": "mixtral",
+                 "Qwen2MoeForCausalLM": "qwen2_moe", "Qwen3MoeForCausalLM": "qwen3_moe", "GptOssForCausalLM": "gpt_oss",
+                 "DeepseekV2ForCausalLM": "deepseek_v2", "DeepseekV3ForCausalLM": "deepseek_v3",
+                 "Glm4MoeForCausalLM": "glm4_moe", "GraniteForCausalLM": "granite", "Olmo2ForCausalLM": "olmo2",
+                 "Glm4ForCausalLM": "glm4", "SmolLM3ForCausalLM": "smollm3"}
 DEEPSEEK_TYPES = ("deepseek_v2", "deepseek_v3")
 GROUPED_TYPES = (*DEEPSEEK_TYPES, "glm4_moe")  # DeepSeek's mixture of experts, routed in groups
 # the model types whose transformers implementation rotates only the first partial_rotary_factor of each head
@@ -266,8 +276,7 @@ def _config(directory: str | Path, run: bool) -> tuple[Path, dict, int]:
         raise CheckpointError(f"{path}: cannot be read ({exc})") from exc
     if not isinstance(cfg, dict):
         raise CheckpointError(f"{path}: must hold a JSON object (a model's configuration), got {type(cfg).__name__}")
-    if cfg.get("model_type") not in MODEL_TYPES:
-        raise CheckpointError(f"{path}: model_type {cfg.get('model_type')!r} is not one of {', '.join(MODEL_TYPES)}")
+    cfg = {**cfg, "model_type": _model_type(cfg, path)}
     try:
         cfg, vision = _text_config(cfg)
         cfg = {**DEFAULTS.get(cfg["model_type"], {}), **cfg}
@@ -276,6 +285,20 @@ def _config(directory: str | Path, run: bool) -> tuple[Path, dict, int]:
     except (TypeError, ValueError) as exc:
         raise CheckpointError(f"{path}: {exc}") from exc
     return path, cfg, vision
+
+
+def _model_type(cfg: dict, path: Path) -> str:
+    """``cfg``'s model_type where it is one of ``MODEL_TYPES``, else the one its architecture's class runs as
+    (``ARCHITECTURES``), as vLLM picks the class; refused naming both where neither is known."""
+    kind = cfg.get("model_type")
+    if kind in MODEL_TYPES:
+        return kind
+    named = cfg.get("architectures")
+    named = named[0] if isinstance(named, list) and len(named) == 1 else None
+    if isinstance(named, str) and named in ARCHITECTURES:
+        return ARCHITECTURES[named]
+    raise CheckpointError(f"{path}: model_type {kind!r} is not one of {', '.join(MODEL_TYPES)}, nor is its "
+                          f"architectures {cfg.get('architectures')!r} one of {', '.join(ARCHITECTURES)}")
 
 
 def _read_config(directory: str | Path, run: bool) -> tuple[ModelConfig, list[str]]:
@@ -1160,7 +1183,7 @@ def load_checkpoint(directory: str | Path, device: str | torch.device = "cpu",
     if float8:  # multiplied by their scales here, as vLLM's weight-only FP8 kernels (Marlin) do as they run
         state = _float8_dequantised(state, block, torch_dtype(mc.dtype), directory)
     state = _unfused(_text_model(state), mc, directory)
-    if raw.get("model_type") == "glm4":
+    if _model_type(raw, directory) == "glm4":
         state = _glm4_norms(state)
     if raw.get("model_type") == "qwen3_vl_moe":
         state = _experts_as_held(state, mc)

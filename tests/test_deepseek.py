@@ -102,6 +102,24 @@ def test_a_bf16_deepseek_checkpoint_generates_what_transformers_generates_up_to_
         assert_greedy_up_to_rounding(hf, p, tokens)
 
 
+def test_a_checkpoint_whose_model_type_transformers_lacks_runs_as_its_architecture_names(tmp_path):
+    # Kimi K2's config.json names model_type kimi_k2 (its own configuration code) and DeepSeek-V3's class,
+    # which vLLM runs it as: read as deepseek_v3, it generates what DeepSeek-V3's does; a model_type of
+    # one's own beside Llama's class reads as Llama's
+    hf = hf_deepseek("v3")
+    hf.save_pretrained(tmp_path)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    assert cfg["architectures"] == ["DeepseekV3ForCausalLM"]
+    (tmp_path / "config.json").write_text(json.dumps({**cfg, "model_type": "kimi_k2"}))
+    ps = prompts([13, 30])
+    assert generate(load_checkpoint(tmp_path), ps) == [hf_greedy(hf, p, 12) for p in ps]
+    assert read_sizes(tmp_path)[0].param_count() == hf.num_parameters()
+    (tmp_path / "config.json").write_text(json.dumps({**cfg, "model_type": "kimi_k2", "architectures": ["KimiK2"]}))
+    with pytest.raises(CheckpointError, match=r"model_type 'kimi_k2' is not one of .*, nor is its architectures "
+                                              r"\['KimiK2'\] one of"):
+        load_checkpoint(tmp_path)
+
+
 def test_each_of_deepseeks_rules_changes_what_it_generates(tmp_path):
     hf = hf_deepseek("v3")
     hf.save_pretrained(tmp_path)
