@@ -1,6 +1,6 @@
 """Loading a local Hugging Face Llama, Mistral, Mistral 3, Qwen2, Qwen3, Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Phi-3, Gemma, Gemma 2,
-Gemma 3, Granite, OLMo 2, GLM-4, SmolLM3, Mixtral, Qwen2-MoE, Qwen3-MoE, gpt-oss, DeepSeek-V2, DeepSeek-V3 or
-GLM-4.5 checkpoint directory (``config.json`` + ``*.safetensors``).
+Gemma 3, Granite, OLMo 2, GLM-4, SmolLM3, Mixtral, Qwen2-MoE, Qwen3-MoE, gpt-oss, DeepSeek-V2, DeepSeek-V3,
+GLM-4.5 or Llama 4 checkpoint directory (``config.json`` + ``*.safetensors``).
 
 Nothing is fetched from a hub: the directory must hold everything. FP8 weights are multiplied by their
 scales as they are read. Every refusal names the file or tensor at fault.
@@ -45,10 +45,13 @@ from engine.model import LlamaModel
 # and the MLP, on their outputs, in place of the norms on their inputs. GLM-4 (dense: GLM-4-0414, GLM-Z1) is
 # Llama's with biases on q, k and v, a norm on each sublayer's output as well as its input, gate and up
 # stored as one tensor (as Phi-3's), and RoPE over half of each head's features, its pairs interleaved.
-# SmolLM3 is Llama's with RoPE left out of some layers (``no_rope_layers``: every fourth by default).
+# SmolLM3 is Llama's with RoPE left out of some layers (``no_rope_layers``: every fourth by default). Llama 4
+# (Scout, Maverick: its text model beside a vision tower) leaves RoPE out of every fourth layer too, tempering
+# those layers' queries by position; its other layers attend within chunks of 8,192 tokens and norm q and k
+# after RoPE; its experts (16 on every layer, or 128 on every other) weigh their inputs, beside a shared expert.
 MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma", "gemma2", "gemma3_text", "gemma3", "mixtral",
                "qwen2_moe", "qwen3_moe", "gpt_oss", "mistral3", "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe",
-               "deepseek_v2", "deepseek_v3", "glm4_moe", "granite", "olmo2", "glm4", "smollm3")
+               "deepseek_v2", "deepseek_v3", "glm4_moe", "granite", "olmo2", "glm4", "smollm3", "llama4_text", "llama4")
 # the model classes vLLM picks by config.json's ``architectures`` (it runs a model by its class, not its
 # model_type), read where the model_type is not one of the above: Kimi K2's (``kimi_k2``, transformers has
 # no such type) is DeepSeek-V3's architecture. Its fields are then read as that family's are, its defaults too
@@ -58,7 +61,8 @@ ARCHITECTURES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral", "
                  "Qwen2MoeForCausalLM": "qwen2_moe", "Qwen3MoeForCausalLM": "qwen3_moe", "GptOssForCausalLM": "gpt_oss",
                  "DeepseekV2ForCausalLM": "deepseek_v2", "DeepseekV3ForCausalLM": "deepseek_v3",
                  "Glm4MoeForCausalLM": "glm4_moe", "GraniteForCausalLM": "granite", "Olmo2ForCausalLM": "olmo2",
-                 "Glm4ForCausalLM": "glm4", "SmolLM3ForCausalLM": "smollm3"}
+                 "Glm4ForCausalLM": "glm4", "SmolLM3ForCausalLM": "smollm3", "Llama4ForCausalLM": "llama4_text",
+                 "Llama4ForConditionalGeneration": "llama4"}
 DEEPSEEK_TYPES = ("deepseek_v2", "deepseek_v3")
 GROUPED_TYPES = (*DEEPSEEK_TYPES, "glm4_moe")  # DeepSeek's mixture of experts, routed in groups
 # the model types whose transformers implementation rotates only the first partial_rotary_factor of each head
@@ -93,6 +97,14 @@ DEFAULTS = {**{t: {"sliding_window": 4096} for t in ("mistral", "qwen2", "qwen3"
             "glm4": {"head_dim": 128, "attention_bias": True, "partial_rotary_factor": 0.5, "num_key_value_heads": 2,
                      "max_position_embeddings": 131_072, "rms_norm_eps": 1.5625e-07},
             "olmo2": {"rms_norm_eps": 1e-5},
+            # transformers' Llama4TextConfig's (Llama-4-Scout's sizes)
+            "llama4_text": {"vocab_size": 202_048, "hidden_size": 5120, "intermediate_size": 8192,
+                            "intermediate_size_mlp": 16_384, "num_hidden_layers": 48, "num_attention_heads": 40,
+                            "num_key_value_heads": 8, "head_dim": 128, "max_position_embeddings": 131_072,
+                            "rms_norm_eps": 1e-5, "rope_theta": 500_000.0, "num_experts_per_tok": 1,
+                            "num_local_experts": 16, "interleave_moe_layer_step": 1, "use_qk_norm": True,
+                            "attention_chunk_size": 8192, "attn_temperature_tuning": True, "floor_scale": 8192,
+                            "attn_scale": 0.1},
             "smollm3": {"num_key_value_heads": 4, "tie_word_embeddings": True, "max_position_embeddings": 32_768,
                         "rope_theta": 2_000_000.0},
             # gpt-oss's config.json names no dtype: its release's tensors are bfloat16, as vLLM serves it
@@ -346,6 +358,8 @@ def _read_config(directory: str | Path, run: bool) -> tuple[ModelConfig, list[st
             mc = replace(mc, sandwich_norms=True, rope_interleaved=True)
         if cfg["model_type"] == "smollm3":
             mc = replace(mc, nope_layers=_nope_layers(cfg, mc.num_layers))
+        if cfg["model_type"] == "llama4_text":
+            mc = _llama4(cfg, mc)
         if vision:
             mc = replace(mc, encoder_params=vision)
     except KeyError as exc:
@@ -359,6 +373,9 @@ def _read_config(directory: str | Path, run: bool) -> tuple[ModelConfig, list[st
     except (TypeError, ValueError) as exc:
         raise CheckpointError(f"{path}: {exc}") from exc
     ignored = []
+    if mc.window_chunked:
+        ignored.append(f"its chunked attention ({mc.sliding_window} tokens) frees no KV here: the KV is sized as full "
+                       "attention, the most it may need")
     window = cfg.get("sliding_window") if layers else None
     if window is not None:
         if isinstance(window, bool) or not isinstance(window, (int, float)) or not float(window).is_integer() or window < 2:
@@ -417,7 +434,41 @@ def _text_config(cfg: dict) -> tuple[dict, int]:
         return _mistral3(cfg)
     if cfg["model_type"] in QWEN_VL_TEXT:
         return _qwen_vl(cfg)
+    if cfg["model_type"] == "llama4":
+        return _llama4_multimodal(cfg)
     return cfg, 0
+
+
+# transformers' Llama4VisionConfig's defaults (Llama 4 Scout's and Maverick's tower)
+LLAMA4_VISION = {"hidden_size": 768, "num_hidden_layers": 34, "num_attention_heads": 16, "num_channels": 3,
+                 "intermediate_size": 5632, "vision_output_dim": 7680, "image_size": 448, "patch_size": 14,
+                 "projector_input_dim": 4096, "projector_output_dim": 4096}
+
+
+def _llama4_multimodal(cfg: dict) -> tuple[dict, int]:
+    """Llama 4's text model (Scout's and Maverick's checkpoints hold one beside a vision tower) and the
+    parameters of its tower (a patch embedding without a bias, class and positional embeddings, layer norms
+    before and after, encoder layers with biases, a pixel-shuffle MLP of two matrices) and projector (one matrix)."""
+    text, vision = cfg.get("text_config") or {}, cfg.get("vision_config") or {}
+    if not isinstance(text, dict) or not isinstance(vision, dict):
+        raise ValueError("text_config and vision_config must be objects")
+    if text.get("model_type", "llama4_text") != "llama4_text":
+        raise ValueError(f"text_config.model_type {text['model_type']!r} is not supported (Llama 4's text model is "
+                         "'llama4_text')")
+    v = {**LLAMA4_VISION, **vision}
+    h, i, patch, heads = (_int(v, "hidden_size"), _int(v, "intermediate_size"), _int(v, "patch_size"),
+                          _int(v, "num_attention_heads"))
+    if patch <= 0 or heads <= 0:
+        raise ValueError(f"vision_config.patch_size and num_attention_heads must be > 0, got {patch} and {heads}")
+    q = heads * (h // heads)
+    per_layer = 3 * (h * q + q) + q * h + h + 2 * h * i + i + h + 4 * h  # q/k/v/o, the MLP, two layer norms
+    embeddings = _int(v, "num_channels") * patch * patch * h + h + ((_int(v, "image_size") // patch) ** 2 + 1) * h
+    adapter = i * _int(v, "projector_input_dim") + _int(v, "projector_output_dim") ** 2
+    projector = _int(v, "vision_output_dim") * _int({**DEFAULTS["llama4_text"], **text}, "hidden_size")
+    tower = _int(v, "num_hidden_layers") * per_layer + embeddings + 4 * h + adapter + projector
+    dtype = cfg.get("dtype") or cfg.get("torch_dtype") or text.get("dtype") or text.get("torch_dtype")
+    return {**text, "model_type": "llama4_text", "quantization_config": cfg.get("quantization_config"),
+            "dtype": dtype}, tower
 
 
 def _gemma3(cfg: dict) -> tuple[dict, int]:
@@ -608,6 +659,66 @@ def _nope_layers(cfg: dict, num_layers: int) -> tuple[int, ...]:
         raise ValueError(f"no_rope_layers must list 1 (RoPE) or 0 (none) for each of the {num_layers} layers, "
                          f"got {marks!r:.200}")
     return tuple(i for i in range(num_layers) if not marks[i])
+
+
+def _llama4(cfg: dict, mc: ModelConfig) -> ModelConfig:
+    """``mc`` with Llama 4's text model, as transformers' Llama4TextConfig reads its fields: experts
+    ``intermediate_size`` wide (its dense layers' MLPs ``intermediate_size_mlp``) on the layers ``moe_layers``
+    lists, else every ``interleave_moe_layer_step``-th, each beside a shared expert as wide; NoPE layers as
+    SmolLM3's (an empty ``no_rope_layers`` read as none given), their queries tempered by position where
+    ``attn_temperature_tuning``; the other layers' q and k normed after RoPE where ``use_qk_norm``, attending
+    within chunks of ``attention_chunk_size`` tokens (the layers ``layer_types`` names ``chunked_attention``
+    where it is given); RoPE over interleaved pairs."""
+    layers = mc.num_layers
+    nope = _nope_layers({**cfg, "no_rope_layers": cfg.get("no_rope_layers") or None}, layers)
+    moe = cfg.get("moe_layers")
+    if moe is None:
+        step = _int(cfg, "interleave_moe_layer_step", 1)
+        if step <= 0:
+            raise ValueError(f"interleave_moe_layer_step must be > 0, got {step}")
+        moe = range(step - 1, layers, step)
+    elif not isinstance(moe, list) or not all(is_whole(i) and 0 <= i < layers for i in moe):
+        raise ValueError(f"moe_layers must list layers of the {layers}, got {moe!r:.200}")
+    kinds, chunk = cfg.get("layer_types"), cfg.get("attention_chunk_size")
+    if kinds is None:
+        chunked = [i for i in range(layers) if i not in nope] if chunk is not None else []
+    elif not isinstance(kinds, list) or len(kinds) != layers \
+            or any(k not in ("full_attention", "chunked_attention") for k in kinds):
+        raise ValueError(f"layer_types must give each of the {layers} layers' kind (full_attention, "
+                         f"chunked_attention), got {kinds!r:.200}")
+    else:
+        chunked = [i for i, k in enumerate(kinds) if k == "chunked_attention"]
+    if chunked and not (is_whole(chunk) and chunk >= 1):
+        raise ValueError(f"attention_chunk_size must be a whole number of tokens >= 1, got {chunk!r}")
+    width = _int(cfg, "intermediate_size")
+    tempered = None
+    if cfg.get("attn_temperature_tuning") and nope:
+        tempered = (float(_positive(cfg, "floor_scale")), float(_positive(cfg, "attn_scale")))
+    mc = replace(mc, intermediate_size=_int(cfg, "intermediate_size_mlp"), num_experts=_int(cfg, "num_local_experts"),
+                 experts_per_token=_int(cfg, "num_experts_per_tok"), moe_intermediate_size=width,
+                 shared_expert_intermediate_size=width, shared_expert_gate=False, router="sigmoid_input",
+                 dense_layers=tuple(i for i in range(layers) if i not in set(moe)), nope_layers=nope,
+                 qk_l2_norm=bool(cfg.get("use_qk_norm")), rope_interleaved=True, attn_temperature=tempered)
+    if chunked and chunk < mc.max_position:  # a chunk as long as the context masks nothing
+        mc = replace(mc, sliding_window=int(chunk), window_layers=tuple(chunked), window_chunked=True)
+    return mc
+
+
+# Llama 4's names -> the model's: its MLPs are feed_forward, its router is the mixture's gate
+LLAMA4_NAMES = ((".feed_forward.router.", ".mlp.gate."), (".feed_forward.", ".mlp."))
+
+
+def _llama4_names(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``state`` with Llama 4's tensors under the model's names (``LLAMA4_NAMES``) and its stacked experts as
+    the model holds them: stored with their input dimension first ([experts, hidden, 2 x width] and
+    [experts, width, hidden]), transposed."""
+    out = {}
+    for key, tensor in state.items():
+        old, new = next(((o, n) for o, n in LLAMA4_NAMES if o in key), ("", ""))
+        key = key.replace(old, new, 1) if old else key
+        out[key] = tensor.transpose(1, 2) if key.endswith((".mlp.experts.gate_up_proj", ".mlp.experts.down_proj")) \
+            else tensor
+    return out
 
 
 def _granite(cfg: dict, mc: ModelConfig) -> ModelConfig:
@@ -1039,6 +1150,8 @@ def _window_layers(cfg: dict, num_layers: int) -> tuple[int, ...]:
     every other one from the first below it, Qwen3-MoE's all; Gemma 2's and gpt-oss's every other one
     from the first; where transformers 5 writes each layer's kind in ``layer_types``, those it names
     ``sliding_attention`` (Qwen3-MoE's attention reads none); SmolLM3's only with ``use_sliding_window``."""
+    if cfg["model_type"] == "llama4_text":  # no sliding window: its chunked layers (_llama4)
+        return ()
     if cfg["model_type"] == "smollm3":  # only with use_sliding_window; transformers' default: its NoPE layers
         if not cfg.get("use_sliding_window"):
             return ()
@@ -1183,8 +1296,11 @@ def load_checkpoint(directory: str | Path, device: str | torch.device = "cpu",
     if float8:  # multiplied by their scales here, as vLLM's weight-only FP8 kernels (Marlin) do as they run
         state = _float8_dequantised(state, block, torch_dtype(mc.dtype), directory)
     state = _unfused(_text_model(state), mc, directory)
-    if _model_type(raw, directory) == "glm4":
+    kind = _model_type(raw, directory)
+    if kind == "glm4":
         state = _glm4_norms(state)
+    if kind in ("llama4_text", "llama4"):
+        state = _llama4_names(state)
     if raw.get("model_type") == "qwen3_vl_moe":
         state = _experts_as_held(state, mc)
     if mc.swiglu_limit is not None:  # gpt-oss: its experts stored as transformers holds them, in MXFP4 or not

@@ -17,7 +17,7 @@ def torch_dtype(name: str) -> torch.dtype:
     return _DTYPES[name]
 
 
-ROUTERS = ("softmax", "softmax_groups", "sigmoid_groups")  # how a mixture of experts' router picks (ModelConfig)
+ROUTERS = ("softmax", "softmax_groups", "sigmoid_groups", "sigmoid_input")  # how a mixture of experts' router picks (ModelConfig)
 ACTIVATIONS = ("silu", "gelu_tanh")  # the MLP's gate: SwiGLU's, or GeGLU's with GELU's tanh approximation
 WEIGHT_BITS = (2, 3, 4, 8, 16, 32)  # the bits a weight may be stored in: quantised, or a float dtype's
 
@@ -184,7 +184,8 @@ class ModelConfig:
     # Qwen-MoE's); ``softmax_groups`` (DeepSeek-V2's) the highest within the ``topk_groups`` of
     # ``expert_groups`` groups whose best score is highest; ``sigmoid_groups`` (DeepSeek-V3's) sigmoid scores
     # plus a learned bias pick within the groups whose two best sum highest, the unbiased scores weigh; the
-    # weights are then multiplied by ``routed_scaling``
+    # weights are then multiplied by ``routed_scaling``; ``sigmoid_input`` (Llama 4's) the highest logits pick,
+    # and their sigmoids weigh each expert's input, not its output
     router: str = "softmax"
     expert_groups: int = 1
     topk_groups: int = 1
@@ -199,6 +200,14 @@ class ModelConfig:
     qk_norm_across_heads: bool = False
     pre_norms: bool = True
     nope_layers: tuple[int, ...] = ()  # layers that apply no RoPE ("NoPE": SmolLM3's every fourth)
+    # Llama 4's: its window_layers attend within aligned chunks of sliding_window tokens (a query at position p
+    # sees the keys from p - p % sliding_window to p) rather than the last sliding_window; its rotating layers'
+    # q and k heads normed after RoPE, without a weight (``qk_l2_norm``); its NoPE layers' queries times
+    # log1p(floor((p + 1) / floor_scale)) x attn_scale + 1 (``attn_temperature``: (floor_scale, attn_scale)).
+    # The clocks charge a chunked layer's reads as a window's, min(context, sliding_window): at most what it reads
+    window_chunked: bool = False
+    qk_l2_norm: bool = False
+    attn_temperature: tuple[float, float] | None = None
     # Granite's scalars: embeddings times ``embedding_multiplier``, each sublayer's output times
     # ``residual_multiplier`` before it joins the residual stream, the final logits divided by ``logits_scaling``
     # (its attention_multiplier is ``query_scale``)
@@ -248,6 +257,13 @@ class ModelConfig:
             raise ValueError(f"a mixture of experts' MLPs are SwiGLU: activation must be 'silu', got {self.activation!r}")
         if not is_whole(self.encoder_params) or self.encoder_params < 0:
             raise ValueError(f"encoder_params must be a whole number >= 0, got {self.encoder_params!r}")
+        if self.window_chunked and not self.window_layers:
+            raise ValueError("window_chunked says how window_layers attend: it needs window_layers")
+        if self.attn_temperature is not None and not (
+                isinstance(self.attn_temperature, tuple) and len(self.attn_temperature) == 2
+                and all(is_positive(v) for v in self.attn_temperature)):
+            raise ValueError(f"attn_temperature must be (floor_scale, attn_scale), two numbers > 0, or None, "
+                             f"got {self.attn_temperature!r}")
         if self.local_rope_theta is not None and not self.window_layers:
             raise ValueError("local_rope_theta needs window_layers, the layers it applies to")
         if self.swiglu_limit is not None and not self.num_experts:

@@ -106,7 +106,9 @@ class TorchExecutor:
             batch.decode_mask = _additive(padding, self.pool.dtype)[:, None, None, :]
         window = self._window()
         if window is not None and batch.decode_len > window:  # the query at ctx - 1 sees keys ctx - window on
-            batch.decode_window_mask = _additive(padding | (keys < ends - window), self.pool.dtype)[:, None, None, :]
+            # (in a chunked layer, Llama 4's, those of its chunk: ctx - 1 - (ctx - 1) % window on)
+            first = (ends - 1) // window * window if self.model.config.window_chunked else ends - window
+            batch.decode_window_mask = _additive(padding | (keys < first), self.pool.dtype)[:, None, None, :]
 
     def _prefill_chunk(self, start: int, n: int, ctx: int, table: torch.Tensor) -> PrefillChunk:
         """A chunk of ``n`` tokens, rows ``start`` on of the flat batch, that ends a context of ``ctx`` tokens."""
@@ -114,9 +116,10 @@ class TorchExecutor:
         # query j sits at position ctx - n + j and sees keys 0 .. ctx - n + j (in a windowed layer, the
         # window's last keys up to it: ctx - n + j - window + 1 on)
         keys, queries = torch.arange(ctx, device=dev)[None, :], torch.arange(ctx - n, ctx, device=dev)[:, None]
-        window = self._window()
-        future = keys > queries
-        outside = future | (keys <= queries - window) if window is not None and ctx > window else None
+        window, future, outside = self._window(), keys > queries, None
+        if window is not None and ctx > window:  # (in a chunked layer, its chunk's: queries - queries % window on)
+            first = queries // window * window if self.model.config.window_chunked else queries - window + 1
+            outside = future | (keys < first)
         return PrefillChunk(start, n, ctx, self.pool.locate(table[:nblocks].to(dev)), nblocks,
                             _additive(future, self.pool.dtype)[None, None],
                             None if outside is None else _additive(outside, self.pool.dtype)[None, None])

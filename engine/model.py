@@ -6,7 +6,8 @@ experts in place of the MLP (Mixtral's, Qwen3-MoE's), and Gemma's and Gemma 2's 
 Gemma 3's (a RoPE of their own for its windowed layers), DeepSeek-V2's and V3's (multi-head latent
 attention, and a mixture of experts with grouped routing and shared experts, as GLM-4.5's), RoPE over a
 share of each head (GLM's, Phi-4-mini's) with its pairs interleaved (DeepSeek's, GLM-4's) or on no layer
-at all (SmolLM3's NoPE layers), OLMo 2's norms and Granite's scalars.
+at all (SmolLM3's NoPE layers), OLMo 2's norms, Granite's scalars, and Llama 4's (chunked attention, NoPE
+layers with tempered queries, q and k normed after RoPE, experts weighing their inputs).
 
 Parameter names follow Hugging Face's ``LlamaForCausalLM`` so that a local checkpoint loads as a
 plain state dict. The forward pass takes a flat batch of tokens from many sequences (prefill
@@ -183,10 +184,14 @@ class Attention(nn.Module):
         self.windowed = layer in cfg.window_layers
         self.sinks = nn.Parameter(torch.zeros(cfg.num_heads)) if cfg.attn_sinks else None
         self.rotary_dim, self.interleaved = cfg.rotary_dim, cfg.rope_interleaved
-        self.rotates = layer not in cfg.nope_layers  # SmolLM3's NoPE layers attend without positions
+        self.rotates = layer not in cfg.nope_layers  # SmolLM3's and Llama 4's NoPE layers attend without positions
+        self.l2_norm = cfg.rms_norm_eps if cfg.qk_l2_norm and self.rotates else None  # Llama 4's, after RoPE
+        self.tempered = cfg.attn_temperature is not None and not self.rotates  # Llama 4's NoPE layers
 
-    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | torch.Tensor,
                 batch: AttentionBatch, pool: KVPool) -> torch.Tensor:
+        """``rope``: RoPE's cos and signed sin for the step (``Rotary``); for a layer ``tempered``, which
+        rotates nothing, its queries' scales [tokens, 1, 1] in float32 instead (``LlamaModel.forward``)."""
         n, h, kvh = x.shape[0], self.num_heads, self.num_kv_heads
         qkv = self.qkv_proj(x).view(n, h + 2 * kvh, self.head_dim)
         qk = qkv[:, :h + kvh]
@@ -200,6 +205,11 @@ class Attention(nn.Module):
         elif self.rotates:  # the first rotary_dim features of each head rotated (pairs read apart), the rest passed through
             rotated = paired(qk[..., :self.rotary_dim]) if self.interleaved else qk[..., :self.rotary_dim]
             qk = torch.cat((rotate(rotated, *rope), qk[..., self.rotary_dim:]), dim=-1)
+        if self.l2_norm is not None:  # each q and k head normed in float32, no weight
+            qf = qk.float()
+            qk = (qf * torch.rsqrt(qf.pow(2).mean(-1, keepdim=True) + self.l2_norm)).to(qk.dtype)
+        if self.tempered:  # the queries scaled in float32 and rounded once, as transformers and vLLM scale them
+            qk = torch.cat(((qk[:, :h] * rope).to(qk.dtype), qk[:, h:]), dim=1)
         q, k, v = qk[:, :h], qk[:, h:], qkv[:, h + kvh:]
         pool.write_slots(self.layer, batch.slots, k, v)
         out = paged_attention(q, self.layer, batch, pool, scale=self.scale, cap=self.softcap, windowed=self.windowed,
@@ -396,6 +406,28 @@ class GroupedMoE(nn.Module):
         return out if self.shared_experts is None else out + self.shared_experts(x)
 
 
+class InputWeighedMoE(nn.Module):
+    """Llama 4's mixture of experts: its router (``gate``, in the model's dtype) picks each token's
+    ``experts_per_token`` highest logits, and their sigmoids (in float32, rounded to the model's dtype) weigh
+    the token as it goes into each expert, not what comes out; every token also passes through one ungated
+    shared expert, whose output the routed ones' sum is added to."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.top_k = cfg.experts_per_token
+        self.gate = nn.Linear(cfg.hidden_size, cfg.num_experts, bias=False)
+        self.experts = Experts(cfg)
+        self.shared_expert = MLP(cfg, cfg.shared_expert_intermediate_size)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        top, picked = torch.topk(self.gate(x), self.top_k, dim=-1)
+        n, k = picked.shape
+        weighed = (x[:, None, :] * torch.sigmoid(top.float()).to(x.dtype)[:, :, None]).reshape(n * k, -1)
+        ones = torch.ones(n * k, 1, dtype=x.dtype, device=x.device)
+        out = routed(weighed, picked.reshape(n * k, 1), ones, self.experts.one).view(n, k, -1)
+        return self.shared_expert(x) + (out[:, 0] if k == 1 else out.sum(dim=1))
+
+
 class ClampedExperts(nn.Module):
     """gpt-oss's experts as transformers holds them: ``gate_up_proj`` [experts, hidden, 2 x width], the
     gate's and the up projection's columns interleaved, ``down_proj`` [experts, width, hidden], and a
@@ -454,7 +486,8 @@ class DecoderLayer(nn.Module):
                 self.pre_feedforward_layernorm = norm(cfg)
             self.post_feedforward_layernorm = norm(cfg)
         self.sandwich, self.pre_norms, self.residual_multiplier = cfg.sandwich_norms, cfg.pre_norms, cfg.residual_multiplier
-        sparse = ClampedMoE if cfg.swiglu_limit is not None else SparseMoE if cfg.router == "softmax" else GroupedMoE
+        sparse = (ClampedMoE if cfg.swiglu_limit is not None else SparseMoE if cfg.router == "softmax"
+                  else InputWeighedMoE if cfg.router == "sigmoid_input" else GroupedMoE)
         self.mlp = sparse(cfg) if cfg.is_sparse(layer) else MLP(cfg)
 
     def forward(self, x, rope, batch, pool):
@@ -516,8 +549,12 @@ class LlamaModel(nn.Module):
             x = x * self.config.embedding_multiplier
         rope = self.rotary(positions, x.dtype)
         local = rope if self.local_rotary is None else self.local_rotary(positions, x.dtype)
+        if self.config.attn_temperature is not None:  # Llama 4's NoPE layers' queries' scales, by position
+            floor_scale, attn_scale = self.config.attn_temperature
+            tempered = (torch.log1p(torch.floor((positions.float() + 1.0) / floor_scale)) * attn_scale + 1.0)[:, None, None]
         for layer in self.model.layers:
-            x = layer(x, local if layer.self_attn.windowed else rope, batch, pool)
+            attn = layer.self_attn
+            x = layer(x, tempered if getattr(attn, "tempered", False) else local if attn.windowed else rope, batch, pool)
         if batch.logit_rows is not None:
             x = x[batch.logit_rows]
         logits = softcap(self.lm_head(self.model.norm(x)), self.config.logit_softcap)
