@@ -824,8 +824,9 @@ def _stacked_experts(state: dict[str, torch.Tensor], mc: ModelConfig, directory)
     5 holds them), and Mixtral's router moved to ``mlp.gate``."""
     layout = "block_sparse_moe" if any(".block_sparse_moe." in k for k in state) else "mlp"
     gate, up, down = EXPERT_LAYOUTS[layout]
-    out = {k.replace(".block_sparse_moe.gate.", ".mlp.gate."): v for k, v in state.items()
-           if ".experts." not in k or k.endswith((".experts.gate_up_proj", ".experts.down_proj"))}
+    # every tensor but those stacked below, which keeps an expert past the layer's count, or on a dense layer,
+    # under its own name for the loader to refuse (a multi-token-prediction layer's to skip)
+    out = {k.replace(".block_sparse_moe.gate.", ".mlp.gate."): v for k, v in state.items()}
     for layer in range(mc.num_layers):
         if not mc.is_sparse(layer):
             continue
@@ -838,7 +839,7 @@ def _stacked_experts(state: dict[str, torch.Tensor], mc: ModelConfig, directory)
                 key = f"{block}.{e}.{name}.weight"
                 if key not in state:
                     raise CheckpointError(f"{directory}: tensor {key!r} is missing (config.json has {mc.num_experts} experts)")
-                parts[name, e] = state[key]
+                parts[name, e] = out.pop(key)
         out[f"model.layers.{layer}.mlp.experts.gate_up_proj"] = torch.stack(
             [torch.cat((parts[gate, e], parts[up, e])) for e in range(mc.num_experts)])
         out[f"model.layers.{layer}.mlp.experts.down_proj"] = torch.stack([parts[down, e] for e in range(mc.num_experts)])
@@ -995,8 +996,15 @@ ACTIVATION_SCALES = (".input_scale", ".activation_scale")  # a static activation
 def float8_weight(weight: torch.Tensor, scale: torch.Tensor, block: tuple[int, int] | None) -> torch.Tensor:
     """An 8-bit float matrix [..., rows, columns] times its scales, in float32, as vLLM reads them: one scale
     (a tensor's), one a block of ``block`` rows and columns ([..., ceil(rows / r), ceil(columns / c)], the
-    last blocks cut short), or one a row ([..., rows] or [..., rows, 1])."""
-    w, s = weight.to(torch.float32), scale.to(torch.float32)
+    last blocks cut short), or one a row ([..., rows] or [..., rows, 1]). Scales are floats, or powers of two
+    stored as bytes (E8M0: 2 ** (byte - 127), MXFP8's), as transformers reads a byte scale."""
+    if scale.dtype == torch.uint8:
+        s = torch.ldexp(torch.ones(scale.shape, dtype=torch.float32), scale.to(torch.int32) - 127)
+    elif scale.is_floating_point():
+        s = scale.to(torch.float32)
+    else:
+        raise ValueError(f"scales of dtype {scale.dtype} are neither floats nor powers of two stored as bytes (uint8)")
+    w = weight.to(torch.float32)
     *lead, rows, cols = w.shape
     if s.numel() == 1:
         return w * s.reshape(())
@@ -1011,14 +1019,15 @@ def float8_weight(weight: torch.Tensor, scale: torch.Tensor, block: tuple[int, i
 
 def _float8_dequantised(state: dict[str, torch.Tensor], block: tuple[int, int] | None, dtype: torch.dtype,
                         directory) -> dict[str, torch.Tensor]:
-    """``state`` with each 8-bit float weight times its scales (``NAME_scale_inv`` or ``NAME_scale``
-    beside it) in ``dtype``, and its scales and static activation scales left out."""
-    scales = {k for k in state if k.endswith((".weight_scale", ".weight_scale_inv"))}
-    for key in sorted(scales):
+    """``state`` with each 8-bit float weight times its scales (``NAME_scale_inv`` or ``NAME_scale`` beside it:
+    a matrix's ``weight_scale_inv``, stacked experts' ``gate_up_proj_scale_inv``) in ``dtype``, and its scales
+    and static activation scales left out."""
+    scales = {k + suffix for k, t in state.items() if t.dtype in FLOAT8 for suffix in ("_scale_inv", "_scale")
+              if k + suffix in state}
+    for key in sorted(k for k in state if k.endswith((".weight_scale", ".weight_scale_inv")) and k not in scales):
         name = key.removesuffix("_inv").removesuffix("_scale")
-        if name not in state or state[name].dtype not in FLOAT8:
-            raise CheckpointError(f"{directory}: tensor {key!r} scales {name!r}, which is "
-                                  f"{'missing' if name not in state else state[name].dtype}")
+        raise CheckpointError(f"{directory}: tensor {key!r} scales {name!r}, which is "
+                              f"{'missing' if name not in state else state[name].dtype}")
     out = {}
     for key, tensor in state.items():
         if key in scales or key.endswith(ACTIVATION_SCALES):
@@ -1027,9 +1036,10 @@ def _float8_dequantised(state: dict[str, torch.Tensor], block: tuple[int, int] |
             out[key] = tensor
             continue
         found = [key + suffix for suffix in ("_scale_inv", "_scale") if key + suffix in state]
-        if not key.endswith(".weight") or len(found) != 1:
+        if len(found) != 1:
             raise CheckpointError(f"{directory}: tensor {key!r} is {tensor.dtype} with "
-                                  f"{'two scales' if found else 'no scale'} beside it (weight_scale or weight_scale_inv)")
+                                  f"{'two scales' if found else 'no scale'} beside it ({key.rpartition('.')[2]}_scale "
+                                  f"or {key.rpartition('.')[2]}_scale_inv)")
         try:
             out[key] = float8_weight(tensor, state[found[0]], block).to(dtype)
         except ValueError as exc:
@@ -1210,8 +1220,9 @@ def _experts_as_held(state: dict[str, torch.Tensor], mc: ModelConfig) -> dict[st
 # tensors a checkpoint may hold beside its decoder's that vLLM's loaders skip too: RoPE's tables, which older
 # transformers saved, and a multimodal checkpoint's vision tower and projector under transformers 4's names
 ROPE_TABLES = ("rotary_emb.inv_freq", "rotary_emb.cos_cached", "rotary_emb.sin_cached")
-# a quantised KV cache's scales (compressed-tensors' kv_cache_scheme, ModelOpt's kv_cache_quant_algo): this engine's
-# KV is held in the model's dtype, as vLLM's is with its default kv_cache_dtype (auto), which leaves them unused
+# a quantised KV cache's scales (compressed-tensors' kv_cache_scheme, ModelOpt's kv_cache_quant_algo), left unused:
+# this engine holds the KV in the model's dtype, as vLLM's default kv_cache_dtype (auto) does for most checkpoints
+# (recent vLLM takes ModelOpt's FP8 KV at its word, which this engine does not model)
 KV_SCALES = (".k_scale", ".v_scale", ".q_scale", ".prob_scale", ".kv_scale", "k_proj.output_scale", "v_proj.output_scale")
 VISION_PREFIXES = ("visual.", "vision_tower.", "multi_modal_projector.")
 
@@ -1309,8 +1320,8 @@ def load_checkpoint(directory: str | Path, device: str | torch.device = "cpu",
         state = _stacked_experts(state, mc, directory)
     model = LlamaModel(mc)
     expected = model.state_dict()
-    if mc.tie_word_embeddings:
-        state.setdefault("lm_head.weight", state.get("model.embed_tokens.weight"))
+    if mc.tie_word_embeddings and "model.embed_tokens.weight" in state:  # an lm_head stored beside is not read,
+        state["lm_head.weight"] = state["model.embed_tokens.weight"]  # as vLLM skips it and transformers re-ties it
     missing = sorted(k for k in expected if k not in state)
     if missing:
         raise CheckpointError(f"{directory}: tensor {missing[0]!r} is missing ({len(missing)} missing in all)")

@@ -105,8 +105,9 @@ def test_a_checkpoint_missing_a_tensor_is_refused_by_tensor_name(checkpoint):
 
 def test_a_checkpoint_with_a_tensor_the_model_has_no_place_for_is_refused_by_name(checkpoint):
     # loaded, the model would run without it (a bias config.json does not declare, a layer past its count):
-    # refused as vLLM's loaders refuse it; RoPE's tables older transformers saved, and the multi-token-
-    # prediction layers config.json declares after the decoder's, skipped as vLLM skips them
+    # refused, as vLLM's loaders refuse a layer past the count (they skip an undeclared bias, which GPTQ
+    # exports carry, and transformers warns and runs without it); RoPE's tables older transformers saved, and
+    # the multi-token-prediction layers config.json declares after the decoder's, skipped as vLLM skips them
     from safetensors.torch import load_file, save_file
 
     weights = checkpoint / "model.safetensors"
@@ -135,6 +136,20 @@ def test_a_checkpoint_with_a_tensor_the_model_has_no_place_for_is_refused_by_nam
     (checkpoint / "config.json").write_text(json.dumps({**cfg, "num_nextn_predict_layers": "1"}))
     with pytest.raises(CheckpointError, match="config.json: num_nextn_predict_layers must be a whole number, got '1'"):
         load_checkpoint(checkpoint)
+
+
+def test_a_tied_checkpoint_that_stores_an_lm_head_too_reads_its_embeddings(checkpoint):
+    # vLLM skips the lm_head a tied checkpoint stores and transformers ties it to the embeddings again:
+    # read last into the shared tensor, it overwrote the embeddings
+    from safetensors.torch import load_file
+
+    state = load_file(str(checkpoint / "model.safetensors"))
+    assert not torch.equal(state["lm_head.weight"], state["model.embed_tokens.weight"])
+    cfg = json.loads((checkpoint / "config.json").read_text())
+    (checkpoint / "config.json").write_text(json.dumps({**cfg, "tie_word_embeddings": True}))
+    model = load_checkpoint(checkpoint)
+    assert torch.equal(model.model.embed_tokens.weight, state["model.embed_tokens.weight"])
+    assert model.lm_head.weight is model.model.embed_tokens.weight
 
 
 def test_a_checkpoint_whose_config_disagrees_with_its_tensors_is_refused(checkpoint):

@@ -13,7 +13,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from conftest import assert_greedy_up_to_rounding, hf_greedy, hf_tiny
-from engine.checkpoint import CheckpointError, load_checkpoint
+from engine.checkpoint import CheckpointError, float8_weight, load_checkpoint
 from test_gpt_oss import generate
 from test_moe import hf_moe, prompts
 
@@ -30,20 +30,26 @@ def quantised(state: dict[str, torch.Tensor], block: tuple[int, int]) -> tuple[d
     the 8-bit values times their scales, block by block, in float32: what the loader must give back."""
     out, expected = {}, {}
     for key, w in state.items():
-        if not key.endswith("proj.weight"):
+        if not key.endswith(("proj.weight", ".experts.gate_up_proj", ".experts.down_proj")):
             out[key] = w
             continue
-        rows, cols = w.shape
-        grid = (math.ceil(rows / block[0]), math.ceil(cols / block[1]))
-        q, scales, back = torch.empty(rows, cols, dtype=torch.float8_e4m3fn), torch.empty(grid), torch.empty(rows, cols)
-        for i in range(grid[0]):
-            for j in range(grid[1]):
-                at = (slice(i * block[0], (i + 1) * block[0]), slice(j * block[1], (j + 1) * block[1]))
-                scales[i, j] = w[at].float().abs().max().clamp(min=1e-12) / FP8_MAX
-                q[at] = (w[at].float() / scales[i, j]).to(torch.float8_e4m3fn)
-                back[at] = q[at].float() * scales[i, j]
+        parts = [_quantised(m, block) for m in (w if w.dim() == 3 else [w])]  # stacked experts: each its own
+        q, scales, back = (torch.stack(x) if w.dim() == 3 else x[0] for x in zip(*parts))
         out[key], out[key + "_scale_inv"], expected[key] = q, scales, back
     return out, expected
+
+
+def _quantised(w: torch.Tensor, block: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    rows, cols = w.shape
+    grid = (math.ceil(rows / block[0]), math.ceil(cols / block[1]))
+    q, scales, back = torch.empty(rows, cols, dtype=torch.float8_e4m3fn), torch.empty(grid), torch.empty(rows, cols)
+    for i in range(grid[0]):
+        for j in range(grid[1]):
+            at = (slice(i * block[0], (i + 1) * block[0]), slice(j * block[1], (j + 1) * block[1]))
+            scales[i, j] = w[at].float().abs().max().clamp(min=1e-12) / FP8_MAX
+            q[at] = (w[at].float() / scales[i, j]).to(torch.float8_e4m3fn)
+            back[at] = q[at].float() * scales[i, j]
+    return q, scales, back
 
 
 def save_fp8(directory, block: tuple[int, int], quantization: dict) -> dict[str, torch.Tensor]:
@@ -121,12 +127,13 @@ def compressed(strategy: str, **extra) -> dict:
 
 
 @pytest.mark.parametrize("layout", ["blocks cut short", "a row (compressed-tensors)", "a tensor (compressed-tensors)",
-                                    "a tensor (ModelOpt)", "blocks (compressed-tensors)"])
+                                    "a tensor (ModelOpt)", "a row (ModelOpt, in config.json)",
+                                    "blocks (compressed-tensors)"])
 def test_fp8_weights_are_their_values_times_the_scale_of_their_block_row_or_tensor(llama, layout):
     # 5 x 7 blocks divide none of the matrices (48, 96 and 16 rows; 48 and 96 columns): the last ones are cut
     # short, as vLLM reads them; a static activation scale and a quantised KV cache's scales are left out
     block = {"blocks cut short": (5, 7), "blocks (compressed-tensors)": (16, 32)}.get(
-        layout, (10**6, 10**6) if "tensor" in layout else (1, 10**6))
+        layout, (10**6, 10**6) if "a tensor" in layout else (1, 10**6))
     expected = save_fp8(llama, block, fp8_block(block))
     if layout == "a row (compressed-tensors)":
         _restored(llama, lambda s: s.reshape(-1, 1), compressed("channel"))
@@ -134,6 +141,8 @@ def test_fp8_weights_are_their_values_times_the_scale_of_their_block_row_or_tens
         _restored(llama, lambda s: s.reshape(1), compressed("tensor"))
     elif layout == "blocks (compressed-tensors)":
         _restored(llama, lambda s: s, compressed("block", block_structure=list(block)))
+    elif layout == "a row (ModelOpt, in config.json)":
+        _restored(llama, lambda s: s.reshape(-1), {"quant_method": "modelopt", "quant_algo": "FP8_PER_CHANNEL_PER_TOKEN"})
     elif layout == "a tensor (ModelOpt)":
         _restored(llama, lambda s: s.reshape(()), modelopt={"producer": {"name": "modelopt"},
                                                             "quantization": {"quant_algo": "FP8", "kv_cache_quant_algo": "FP8"}})
@@ -145,6 +154,37 @@ def test_fp8_weights_are_their_values_times_the_scale_of_their_block_row_or_tens
     assert len(expected) == 7 * 3  # every projection of the 3 layers was quantised
     for key, t in expected.items():
         assert torch.equal(held[key], t), key
+
+
+def test_fp8_scales_may_be_floats_or_powers_of_two_stored_as_bytes():
+    # E8M0 (MXFP8's): 2 ** (byte - 127), as transformers reads a byte scale, or torch's float8_e8m0fnu
+    torch.manual_seed(0)
+    w = torch.randn(8, 6).to(torch.float8_e4m3fn)
+    exponents = torch.randint(120, 135, (8, 2), dtype=torch.uint8)
+    powers = torch.tensor(2.0) ** (exponents.float() - 127)
+    assert torch.equal(float8_weight(w, exponents, (1, 3)), w.float() * powers.repeat_interleave(3, dim=1))
+    assert torch.equal(float8_weight(w, powers.to(torch.float8_e8m0fnu), (1, 3)), w.float() * powers.repeat_interleave(3, 1))
+    half = torch.rand(8, 1).to(torch.bfloat16)
+    assert torch.equal(float8_weight(w, half, None), w.float() * half.float())
+    with pytest.raises(ValueError, match="scales of dtype torch.int32 are neither floats nor powers of two"):
+        float8_weight(w, exponents.to(torch.int32), (1, 3))
+
+
+def test_llama4s_stacked_experts_in_fp8_are_their_values_times_their_scales(tmp_path):
+    # experts stacked in one tensor a layer, as Llama 4 stores them, beside a scale a block of each expert
+    # (NAME_scale_inv, as transformers names a stacked tensor's), then transposed as the model holds them
+    from test_llama4 import hf_llama4
+
+    hf_llama4().save_pretrained(tmp_path)
+    expected = save_fp8(tmp_path, (8, 8), fp8_block((8, 8)))
+    assert expected["model.layers.1.feed_forward.experts.gate_up_proj"].shape == (4, 48, 64)
+    held = load_checkpoint(tmp_path).state_dict()
+    for layer in (1, 3):
+        for name in ("gate_up_proj", "down_proj"):
+            stored = expected[f"model.layers.{layer}.feed_forward.experts.{name}"]
+            assert torch.equal(held[f"model.layers.{layer}.mlp.experts.{name}"], stored.transpose(1, 2))
+    assert torch.equal(held["model.layers.1.mlp.shared_expert.gate_proj.weight"],
+                       expected["model.layers.1.feed_forward.shared_expert.gate_proj.weight"])
 
 
 def test_a_broken_fp8_checkpoint_is_refused_by_name(llama):

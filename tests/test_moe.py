@@ -126,6 +126,11 @@ def test_a_moe_checkpoint_that_does_not_match_its_config_is_refused_by_name(tmp_
     (tmp_path / "config.json").write_text(json.dumps({**cfg, "num_experts_per_tok": 9}))
     with pytest.raises(CheckpointError, match=r"experts_per_token must be in \[1, num_experts=4\], got 9"):
         load_checkpoint(tmp_path)
+    # fewer experts declared than stored: those past the count would be left out of the model, as vLLM refuses them
+    (tmp_path / "config.json").write_text(json.dumps({**cfg, "num_local_experts": 3, "num_experts_per_tok": 2}))
+    with pytest.raises(CheckpointError, match=r"tensor 'model.layers.0.block_sparse_moe.experts.3.w1.weight' has no "
+                                              r"place in the model config.json describes \(9 such in all\)"):
+        load_checkpoint(tmp_path)
     (tmp_path / "config.json").write_text(json.dumps({**cfg, "model_type": "qwen3_moe", "num_local_experts": None,
                                                       "num_experts": 4, "decoder_sparse_step": 0}))
     with pytest.raises(CheckpointError, match="decoder_sparse_step must be > 0, got 0"):
