@@ -75,9 +75,9 @@ class RopeScaling:
             raise ValueError(f"rope scaling: kind {self.kind!r} is not one of {', '.join(self.KINDS)}")
         if not self.factor > 0:
             raise ValueError(f"rope scaling: factor must be > 0, got {self.factor}")
-        if self.kind == "llama3":
-            if not 0 < self.low_freq_factor < self.high_freq_factor:
-                raise ValueError(f"rope scaling: needs 0 < low_freq_factor < high_freq_factor, got "
+        if self.kind == "llama3":  # equal factors (Llama 4 Scout's 1 and 1): no band blended, as transformers reads them
+            if not 0 < self.low_freq_factor <= self.high_freq_factor:
+                raise ValueError(f"rope scaling: needs 0 < low_freq_factor <= high_freq_factor, got "
                                  f"{self.low_freq_factor} and {self.high_freq_factor}")
         if self.kind in ("llama3", "yarn") and self.original_max_position <= 0:
             raise ValueError(f"rope scaling: original_max_position must be > 0, got {self.original_max_position}")

@@ -238,7 +238,7 @@ def _edit_config(checkpoint, **fields):
     ({"rope_type": "llama3", "factor": 8.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 64},
      "rope type 'llama3' needs 'low_freq_factor'"),
     ({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 4.0, "high_freq_factor": 1.0,
-      "original_max_position_embeddings": 64}, "low_freq_factor < high_freq_factor"),
+      "original_max_position_embeddings": 64}, "low_freq_factor <= high_freq_factor"),
     ({"rope_type": "linear", "factor": 0}, "factor must be > 0"),
 ])
 def test_a_checkpoint_with_a_rope_scaling_it_cannot_apply_is_refused_by_name(checkpoint, rope, match):

@@ -48,9 +48,15 @@ def hf_llama4(dtype: torch.dtype = torch.float32, **extra):
     return hf.to(dtype)
 
 
-@pytest.mark.parametrize("top_k", [1, 2])
-def test_a_llama4_checkpoint_generates_what_transformers_generates(tmp_path, top_k):
-    hf = hf_llama4(num_experts_per_tok=top_k)
+SCOUT_ROPE = {"rope_type": "llama3", "rope_theta": 100.0, "factor": 16.0, "low_freq_factor": 1.0,
+              "high_freq_factor": 1.0, "original_max_position_embeddings": 64}  # Scout's, its context shrunk
+
+
+@pytest.mark.parametrize("top_k, rope", [(1, None), (2, None), (1, SCOUT_ROPE)])
+def test_a_llama4_checkpoint_generates_what_transformers_generates(tmp_path, top_k, rope):
+    # Scout's RoPE scaling (Llama 3's with equal factors: wavelengths past the original context divided by the
+    # factor, no band blended) and Maverick's (none)
+    hf = hf_llama4(num_experts_per_tok=top_k, **({"rope_parameters": rope} if rope else {}))
     hf.save_pretrained(tmp_path)
     model = load_checkpoint(tmp_path)
     mc = model.config
