@@ -172,9 +172,11 @@ def _rope(cfg: dict, path: Path) -> tuple[float, RopeScaling | None]:
     params = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
     if not isinstance(params, dict):
         raise CheckpointError(f"{path}: rope parameters must be an object, got {params!r}")
-    kind = params.get("rope_type", params.get("type", "default"))
+    kind = params.get("rope_type") or params.get("type") or "default"  # a null rope_type names none
     if kind == "mrope":  # Qwen2.5-VL's multimodal RoPE: on text, whose three position indices are equal, the plain one
         kind = "default"
+    if kind == "su":  # LongRoPE's first name, which early Phi-3 configs and vLLM still take
+        kind = "longrope"
     if kind not in ("default", None, *RopeScaling.KINDS):
         raise CheckpointError(f"{path}: rope type {kind!r} is not supported "
                               f"(the default rotary embedding, {', '.join(RopeScaling.KINDS)})")
@@ -186,12 +188,32 @@ def _rope(cfg: dict, path: Path) -> tuple[float, RopeScaling | None]:
             return theta, RopeScaling("linear", float(params["factor"]))
         if kind == "yarn":
             return theta, _yarn(params, cfg)
+        if kind == "longrope":
+            return theta, _longrope(params, cfg)
         return theta, RopeScaling("llama3", float(params["factor"]), float(params["low_freq_factor"]),
                                   float(params["high_freq_factor"]), int(params["original_max_position_embeddings"]))
     except KeyError as exc:
         raise CheckpointError(f"{path}: rope type {kind!r} needs {exc.args[0]!r}") from exc
     except (TypeError, ValueError) as exc:
         raise CheckpointError(f"{path}: {exc}") from exc
+
+
+def _longrope(params: dict, cfg: dict) -> RopeScaling:
+    """LongRoPE's factors as transformers reads them: the original context from config.json's top level (Phi-3's),
+    else the rope parameters'; ``factor``, where none is given, the declared context over the original one."""
+    original = _int(cfg if cfg.get("original_max_position_embeddings") is not None else params,
+                    "original_max_position_embeddings")
+    factors = {}
+    for key in ("short_factor", "long_factor"):
+        value = params[key]
+        if not isinstance(value, list) or not all(isinstance(f, (int, float)) and not isinstance(f, bool) for f in value):
+            raise ValueError(f"rope parameters' {key} must be a list of numbers, got {value!r:.100}")
+        factors[key] = tuple(float(f) for f in value)
+    factor = _float(params, "factor")
+    if factor is None:
+        factor = _int(cfg, "max_position_embeddings", 2048) / original if original > 0 else 1.0
+    return RopeScaling("longrope", factor, original_max_position=original,
+                       attention_factor=_float(params, "attention_factor"), **factors)
 
 
 def _yarn_context(params: dict, cfg: dict) -> tuple[int, float]:
@@ -321,6 +343,8 @@ def _read_config(directory: str | Path, run: bool) -> tuple[ModelConfig, list[st
         if run:
             raise
         theta, scaling = 10000.0, None  # sizes and the cost model read no rotary embedding
+    if not run and scaling is not None and scaling.kind == "longrope":
+        scaling = None  # nor LongRoPE's factors, whose count only the rotation checks
     try:
         heads, hidden = _int(cfg, "num_attention_heads"), _int(cfg, "hidden_size")
         if heads <= 0:

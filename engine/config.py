@@ -55,7 +55,11 @@ class RopeScaling:
     kept, those that turn less than ``beta_slow`` times are divided by ``factor``, and those between
     are blended linearly in their dimension (the range's ends rounded outwards unless ``truncate`` is
     false); cos and sin are then scaled by ``attention_factor`` (0.1 ln(factor) + 1 unless the
-    checkpoint gives one), which scales the logits by its square.
+    checkpoint gives one), which scales the logits by its square. ``longrope`` (Phi-3's 128k contexts,
+    Phi-3.5, Phi-4-mini): each frequency divided by its own factor, ``long_factor``'s where the engine serves
+    contexts longer than ``original_max_position``, ``short_factor``'s otherwise (as vLLM decides it, by its
+    max_model_len, once), cos and sin scaled by ``attention_factor`` (sqrt(1 + ln(factor) / ln(original
+    context)) unless the checkpoint gives one, ``factor`` the declared context over the original).
     """
 
     kind: str
@@ -67,8 +71,10 @@ class RopeScaling:
     beta_slow: float = 1.0
     truncate: bool = True
     attention_factor: float | None = None
+    short_factor: tuple[float, ...] = ()
+    long_factor: tuple[float, ...] = ()
 
-    KINDS = ("linear", "llama3", "yarn")
+    KINDS = ("linear", "llama3", "yarn", "longrope")
 
     def __post_init__(self) -> None:
         if self.kind not in self.KINDS:
@@ -79,7 +85,11 @@ class RopeScaling:
             if not 0 < self.low_freq_factor <= self.high_freq_factor:
                 raise ValueError(f"rope scaling: needs 0 < low_freq_factor <= high_freq_factor, got "
                                  f"{self.low_freq_factor} and {self.high_freq_factor}")
-        if self.kind in ("llama3", "yarn") and self.original_max_position <= 0:
+        if self.kind == "longrope" and not (self.short_factor and len(self.short_factor) == len(self.long_factor)
+                                            and all(is_positive(f) for f in self.short_factor + self.long_factor)):
+            raise ValueError(f"rope scaling: longrope needs short_factor and long_factor, as many numbers > 0 each, "
+                             f"got {self.short_factor!r:.100} and {self.long_factor!r:.100}")
+        if self.kind in ("llama3", "yarn", "longrope") and self.original_max_position <= 0:
             raise ValueError(f"rope scaling: original_max_position must be > 0, got {self.original_max_position}")
         if self.kind == "yarn":
             for name in ("beta_fast", "beta_slow", "attention_factor"):
@@ -93,10 +103,12 @@ class RopeScaling:
     def cos_scale(self) -> float:
         """What cos and sin are multiplied by: YaRN's attention factor (0.1 ln(factor) + 1 where the
         checkpoint gives none, as transformers and vLLM compute it), 1 for the others."""
-        if self.kind != "yarn":
+        if self.kind not in ("yarn", "longrope"):
             return 1.0
         if self.attention_factor is not None:
             return float(self.attention_factor)
+        if self.kind == "longrope":
+            return math.sqrt(1 + math.log(self.factor) / math.log(self.original_max_position)) if self.factor > 1 else 1.0
         return 0.1 * math.log(self.factor) + 1.0 if self.factor > 1 else 1.0
 
 
@@ -280,6 +292,10 @@ class ModelConfig:
         if self.rotary_dim < 2 or self.rotary_dim % 2:
             raise ValueError(f"RoPE rotates pairs: {self.partial_rotary} of a {self.head_dim}-feature head is "
                              f"{self.rotary_dim} features")
+        if self.rope_scaling is not None and self.rope_scaling.kind == "longrope" \
+                and len(self.rope_scaling.short_factor) != self.rotary_dim // 2:
+            raise ValueError(f"rope scaling: longrope needs a factor for each of the {self.rotary_dim // 2} frequencies "
+                             f"RoPE turns by, got {len(self.rope_scaling.short_factor)}")
         self._check_router()
         if self.qk_norm_across_heads and not self.qk_norm:
             raise ValueError("qk_norm_across_heads says how qk_norm norms: it needs qk_norm")

@@ -94,8 +94,11 @@ def scaled(inv_freq: torch.Tensor, scaling: RopeScaling) -> torch.Tensor:
     long_wave = scaling.original_max_position / scaling.low_freq_factor   # longer: divided by factor
     short_wave = scaling.original_max_position / scaling.high_freq_factor  # shorter: kept
     stretched = torch.where(wavelength > long_wave, inv_freq / scaling.factor, inv_freq)
-    blend = ((scaling.original_max_position / wavelength - scaling.low_freq_factor)
-             / (scaling.high_freq_factor - scaling.low_freq_factor))
+    if scaling.high_freq_factor == scaling.low_freq_factor:  # no band between (Llama 4 Scout's): vLLM's 0, not 0 / 0
+        blend = torch.zeros_like(wavelength)
+    else:
+        blend = ((scaling.original_max_position / wavelength - scaling.low_freq_factor)
+                 / (scaling.high_freq_factor - scaling.low_freq_factor))
     blended = (1 - blend) * stretched / scaling.factor + blend * stretched
     between = (wavelength >= short_wave) & (wavelength <= long_wave)
     return torch.where(between, blended, stretched)
@@ -133,10 +136,21 @@ class Rotary(nn.Module):
         super().__init__()
         powers = theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim)
         inv_freq = 1.0 / powers
-        if scaling is not None:
+        self.longrope: tuple[torch.Tensor, torch.Tensor] | None = None  # LongRoPE's short and long frequencies
+        if scaling is not None and scaling.kind == "longrope":  # each frequency divided by its own factor
+            self.longrope = tuple(1.0 / (torch.tensor(f, dtype=torch.float32) * powers)
+                                  for f in (scaling.short_factor, scaling.long_factor))
+            inv_freq = self.longrope[0]
+        elif scaling is not None:
             inv_freq = _yarn(powers, scaling, theta) if scaling.kind == "yarn" else scaled(inv_freq, scaling)
         self.register_buffer("inv_freq", inv_freq, persistent=False)
         self.cos_scale = 1.0 if scaling is None else scaling.cos_scale
+
+    def use_long_factors(self, long: bool) -> None:
+        """Rotate by LongRoPE's long factors (``long``) or its short ones; vLLM picks them once, long where
+        its max_model_len passes the original context (the engine calls this as it starts)."""
+        if self.longrope is not None:
+            self.inv_freq = self.longrope[long].to(self.inv_freq.device)
 
     def _apply(self, fn, recurse=True):
         # Module.to(dtype) (and .half(), .bfloat16()) casts floating buffers too: keep the float32
@@ -144,6 +158,8 @@ class Rotary(nn.Module):
         exact = self.inv_freq
         super()._apply(fn, recurse)
         self.inv_freq = exact.to(self.inv_freq.device)
+        if self.longrope is not None:
+            self.longrope = tuple(t.to(self.inv_freq.device) for t in self.longrope)
         return self
 
     def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:

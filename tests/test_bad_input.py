@@ -225,7 +225,14 @@ def _edit_config(checkpoint, **fields):
 
 
 @pytest.mark.parametrize("rope, match", [
-    ({"rope_type": "longrope", "factor": 4.0}, "rope type 'longrope' is not supported"),
+    ({"rope_type": "longrope", "factor": 4.0}, "rope type 'longrope' needs 'original_max_position_embeddings'"),
+    ({"rope_type": "longrope", "original_max_position_embeddings": 64}, "rope type 'longrope' needs 'short_factor'"),
+    ({"rope_type": "longrope", "short_factor": [1.0, "2"], "long_factor": [1.0, 2.0],
+      "original_max_position_embeddings": 64}, "rope parameters' short_factor must be a list of numbers"),
+    ({"rope_type": "longrope", "short_factor": [1.0, 0.0], "long_factor": [1.0, 2.0],
+      "original_max_position_embeddings": 64}, "longrope needs short_factor and long_factor, as many numbers > 0 each"),
+    ({"rope_type": "longrope", "short_factor": [1.0] * 3, "long_factor": [2.0] * 3,
+      "original_max_position_embeddings": 64}, "longrope needs a factor for each of the 4 frequencies RoPE turns by, got 3"),
     ({"rope_type": "yarn"}, "rope type 'yarn' needs 'factor'"),
     ({"rope_type": "yarn", "factor": 4.0, "beta_fast": -1.0}, "beta_fast must be a number > 0, got -1.0"),
     ({"rope_type": "yarn", "factor": 4.0, "truncate": "no"}, "truncate must be true or false, got 'no'"),

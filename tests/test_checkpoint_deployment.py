@@ -354,15 +354,15 @@ def test_a_checkpoint_path_may_start_at_home(tmp_path, monkeypatch):
 
 
 def test_sizing_reads_past_what_only_running_the_weights_needs(tmp_path):
-    # Phi-3.5's LongRoPE, a GELU or MLP biases change the arithmetic, not the memory or the cost
-    # model's time: a deployment is sized from them, where loading the weights refuses them
+    # a LongRoPE whose factors do not fit the heads, a GELU or MLP biases change the arithmetic, not the memory
+    # or the cost model's time: a deployment is sized from them, where loading the weights refuses them
     from engine.checkpoint import CheckpointError, read_config
 
     longrope = {**QWEN25_7B, "rope_scaling": {"type": "longrope", "short_factor": [1.0], "long_factor": [2.0],
                                               "original_max_position_embeddings": 4096}}
     directory = checkpoint(tmp_path, "longrope", longrope)
     assert deployment(f"{directory}@h100").model.param_count() == 7_615_616_512
-    with pytest.raises(CheckpointError, match="rope type 'longrope' is not supported"):
+    with pytest.raises(CheckpointError, match="longrope needs a factor for each of the 64 frequencies RoPE turns by, got 1"):
         read_config(directory)
     # Qwen's YaRN block is run as well as sized, and extends the context as vLLM extends it
     yarn = {**QWEN25_7B, "rope_scaling": {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}}

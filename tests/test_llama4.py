@@ -193,7 +193,37 @@ def test_a_multimodal_llama4_checkpoint_loads_its_text_model_and_counts_its_towe
     m, _ = read_sizes(tmp_path)
     assert m.param_count() == hf.num_parameters() and m.encoder_params == sum(
         p.numel() for mod in (hf.vision_model, hf.multi_modal_projector) for p in mod.parameters())
-    with torch.device("meta"):  # Llama 4 Scout, as transformers' defaults build it: 108,225,039,360 parameters
-        scout = transformers.Llama4ForConditionalGeneration(transformers.Llama4Config())
+    with torch.device("meta"):  # Llama 4 with transformers' defaults (Scout's text model, another tower)
+        built = transformers.Llama4ForConditionalGeneration(transformers.Llama4Config())
     (tmp_path / "config.json").write_text(json.dumps(transformers.Llama4Config().to_dict()))
-    assert read_sizes(tmp_path)[0].param_count() == scout.num_parameters() == 108_225_039_360
+    assert read_sizes(tmp_path)[0].param_count() == built.num_parameters() == 108_225_039_360
+
+
+# Llama-4-Scout-17B-16E-Instruct's config.json's fields where they differ from transformers' defaults
+SCOUT_TEXT = {"attn_temperature_tuning": 4, "no_rope_layers": [], "moe_layers": list(range(48)),
+              "max_position_embeddings": 10_485_760, "rope_theta": 500_000.0,
+              "rope_scaling": {"rope_type": "llama3", "factor": 16.0,
+              "low_freq_factor": 1.0, "high_freq_factor": 1.0, "original_max_position_embeddings": 8192}}
+SCOUT_VISION = {"hidden_size": 1408, "vision_output_dim": 4096, "image_size": 336}
+
+
+def test_scouts_published_fields_are_read_and_counted_as_transformers_builds_them(tmp_path):
+    # its attn_temperature_tuning is a number (4: true, as transformers 4 and vLLM read it; transformers 5
+    # refuses it, so its build below takes true), its no_rope_layers empty (transformers' every fourth), its
+    # RoPE Llama 3's with equal factors (once refused here)
+    cfg = {**transformers.Llama4Config(vision_config=SCOUT_VISION).to_dict(), "torch_dtype": "bfloat16"}
+    cfg["text_config"] = {**cfg["text_config"], **SCOUT_TEXT}
+    cfg["text_config"].pop("rope_parameters", None)
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    mc = read_config(tmp_path)
+    assert mc.attn_temperature == (8192.0, 0.1) and mc.nope_layers == tuple(range(3, 48, 4))
+    assert (mc.rope_scaling.kind, mc.rope_scaling.low_freq_factor, mc.rope_scaling.high_freq_factor) == ("llama3", 1, 1)
+    assert mc.dense_layers == () and mc.window_layers == tuple(i for i in range(48) if (i + 1) % 4)
+    text = {**SCOUT_TEXT, "attn_temperature_tuning": True, "rope_parameters": {"rope_theta": 500_000.0,
+                                                                              **SCOUT_TEXT["rope_scaling"]}}
+    del text["rope_scaling"], text["rope_theta"]
+    with torch.device("meta"):
+        built = transformers.Llama4ForConditionalGeneration(transformers.Llama4Config(
+            text_config=text, vision_config=SCOUT_VISION))
+    assert read_sizes(tmp_path)[0].param_count() == built.num_parameters() == 108_641_793_536
+    assert torch.isfinite(Rotary(mc.rotary_dim, mc.rope_theta, mc.rope_scaling).inv_freq).all()
