@@ -16,6 +16,7 @@ from engine.checkpoint import load_checkpoint
 from engine.config import EngineConfig
 from engine.engine import Engine
 from engine.request import Request
+from rlctl.bench.engine import hf_twin
 from test_moe import prompts
 
 transformers = pytest.importorskip("transformers")
@@ -63,6 +64,9 @@ def test_a_longrope_checkpoint_generates_what_transformers_generates(tmp_path, p
     assert torch.equal(model.rotary.inv_freq, model.rotary.longrope[1])
     model.rotary.cos_scale = 1.0  # without the attention factor the tokens change
     assert generate(model, past, 64) != outputs
+    with pytest.raises(ValueError, match="no transformers twin is built here of " + ("LongRoPE" if partial == 1 else
+                                                                                   "latent attention, .*partial")):
+        hf_twin(model)  # a twin would pick its factors by another rule
 
 
 def test_longrope_is_read_under_its_first_name_and_its_own_attention_factor(tmp_path):

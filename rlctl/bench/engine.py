@@ -68,6 +68,9 @@ def hf_rope_scaling(scaling: RopeScaling | None) -> dict | None:
     """``scaling`` as transformers' config writes it (``rope_scaling``)."""
     if scaling is None:
         return None
+    if scaling.kind == "longrope":  # transformers picks its factors by each pass's length, the engine as vLLM does
+        raise ValueError("no transformers twin is built here of LongRoPE, whose factors transformers picks by "
+                         "each forward pass's length: load its checkpoint with transformers' own class")
     if scaling.kind == "linear":
         return {"rope_type": "linear", "factor": scaling.factor}
     if scaling.kind == "yarn":
