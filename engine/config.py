@@ -215,8 +215,7 @@ class ModelConfig:
     # Llama 4's: its window_layers attend within aligned chunks of sliding_window tokens (a query at position p
     # sees the keys from p - p % sliding_window to p) rather than the last sliding_window; its rotating layers'
     # q and k heads normed after RoPE, without a weight (``qk_l2_norm``); its NoPE layers' queries times
-    # log1p(floor((p + 1) / floor_scale)) x attn_scale + 1 (``attn_temperature``: (floor_scale, attn_scale)).
-    # The clocks charge a chunked layer's reads as a window's, min(context, sliding_window): at most what it reads
+    # log1p(floor((p + 1) / floor_scale)) x attn_scale + 1 (``attn_temperature``: (floor_scale, attn_scale))
     window_chunked: bool = False
     qk_l2_norm: bool = False
     attn_temperature: tuple[float, float] | None = None

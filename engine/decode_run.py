@@ -150,6 +150,10 @@ def decode_run(engine, until: float | None) -> int:
     window = getattr(cost, "window", None)  # a cost model of one's own may have none
     if window is None:
         durations = cost.iterations_s(nd, context, context)
+    elif getattr(cost, "window_chunked", False):  # a chunked layer's decode at iteration j reads its chunk's keys
+        done = np.array([q.num_computed for q in running], dtype=np.int64)  # up to its own, at done + j - 1
+        seen = ((done[None, :] + j[:, None] - 1) % window + 1).sum(axis=1)
+        durations = cost.iterations_s(nd, context, context, seen, seen)
     else:  # a windowed layer's decode at iteration j reads min(its context, the window) keys: summed
         # over the sequences, those still short of the window (done + j < window) give done + j each
         done = np.sort(np.array([q.num_computed for q in running], dtype=np.int64))

@@ -204,7 +204,8 @@ class ProfiledExecutor:
         window = getattr(self.cost, "window", None)  # a cost model of one's own may have none
         if window is None:
             return tokens, self.cost.iteration_s(batch_tokens(work))
-        return tokens, self.cost.iteration_s(batch_tokens(work), batch_tokens(work, window))
+        chunked = getattr(self.cost, "window_chunked", False)
+        return tokens, self.cost.iteration_s(batch_tokens(work), batch_tokens(work, window, chunked))
 
     def timed(self, fn: Callable[[], int], link: str) -> float:
         return self.cost.copy_s(fn(), link)

@@ -62,7 +62,8 @@ class RooflineCostModel:
 
     An encoder beside the decoder (a multimodal checkpoint's vision tower) is never read for text.
     A layer that attends through a sliding window (``window``) reads and scores only the keys within
-    it, as vLLM's kernels do: the iteration's shape as it sees it comes as ``windowed``.
+    it, as vLLM's kernels do, and a chunked one (``window_chunked``: Llama 4's) those of its chunk: the
+    iteration's shape as it sees it comes as ``windowed``.
     A mixture of experts counts the parameters a token passes through (its ``experts_per_token``
     experts and the router) for FLOPs, and reads the experts its tokens pick: with n tokens
     routed independently and evenly, E x (1 - (1 - k / E)^n) of a layer's E experts, so a decode
@@ -104,6 +105,11 @@ class RooflineCostModel:
     def window(self) -> int | None:
         """The sliding window the model's windowed layers attend through; None without one."""
         return self._window
+
+    @property
+    def window_chunked(self) -> bool:
+        """Whether those layers attend within aligned chunks of ``window`` keys (Llama 4's), not the last ``window``."""
+        return self.model.window_chunked
 
     def iteration_s(self, shape: BatchShape, windowed: BatchShape | None = None) -> float:
         """``shape``'s duration; ``windowed``: the same iteration as a windowed layer sees it (None: as
@@ -185,8 +191,9 @@ class Deployment:
         m = self.model
         if not m.window_layers:
             return ""
+        kind = "chunk" if m.window_chunked else "window"
         return (f"; {len(m.window_layers)} of its {m.num_layers} layers attend through a {m.sliding_window}-token "
-                "window, their KV counted whole here where vLLM v1 keeps only the window's: vLLM may serve this context")
+                f"{kind}, their KV counted whole here where vLLM v1 keeps only the {kind}'s: vLLM may serve this context")
 
     def num_blocks(self) -> int:
         return self.kv_bytes() // (self.model.kv_bytes_per_token() * self.block_size)

@@ -40,11 +40,11 @@ class BatchShape(NamedTuple):
     attended: int        # (query, key) pairs attention scores, causal within a chunk
 
 
-def batch_tokens(work: list[Work], window: int | None = None) -> BatchShape:
-    """What ``work`` computes, as a layer attending through a sliding ``window`` sees it (None: full
-    attention, every key up to each query)."""
+def batch_tokens(work: list[Work], window: int | None = None, chunked: bool = False) -> BatchShape:
+    """What ``work`` computes, as a layer attending through a sliding ``window`` sees it, or (``chunked``)
+    within aligned chunks of ``window`` keys (None: full attention, every key up to each query)."""
     if window is not None:
-        seen = [windowed(w.num_tokens, w.seq.num_computed + w.num_tokens, window) for w in work]
+        seen = [windowed(w.num_tokens, w.seq.num_computed + w.num_tokens, window, chunked) for w in work]
         return BatchShape(sum(w.num_tokens for w in work), sum(k for k, _ in seen), sum(p for _, p in seen))
     num_tokens = context = attended = 0  # every iteration's: kept to plain arithmetic
     for w in work:
@@ -55,11 +55,17 @@ def batch_tokens(work: list[Work], window: int | None = None) -> BatchShape:
     return BatchShape(num_tokens, context, attended)
 
 
-def windowed(n: int, end: int, window: int | None) -> tuple[int, int]:
+def windowed(n: int, end: int, window: int | None, chunked: bool = False) -> tuple[int, int]:
     """The keys a chunk of ``n`` queries ending at context ``end`` reads and the (query, key) pairs it
-    scores, causally, each query seeing the last ``window`` keys up to its own (None: all of them)."""
+    scores, causally, each query seeing the last ``window`` keys up to its own (None: all of them), or
+    (``chunked``: Llama 4's) those of its aligned chunk of ``window`` keys up to its own."""
     if window is None or end <= window:
         return end, n * end - n * (n - 1) // 2
+    if chunked:  # the query at position p (from 0) sees p % window + 1 keys, from its chunk's first on
+        def pairs(x: int) -> int:  # the queries' at positions 0 .. x - 1
+            full, rest = divmod(x, window)
+            return full * window * (window + 1) // 2 + rest * (rest + 1) // 2
+        return end - (end - n) // window * window, pairs(end) - pairs(end - n)
     first = end - n + 1  # the first query sees keys 1 .. first, the last 1 .. end (counting from 1)
     below = max(0, window - first + 1)  # queries that see fewer keys than the window: first .. window
     pairs = (first + window) * below // 2 + (n - below) * window

@@ -71,8 +71,9 @@ def trace_load(trace: str, deployment: Deployment, max_tokens: str, load: float)
     if w is None:
         decode, prefill = cost.iteration_s(decode), cost.iteration_s(prefill)
     else:
-        decode = cost.iteration_s(decode, BatchShape(batch, *(batch * x for x in windowed(1, context, w))))
-        prefill = cost.iteration_s(prefill, BatchShape(chunk, *windowed(chunk, chunk, w)))
+        chunked = getattr(cost, "window_chunked", False)
+        decode = cost.iteration_s(decode, BatchShape(batch, *(batch * x for x in windowed(1, context, w, chunked))))
+        prefill = cost.iteration_s(prefill, BatchShape(chunk, *windowed(chunk, chunk, w, chunked)))
     prefill = prefill * p / max(chunk, 1)
     sustainable = 1.0 / (prefill + o * decode / batch)
     return Load(rps, p, o, batch, sustainable, load)

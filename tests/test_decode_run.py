@@ -135,9 +135,11 @@ def test_sglangs_code_marks_its_batch_full_in_the_middle_of_a_run_as_stepping_do
 
 def test_a_windowed_clock_keeps_the_same_books_and_charges_only_the_window():
     # a roofline clock whose layers 1 and 3 of 4 read the last 64 keys: decodes past the window cost
-    # less than under full attention, and runs of them advanced at once keep the books of stepping
-    def books(window: int | None, fast: bool):
-        model = ModelConfig(num_layers=4, sliding_window=window, window_layers=(1, 3) if window else ())
+    # less than under full attention, and runs of them advanced at once keep the books of stepping; read
+    # in chunks of 64 (Llama 4's), each query reads its chunk's keys up to its own, fewer again
+    def books(window: int | None, fast: bool, chunked: bool = False):
+        model = ModelConfig(num_layers=4, sliding_window=window, window_layers=(1, 3) if window else (),
+                            window_chunked=chunked)
         cfg = EngineConfig(num_blocks=256, max_num_seqs=8, max_num_batched_tokens=256, max_model_len=2048)
         eng = Engine(ModelConfig(), cfg, executor=ProfiledExecutor(RooflineCostModel(L40S_48GB, model)),
                      fast_forward=fast)
@@ -149,6 +151,9 @@ def test_a_windowed_clock_keeps_the_same_books_and_charges_only_the_window():
     windowed = books(64, fast=False)
     assert windowed == books(64, fast=True)
     assert windowed[-1] < books(None, fast=False)[-1]  # the same work, sooner
+    chunked = books(64, fast=False, chunked=True)
+    assert chunked == books(64, fast=True, chunked=True)
+    assert chunked[-1] < windowed[-1]
 
 
 def test_a_windowed_chunk_reads_and_scores_what_a_brute_count_finds():
@@ -163,4 +168,10 @@ def test_a_windowed_chunk_reads_and_scores_what_a_brute_count_finds():
                     keys.update(seen)
                     pairs += len(seen)
                 assert windowed(n, end, window) == (len(keys), pairs), (n, end, window)
+                keys, pairs = set(), 0  # in aligned chunks of the window's length (Llama 4's)
+                for q in range(end - n + 1, end + 1):
+                    seen = range((q - 1) // window * window + 1, q + 1)
+                    keys.update(seen)
+                    pairs += len(seen)
+                assert windowed(n, end, window, chunked=True) == (len(keys), pairs), (n, end, window)
     assert windowed(5, 40, None) == (40, 5 * 40 - 10)  # full attention
