@@ -717,11 +717,11 @@ def _llama4(cfg: dict, mc: ModelConfig) -> ModelConfig:
     width = _int(cfg, "intermediate_size")
     tempered = None
     if cfg.get("attn_temperature_tuning") and nope:
-        tempered = (float(_positive(cfg, "floor_scale")), float(_positive(cfg, "attn_scale")))
+        tempered = (_positive(cfg, "floor_scale"), _positive(cfg, "attn_scale"))
     mc = replace(mc, intermediate_size=_int(cfg, "intermediate_size_mlp"), num_experts=_int(cfg, "num_local_experts"),
                  experts_per_token=_int(cfg, "num_experts_per_tok"), moe_intermediate_size=width,
                  shared_expert_intermediate_size=width, shared_expert_gate=False, router="sigmoid_input",
-                 dense_layers=tuple(i for i in range(layers) if i not in set(moe)), nope_layers=nope,
+                 dense_layers=tuple(sorted(set(range(layers)) - set(moe))), nope_layers=nope,
                  qk_l2_norm=bool(cfg.get("use_qk_norm")), rope_interleaved=True, attn_temperature=tempered)
     if chunked and chunk < mc.max_position:  # a chunk as long as the context masks nothing
         mc = replace(mc, sliding_window=int(chunk), window_layers=tuple(chunked), window_chunked=True)

@@ -244,7 +244,7 @@ class LatentAttention(nn.Module):
 
     def __init__(self, cfg: ModelConfig, layer: int) -> None:
         super().__init__()
-        self.layer, self.num_heads, self.windowed = layer, cfg.num_heads, False
+        self.layer, self.num_heads, self.windowed, self.tempered = layer, cfg.num_heads, False, False
         self.nope, self.rope_dim, self.rank, self.v_dim = (cfg.qk_nope_head_dim, cfg.qk_rope_head_dim,
                                                            cfg.kv_lora_rank, cfg.v_head_dim)
         h, q, bias = cfg.hidden_size, cfg.num_heads * cfg.head_dim, cfg.o_bias  # attention_bias
@@ -441,7 +441,7 @@ class InputWeighedMoE(nn.Module):
         weighed = (x[:, None, :] * torch.sigmoid(top.float()).to(x.dtype)[:, :, None]).reshape(n * k, -1)
         ones = torch.ones(n * k, 1, dtype=x.dtype, device=x.device)
         out = routed(weighed, picked.reshape(n * k, 1), ones, self.experts.one).view(n, k, -1)
-        return self.shared_expert(x) + (out[:, 0] if k == 1 else out.sum(dim=1))
+        return self.shared_expert(x) + out.sum(dim=1)
 
 
 class ClampedExperts(nn.Module):
@@ -570,7 +570,7 @@ class LlamaModel(nn.Module):
             tempered = (torch.log1p(torch.floor((positions.float() + 1.0) / floor_scale)) * attn_scale + 1.0)[:, None, None]
         for layer in self.model.layers:
             attn = layer.self_attn
-            x = layer(x, tempered if getattr(attn, "tempered", False) else local if attn.windowed else rope, batch, pool)
+            x = layer(x, tempered if attn.tempered else local if attn.windowed else rope, batch, pool)
         if batch.logit_rows is not None:
             x = x[batch.logit_rows]
         logits = softcap(self.lm_head(self.model.norm(x)), self.config.logit_softcap)
