@@ -166,13 +166,19 @@ class CheckpointError(ValueError):
     """A checkpoint directory that cannot be loaded; the message says which file and why."""
 
 
+def _rope_kind(params: dict) -> str | None:
+    """The RoPE scaling's kind: ``rope_type`` (transformers 5), else ``type`` (earlier releases), where a null
+    ``rope_type`` names none."""
+    return params.get("rope_type") or params.get("type")
+
+
 def _rope(cfg: dict, path: Path) -> tuple[float, RopeScaling | None]:
     """RoPE's base and scaling, from ``rope_parameters`` (transformers 5) or ``rope_scaling`` and
     ``rope_theta`` (earlier releases)."""
     params = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
     if not isinstance(params, dict):
         raise CheckpointError(f"{path}: rope parameters must be an object, got {params!r}")
-    kind = params.get("rope_type") or params.get("type") or "default"  # a null rope_type names none
+    kind = _rope_kind(params) or "default"
     if kind == "mrope":  # Qwen2.5-VL's multimodal RoPE: on text, whose three position indices are equal, the plain one
         kind = "default"
     if kind == "su":  # LongRoPE's first name, which early Phi-3 configs and vLLM still take
@@ -616,7 +622,7 @@ def _latent(cfg: dict) -> dict:
     if fields["kv_lora_rank"] <= 0:
         raise ValueError(f"kv_lora_rank must be > 0, got {fields['kv_lora_rank']}")
     params = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
-    kind = params.get("rope_type", params.get("type")) if isinstance(params, dict) else None
+    kind = _rope_kind(params) if isinstance(params, dict) else None
     mscale_all = _float(params, "mscale_all_dim") if kind not in (None, "default") else None
     if mscale_all:
         _, factor = _yarn_context(params, cfg) if kind == "yarn" else (None, _float(params, "factor") or 1.0)
@@ -1146,7 +1152,7 @@ def _longest_context(cfg: dict, max_position: int) -> int:
     params = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
     if cfg.get("model_type") in ("gemma3", "gemma3_text"):  # its max_position_embeddings is already the scaled one
         return max_position
-    kind = params.get("rope_type", params.get("type")) if isinstance(params, dict) else None
+    kind = _rope_kind(params) if isinstance(params, dict) else None
     if kind == "yarn":  # vLLM: the original context times the factor, in place of the declared one
         if params.get("factor") is None:  # the ratio of the two contexts: the declared one, unrounded
             return max_position
