@@ -97,6 +97,7 @@ DEFAULTS = {**{t: {"sliding_window": 4096} for t in ("mistral", "qwen2", "qwen3"
             "glm4": {"head_dim": 128, "attention_bias": True, "partial_rotary_factor": 0.5, "num_key_value_heads": 2,
                      "max_position_embeddings": 131_072, "rms_norm_eps": 1.5625e-07},
             "olmo2": {"rms_norm_eps": 1e-5},
+            "phi3": {"original_max_position_embeddings": 4096},
             # transformers' Llama4TextConfig's (Llama-4-Scout's sizes)
             "llama4_text": {"vocab_size": 202_048, "hidden_size": 5120, "intermediate_size": 8192,
                             "intermediate_size_mlp": 16_384, "num_hidden_layers": 48, "num_attention_heads": 40,
@@ -205,8 +206,10 @@ def _rope(cfg: dict, path: Path) -> tuple[float, RopeScaling | None]:
 
 
 def _longrope(params: dict, cfg: dict) -> RopeScaling:
-    """LongRoPE's factors as transformers reads them: the original context from config.json's top level (Phi-3's),
-    else the rope parameters'; ``factor``, where none is given, the declared context over the original one."""
+    """LongRoPE's factors as vLLM reads them: the original context from config.json's top level (Phi-3's, 4,096
+    where it gives none, as its configuration class does), else the rope parameters'; the scales from
+    ``short_mscale`` and ``long_mscale`` where given, else from the declared context over the original one.
+    A ``factor`` or ``attention_factor`` there is read past, as vLLM reads past it (transformers scales by them)."""
     original = _int(cfg if cfg.get("original_max_position_embeddings") is not None else params,
                     "original_max_position_embeddings")
     factors = {}
@@ -215,11 +218,9 @@ def _longrope(params: dict, cfg: dict) -> RopeScaling:
         if not isinstance(value, list) or not all(isinstance(f, (int, float)) and not isinstance(f, bool) for f in value):
             raise ValueError(f"rope parameters' {key} must be a list of numbers, got {value!r:.100}")
         factors[key] = tuple(float(f) for f in value)
-    factor = _float(params, "factor")
-    if factor is None:
-        factor = _int(cfg, "max_position_embeddings", 2048) / original if original > 0 else 1.0
-    return RopeScaling("longrope", factor, original_max_position=original,
-                       attention_factor=_float(params, "attention_factor"), **factors)
+    factor = _int(cfg, "max_position_embeddings", 2048) / original if original > 0 else 1.0
+    return RopeScaling("longrope", factor, original_max_position=original, attention_factor=_float(params, "short_mscale"),
+                       long_attention_factor=_float(params, "long_mscale"), **factors)
 
 
 def _yarn_context(params: dict, cfg: dict) -> tuple[int, float]:

@@ -58,8 +58,9 @@ class RopeScaling:
     checkpoint gives one), which scales the logits by its square. ``longrope`` (Phi-3's 128k contexts,
     Phi-3.5, Phi-4-mini): each frequency divided by its own factor, ``long_factor``'s where the engine serves
     contexts longer than ``original_max_position``, ``short_factor``'s otherwise (as vLLM decides it, by its
-    max_model_len, once), cos and sin scaled by ``attention_factor`` (sqrt(1 + ln(factor) / ln(original
-    context)) unless the checkpoint gives one, ``factor`` the declared context over the original).
+    max_model_len, once), cos and sin scaled by ``attention_factor`` with the short factors and
+    ``long_attention_factor`` with the long ones (vLLM's short_mscale and long_mscale; where the checkpoint
+    gives none, sqrt(1 + ln(factor) / ln(original context)), ``factor`` the declared context over the original).
     """
 
     kind: str
@@ -73,6 +74,7 @@ class RopeScaling:
     attention_factor: float | None = None
     short_factor: tuple[float, ...] = ()
     long_factor: tuple[float, ...] = ()
+    long_attention_factor: float | None = None
 
     KINDS = ("linear", "llama3", "yarn", "longrope")
 
@@ -89,6 +91,9 @@ class RopeScaling:
                                             and all(is_positive(f) for f in self.short_factor + self.long_factor)):
             raise ValueError(f"rope scaling: longrope needs short_factor and long_factor, as many numbers > 0 each, "
                              f"got {self.short_factor!r:.100} and {self.long_factor!r:.100}")
+        for name in ("attention_factor", "long_attention_factor") if self.kind == "longrope" else ():
+            if getattr(self, name) is not None and not is_positive(getattr(self, name)):
+                raise ValueError(f"rope scaling: longrope's {name} must be a number > 0, got {getattr(self, name)!r}")
         if self.kind in ("llama3", "yarn", "longrope") and self.original_max_position <= 0:
             raise ValueError(f"rope scaling: original_max_position must be > 0, got {self.original_max_position}")
         if self.kind == "yarn":
@@ -108,8 +113,16 @@ class RopeScaling:
         if self.attention_factor is not None:
             return float(self.attention_factor)
         if self.kind == "longrope":
-            return math.sqrt(1 + math.log(self.factor) / math.log(self.original_max_position)) if self.factor > 1 else 1.0
+            return self._longrope_scale()
         return 0.1 * math.log(self.factor) + 1.0 if self.factor > 1 else 1.0
+
+    @property
+    def long_cos_scale(self) -> float:
+        """LongRoPE's scale with its long factors (``cos_scale`` is the short factors')."""
+        return float(self.long_attention_factor) if self.long_attention_factor is not None else self._longrope_scale()
+
+    def _longrope_scale(self) -> float:
+        return math.sqrt(1 + math.log(self.factor) / math.log(self.original_max_position)) if self.factor > 1 else 1.0
 
 
 @dataclass(frozen=True)

@@ -79,8 +79,10 @@ class Engine:
             self.model = LlamaModel.from_seed(mcfg, cfg.seed, self.torch_device)
         scaling = mcfg.rope_scaling
         if self.model is not None and scaling is not None and scaling.kind == "longrope":
-            # LongRoPE's long factors where the engine serves contexts past the original one, as vLLM picks them
-            self.model.rotary.use_long_factors(self.max_model_len > scaling.original_max_position)
+            # LongRoPE's long factors where the engine is configured for contexts past the original one, as vLLM
+            # picks them by its max_model_len (whatever KV it has: vLLM does not shorten it to fit, it refuses)
+            longest = min(cfg.max_model_len, mcfg.max_position)
+            self.model.rotary.use_long_factors(longest > scaling.original_max_position)
         self.memory = self.plan_memory(cfg)
         if self.device is None:
             self.device = Device.for_torch(self.torch_device, cfg.device_bytes or self.memory.total)

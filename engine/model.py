@@ -140,6 +140,7 @@ class Rotary(nn.Module):
         if scaling is not None and scaling.kind == "longrope":  # each frequency divided by its own factor
             self.longrope = tuple(1.0 / (torch.tensor(f, dtype=torch.float32) * powers)
                                   for f in (scaling.short_factor, scaling.long_factor))
+            self.longrope_scales = (scaling.cos_scale, scaling.long_cos_scale)
             inv_freq = self.longrope[0]
         elif scaling is not None:
             inv_freq = _yarn(powers, scaling, theta) if scaling.kind == "yarn" else scaled(inv_freq, scaling)
@@ -151,6 +152,7 @@ class Rotary(nn.Module):
         its max_model_len passes the original context (the engine calls this as it starts)."""
         if self.longrope is not None:
             self.inv_freq = self.longrope[long].to(self.inv_freq.device)
+            self.cos_scale = self.longrope_scales[long]
 
     def _apply(self, fn, recurse=True):
         # Module.to(dtype) (and .half(), .bfloat16()) casts floating buffers too: keep the float32

@@ -46,6 +46,16 @@ class Load:
                 f"{self.load:g}x that")
 
 
+def decode_keys(prompt: float, output: float, window: int, chunked: bool) -> float:
+    """The keys a windowed layer's decode reads for a request of mean length: at the mean context (prompt plus
+    half the output), min(context, window); in a chunked layer, whose keys follow a sawtooth over the
+    positions, their mean over the request's decodes."""
+    if not chunked:
+        return windowed(1, int(prompt + output / 2), window)[0]
+    n = max(int(output), 1)
+    return windowed(n, int(prompt) + n, window, chunked=True)[1] / n
+
+
 def trace_load(trace: str, deployment: Deployment, max_tokens: str, load: float) -> Load:
     """The demand of ``trace`` and what ``deployment`` sustains of it (see the module docstring)."""
     if not (load > 0 and math.isfinite(load)):
@@ -72,7 +82,8 @@ def trace_load(trace: str, deployment: Deployment, max_tokens: str, load: float)
         decode, prefill = cost.iteration_s(decode), cost.iteration_s(prefill)
     else:
         chunked = getattr(cost, "window_chunked", False)
-        decode = cost.iteration_s(decode, BatchShape(batch, *(batch * x for x in windowed(1, context, w, chunked))))
+        keys = decode_keys(p, o, w, chunked)
+        decode = cost.iteration_s(decode, BatchShape(batch, batch * keys, batch * keys))
         prefill = cost.iteration_s(prefill, BatchShape(chunk, *windowed(chunk, chunk, w, chunked)))
     prefill = prefill * p / max(chunk, 1)
     sustainable = 1.0 / (prefill + o * decode / batch)

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from conftest import hf_greedy, hf_tiny
-from engine.checkpoint import load_checkpoint
+from engine.checkpoint import load_checkpoint, read_config
 from engine.config import EngineConfig
 from engine.engine import Engine
 from engine.request import Request
@@ -62,20 +62,49 @@ def test_a_longrope_checkpoint_generates_what_transformers_generates(tmp_path, p
     # an engine serving 64 tokens rotates by the long factors from the first token, as vLLM does
     assert generate(model, within, 64) != [hf_greedy(hf, p, 12) for p in within]
     assert torch.equal(model.rotary.inv_freq, model.rotary.longrope[1])
-    model.rotary.cos_scale = 1.0  # without the attention factor the tokens change
+    model.rotary.longrope_scales = (1.0, 1.0)  # without the attention factor the tokens change
     assert generate(model, past, 64) != outputs
     with pytest.raises(ValueError, match="no transformers twin is built here of " + ("LongRoPE" if partial == 1 else
                                                                                    "latent attention, .*partial")):
         hf_twin(model)  # a twin would pick its factors by another rule
 
 
-def test_longrope_is_read_under_its_first_name_and_its_own_attention_factor(tmp_path):
+def test_the_factors_are_picked_by_the_context_the_engine_is_configured_for_not_its_kv():
+    # vLLM refuses a max_model_len its KV cannot hold rather than shortening it: an engine configured for 64
+    # tokens with KV for 16 still rotates by the long factors
+    model = load_checkpoint_of(hf_phi3_longrope(1.0))
+    Engine(model.config, EngineConfig(num_blocks=4, block_size=4, max_model_len=64), model=model)
+    assert torch.equal(model.rotary.inv_freq, model.rotary.longrope[1])
+    Engine(model.config, EngineConfig(num_blocks=64, block_size=4, max_model_len=16), model=model)
+    assert torch.equal(model.rotary.inv_freq, model.rotary.longrope[0])
+
+
+def load_checkpoint_of(hf, directory=None):
+    import tempfile
+
+    directory = directory or tempfile.mkdtemp()
+    hf.save_pretrained(directory)
+    return load_checkpoint(directory)
+
+
+def test_longrope_is_read_as_vllm_reads_it_under_either_name(tmp_path):
+    # su (its first name), vLLM's short_mscale and long_mscale scaling cos and sin with each set of factors, a
+    # factor or attention_factor read past as vLLM reads past them (transformers scales by them), Phi-3's original
+    # context at config.json's top level, 4,096 where it gives none (its configuration class's default)
     hf_phi3_longrope(1.0).save_pretrained(tmp_path)
     cfg = json.loads((tmp_path / "config.json").read_text())
     params = cfg.pop("rope_parameters")
     cfg["rope_theta"] = params.pop("rope_theta")
     del params["rope_type"]
-    (tmp_path / "config.json").write_text(json.dumps({**cfg, "rope_scaling": {**params, "type": "su",
-                                                                              "attention_factor": 1.5}}))
-    scaling = load_checkpoint(tmp_path).config.rope_scaling
-    assert (scaling.kind, scaling.cos_scale, len(scaling.long_factor)) == ("longrope", 1.5, 4)
+    (tmp_path / "config.json").write_text(json.dumps({**cfg, "rope_scaling": {
+        **params, "type": "su", "short_mscale": 1.5, "long_mscale": 1.25, "factor": 8.0, "attention_factor": 9.0}}))
+    model = load_checkpoint(tmp_path)
+    scaling = model.config.rope_scaling
+    assert (scaling.kind, scaling.factor, scaling.cos_scale, scaling.long_cos_scale) == ("longrope", 4.0, 1.5, 1.25)
+    Engine(model.config, EngineConfig(num_blocks=64, block_size=4, max_model_len=64), model=model)
+    assert model.rotary.cos_scale == 1.25
+    Engine(model.config, EngineConfig(num_blocks=64, block_size=4, max_model_len=16), model=model)
+    assert model.rotary.cos_scale == 1.5
+    del cfg["original_max_position_embeddings"]
+    (tmp_path / "config.json").write_text(json.dumps({**cfg, "rope_scaling": {**params, "type": "longrope"}}))
+    assert read_config(tmp_path).rope_scaling.original_max_position == 4096

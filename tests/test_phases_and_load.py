@@ -194,3 +194,14 @@ def test_every_trace_replay_says_which_lengths_it_changed(tmp_path, capsys):
     assert main(["eval", "--policy", "static:1.0", "--episodes", "1", "--scenario", str(scenario)]) == 0
     assert ("the scenario sizes its KV to 10000000 blocks (160000000 tokens), more than the NVIDIA L40S 48GB holds "
             "beside the weights") in capsys.readouterr().out
+
+
+def test_a_chunked_layers_decode_reads_its_mean_over_a_requests_decodes():
+    # a chunked layer's keys follow a sawtooth over the positions (Llama 4's): the one point at the mean context
+    # could be off by the chunk's length, so the load reads their mean over the request's decodes; a windowed
+    # layer's, a concave min(context, window), at the mean context
+    from rlctl.load import decode_keys
+
+    for p, o in ((8000, 400), (16000, 780), (100, 50)):
+        assert decode_keys(p, o, 8192, True) == pytest.approx(sum(q % 8192 + 1 for q in range(p, p + o)) / o)
+    assert decode_keys(8000, 400, 4096, False) == 4096 and decode_keys(100, 50, 4096, False) == 125
