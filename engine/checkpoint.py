@@ -1253,7 +1253,7 @@ def _experts_as_held(state: dict[str, torch.Tensor], mc: ModelConfig) -> dict[st
 ROPE_TABLES = ("rotary_emb.inv_freq", "rotary_emb.cos_cached", "rotary_emb.sin_cached")
 # a quantised KV cache's scales (compressed-tensors' kv_cache_scheme, ModelOpt's kv_cache_quant_algo), left unused:
 # this engine holds the KV in the model's dtype, as vLLM's default kv_cache_dtype (auto) does for most checkpoints
-# (recent vLLM takes ModelOpt's FP8 KV at its word, which this engine does not model)
+# (vLLM's --kv-cache-dtype fp8, which recent releases may take from ModelOpt's declaration, is not modelled)
 KV_SCALES = (".k_scale", ".v_scale", ".q_scale", ".prob_scale", ".kv_scale", "k_proj.output_scale", "v_proj.output_scale")
 VISION_PREFIXES = ("visual.", "vision_tower.", "multi_modal_projector.")
 
