@@ -1,5 +1,5 @@
 """Loading a local Hugging Face Llama, Mistral, Mistral 3, Qwen2, Qwen3, Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Phi-3, Gemma, Gemma 2,
-Gemma 3, Granite, OLMo 2, GLM-4, SmolLM3, Mixtral, Qwen2-MoE, Qwen3-MoE, gpt-oss, DeepSeek-V2, DeepSeek-V3,
+Gemma 3, Granite, OLMo 2, OLMo 3, GLM-4, SmolLM3, Mixtral, Qwen2-MoE, Qwen3-MoE, gpt-oss, DeepSeek-V2, DeepSeek-V3,
 GLM-4.5 or Llama 4 checkpoint directory (``config.json`` + ``*.safetensors``).
 
 Nothing is fetched from a hub: the directory must hold everything. FP8 weights are multiplied by their
@@ -42,7 +42,8 @@ from engine.model import LlamaModel
 # over each q and k head, and RoPE over half of each head's features. Granite (3.x) is Llama's with four
 # scalars: on the embeddings, the attention scores, each sublayer's output and the logits. OLMo 2 is Llama's
 # with one RMSNorm over all of q's heads' features and one over k's, and its layers' norms after attention
-# and the MLP, on their outputs, in place of the norms on their inputs. GLM-4 (dense: GLM-4-0414, GLM-Z1) is
+# and the MLP, on their outputs, in place of the norms on their inputs; OLMo 3 is OLMo 2's with a sliding
+# window on three layers of four, which rotate by an unscaled RoPE of their own. GLM-4 (dense: GLM-4-0414, GLM-Z1) is
 # Llama's with biases on q, k and v, a norm on each sublayer's output as well as its input, gate and up
 # stored as one tensor (as Phi-3's), and RoPE over half of each head's features, its pairs interleaved.
 # SmolLM3 is Llama's with RoPE left out of some layers (``no_rope_layers``: every fourth by default). Llama 4
@@ -51,7 +52,8 @@ from engine.model import LlamaModel
 # after RoPE; its experts (16 on every layer, or 128 on every other) weigh their inputs, beside a shared expert.
 MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma", "gemma2", "gemma3_text", "gemma3", "mixtral",
                "qwen2_moe", "qwen3_moe", "gpt_oss", "mistral3", "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe",
-               "deepseek_v2", "deepseek_v3", "glm4_moe", "granite", "olmo2", "glm4", "smollm3", "llama4_text", "llama4")
+               "deepseek_v2", "deepseek_v3", "glm4_moe", "granite", "olmo2", "glm4", "smollm3", "llama4_text", "llama4",
+               "olmo3")
 # the model classes vLLM picks by config.json's ``architectures`` (it runs a model by its class, not its
 # model_type), read where the model_type is not one of the above: Kimi K2's (``kimi_k2``, transformers has
 # no such type) is DeepSeek-V3's architecture. Its fields are then read as that family's are, its defaults too
@@ -61,6 +63,7 @@ ARCHITECTURES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral", "
                  "Qwen2MoeForCausalLM": "qwen2_moe", "Qwen3MoeForCausalLM": "qwen3_moe", "GptOssForCausalLM": "gpt_oss",
                  "DeepseekV2ForCausalLM": "deepseek_v2", "DeepseekV3ForCausalLM": "deepseek_v3",
                  "Glm4MoeForCausalLM": "glm4_moe", "GraniteForCausalLM": "granite", "Olmo2ForCausalLM": "olmo2",
+                 "Olmo3ForCausalLM": "olmo3",
                  "Glm4ForCausalLM": "glm4", "SmolLM3ForCausalLM": "smollm3", "Llama4ForCausalLM": "llama4_text",
                  "Llama4ForConditionalGeneration": "llama4"}
 DEEPSEEK_TYPES = ("deepseek_v2", "deepseek_v3")
@@ -97,6 +100,7 @@ DEFAULTS = {**{t: {"sliding_window": 4096} for t in ("mistral", "qwen2", "qwen3"
             "glm4": {"head_dim": 128, "attention_bias": True, "partial_rotary_factor": 0.5, "num_key_value_heads": 2,
                      "max_position_embeddings": 131_072, "rms_norm_eps": 1.5625e-07},
             "olmo2": {"rms_norm_eps": 1e-5},
+            "olmo3": {"rms_norm_eps": 1e-5, "sliding_window": 4096, "rope_theta": 500_000.0},
             "phi3": {"original_max_position_embeddings": 4096},
             # transformers' Llama4TextConfig's (Llama-4-Scout's sizes)
             "llama4_text": {"vocab_size": 202_048, "hidden_size": 5120, "intermediate_size": 8192,
@@ -383,7 +387,7 @@ def _read_config(directory: str | Path, run: bool) -> tuple[ModelConfig, list[st
             mc = _gemma(cfg, mc)
         if cfg["model_type"] == "granite":
             mc = _granite(cfg, mc)
-        if cfg["model_type"] == "olmo2":
+        if cfg["model_type"] in ("olmo2", "olmo3"):
             mc = replace(mc, qk_norm=True, qk_norm_across_heads=True, sandwich_norms=True, pre_norms=False)
         if cfg["model_type"] == "glm4":
             mc = replace(mc, sandwich_norms=True, rope_interleaved=True)
@@ -412,15 +416,15 @@ def _read_config(directory: str | Path, run: bool) -> tuple[ModelConfig, list[st
         if isinstance(window, bool) or not isinstance(window, (int, float)) or not float(window).is_integer() or window < 2:
             raise CheckpointError(f"{path}: sliding_window must be a whole number of tokens >= 2, got {window!r}")
         # attended through, past the window too; its KV kept whole, as for full attention: the most it may need.
-        # Gemma 3's windowed layers keep their own RoPE where no context reaches the window too
-        if window < mc.max_position or cfg["model_type"] == "gemma3_text":
+        # Gemma 3's and OLMo 3's windowed layers keep their own RoPE where no context reaches the window too
+        if window < mc.max_position or cfg["model_type"] in LAYER_TYPE_ROPE:
             mc = replace(mc, sliding_window=int(window), window_layers=layers)
         if window < mc.max_position:
             ignored.append(f"its sliding window ({window!r} tokens) frees no KV here: the KV is sized as full "
                            "attention, the most it may need")
-    if cfg["model_type"] == "gemma3_text":
+    if cfg["model_type"] in LAYER_TYPE_ROPE:
         try:
-            mc = _gemma3_rope(cfg, mc, path)
+            mc = _layer_type_rope(cfg, mc, path)
         except CheckpointError:
             if run:
                 raise
@@ -793,20 +797,27 @@ def _gemma(cfg: dict, mc: ModelConfig) -> ModelConfig:
     return replace(mc, qk_norm=True, logit_softcap=positive("final_logit_softcapping", None))
 
 
-def _gemma3_rope(cfg: dict, mc: ModelConfig, path: Path) -> ModelConfig:
-    """``mc`` with Gemma 3's two RoPEs: its full-attention layers' (``rope_theta``, 1,000,000 by default,
-    scaled by ``rope_scaling``) and its windowed layers' (``rope_local_base_freq``, 10,000 by default,
-    unscaled), or transformers 5's ``rope_parameters`` keyed by those layers' kinds."""
+# the families whose full-attention and windowed layers rotate by RoPEs of their own: model_type -> the full
+# layers' RoPE base and the windowed layers' (None: the full layers'), transformers' defaults
+LAYER_TYPE_ROPE = {"gemma3_text": (1_000_000.0, 10_000.0), "olmo3": (500_000.0, None)}
+
+
+def _layer_type_rope(cfg: dict, mc: ModelConfig, path: Path) -> ModelConfig:
+    """``mc`` with two RoPEs: its full-attention layers' (``rope_theta``, scaled by ``rope_scaling``) and its
+    windowed layers' (unscaled: Gemma 3's ``rope_local_base_freq``, OLMo 3's the same base as the full
+    layers'), or transformers 5's ``rope_parameters`` keyed by those layers' kinds (``LAYER_TYPE_ROPE``)."""
+    base, local_base = LAYER_TYPE_ROPE[cfg["model_type"]]
     params = cfg.get("rope_parameters")
     if isinstance(params, dict) and {"full_attention", "sliding_attention"} & params.keys():
         full, local = params.get("full_attention") or {}, params.get("sliding_attention") or {}
     else:
-        full = {**(cfg.get("rope_scaling") or {}), "rope_theta": cfg.get("rope_theta", 1_000_000.0)}
-        local = {"rope_type": "default", "rope_theta": cfg.get("rope_local_base_freq", 10_000.0)}
+        theta = cfg.get("rope_theta", base)
+        full = {**(cfg.get("rope_scaling") or {}), "rope_theta": theta}
+        local = {"rope_type": "default", "rope_theta": cfg.get("rope_local_base_freq", local_base) if local_base else theta}
     if not isinstance(full, dict) or not isinstance(local, dict):
         raise CheckpointError(f"{path}: rope parameters must be objects, got {full!r} and {local!r}")
-    theta, scaling = _rope({"rope_parameters": {"rope_theta": 1_000_000.0, **full}}, path)
-    local_theta, local_scaling = _rope({"rope_parameters": {"rope_theta": 10_000.0, **local}}, path)
+    theta, scaling = _rope({"rope_parameters": {"rope_theta": base, **full}}, path)
+    local_theta, local_scaling = _rope({"rope_parameters": {"rope_theta": local_base or base, **local}}, path)
     if local_scaling is not None:
         raise CheckpointError(f"{path}: a scaled RoPE on the windowed layers is not supported")
     return replace(mc, rope_theta=theta, rope_scaling=scaling, local_rope_theta=local_theta if mc.window_layers else None)
@@ -1219,6 +1230,8 @@ def _window_layers(cfg: dict, num_layers: int) -> tuple[int, ...]:
         return ()  # whatever sliding_window says
     if cfg["model_type"] in ("gemma2", "gpt_oss"):
         return tuple(range(0, num_layers, 2))
+    if cfg["model_type"] == "olmo3":  # transformers' rule where layer_types is absent: every fourth layer full
+        return tuple(i for i in range(num_layers) if (i + 1) % 4)
     if cfg["model_type"] == "gemma3_text":  # transformers 4's sliding_window_pattern: every n-th layer full
         pattern = _int(cfg, "sliding_window_pattern")
         if pattern <= 0:
