@@ -46,14 +46,16 @@ from engine.model import LlamaModel
 # window on three layers of four, which rotate by an unscaled RoPE of their own. GLM-4 (dense: GLM-4-0414, GLM-Z1) is
 # Llama's with biases on q, k and v, a norm on each sublayer's output as well as its input, gate and up
 # stored as one tensor (as Phi-3's), and RoPE over half of each head's features, its pairs interleaved.
-# SmolLM3 is Llama's with RoPE left out of some layers (``no_rope_layers``: every fourth by default). Llama 4
+# Ministral (8B) is Mistral's with each layer's kind in layer_types; Seed-OSS is Llama's with biases on q, k and
+# v (``attention_bias``) and on o only where ``attention_out_bias`` says. SmolLM3 is Llama's with RoPE left out
+# of some layers (``no_rope_layers``: every fourth by default). Llama 4
 # (Scout, Maverick: its text model beside a vision tower) leaves RoPE out of every fourth layer too, tempering
 # those layers' queries by position; its other layers attend within chunks of 8,192 tokens and norm q and k
 # after RoPE; its experts (16 on every layer, or 128 on every other) weigh their inputs, beside a shared expert.
 MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma", "gemma2", "gemma3_text", "gemma3", "mixtral",
                "qwen2_moe", "qwen3_moe", "gpt_oss", "mistral3", "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe",
                "deepseek_v2", "deepseek_v3", "glm4_moe", "granite", "olmo2", "glm4", "smollm3", "llama4_text", "llama4",
-               "olmo3")
+               "olmo3", "ministral", "seed_oss")
 # the model classes vLLM picks by config.json's ``architectures`` (it runs a model by its class, not its
 # model_type), read where the model_type is not one of the above: Kimi K2's (``kimi_k2``, transformers has
 # no such type) is DeepSeek-V3's architecture. Its fields are then read as that family's are, its defaults too
@@ -64,6 +66,7 @@ ARCHITECTURES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral", "
                  "DeepseekV2ForCausalLM": "deepseek_v2", "DeepseekV3ForCausalLM": "deepseek_v3",
                  "Glm4MoeForCausalLM": "glm4_moe", "GraniteForCausalLM": "granite", "Olmo2ForCausalLM": "olmo2",
                  "Olmo3ForCausalLM": "olmo3",
+                 "MinistralForCausalLM": "ministral", "SeedOssForCausalLM": "seed_oss",
                  "Glm4ForCausalLM": "glm4", "SmolLM3ForCausalLM": "smollm3", "Llama4ForCausalLM": "llama4_text",
                  "Llama4ForConditionalGeneration": "llama4"}
 DEEPSEEK_TYPES = ("deepseek_v2", "deepseek_v3")
@@ -79,7 +82,9 @@ NO_FLOAT16 = ("gemma2", "gemma3_text")
 GEMMA3_TEXT = {"vocab_size": 262_208, "hidden_size": 2304, "intermediate_size": 9216, "num_hidden_layers": 26,
                "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256, "max_position_embeddings": 131_072,
                "rms_norm_eps": 1e-6, "query_pre_attn_scalar": 256, "sliding_window": 4096, "sliding_window_pattern": 6}
-DEFAULTS = {**{t: {"sliding_window": 4096} for t in ("mistral", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe")},
+DEFAULTS = {**{t: {"sliding_window": 4096} for t in ("mistral", "ministral", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe")},
+            # Seed-OSS's: biases on q, k and v, not on o (attention_out_bias)
+            "seed_oss": {"attention_bias": True, "head_dim": 128, "rms_norm_eps": 1e-6, "max_position_embeddings": 524_288},
             "gemma": {"head_dim": 256, "max_position_embeddings": 8192},
             "gemma2": {"head_dim": 256, "max_position_embeddings": 8192, "sliding_window": 4096},
             "gemma3_text": GEMMA3_TEXT,
@@ -379,7 +384,8 @@ def _read_config(directory: str | Path, run: bool) -> tuple[ModelConfig, list[st
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", cfg["model_type"] in GEMMA_TYPES)),
             qkv_bias=(cfg["model_type"] == "qwen2" or bool(cfg.get("attention_bias")) and not latent
                       or (cfg["model_type"] == "qwen2_moe" and bool(cfg.get("qkv_bias", True)))),
-            o_bias=bool(cfg.get("attention_bias")) and cfg["model_type"] not in ("glm4_moe", "glm4"),
+            o_bias=bool(cfg.get("attention_out_bias")) if cfg["model_type"] == "seed_oss"
+            else bool(cfg.get("attention_bias")) and cfg["model_type"] not in ("glm4_moe", "glm4"),
             qk_norm=cfg["model_type"] in ("qwen3", "qwen3_moe") or cfg["model_type"] == "glm4_moe" and bool(cfg.get("use_qk_norm")),
             explicit_head_dim=None if head_dim * heads == hidden or latent else head_dim,
             dtype=str(cfg.get("dtype") or cfg.get("torch_dtype") or "float32"))
