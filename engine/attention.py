@@ -52,6 +52,9 @@ class AttentionBatch:
     decode_mask: torch.Tensor | None = None
     # the decodes' mask for a windowed layer, keys before each one's window masked too; None: as decode_mask
     decode_window_mask: torch.Tensor | None = None
+    # each token's queries' scale by its position, [tokens, 1, 1] (``ModelConfig.attn_temperature``: Llama 4's
+    # NoPE layers', Ministral 3's every layer's), set by the model for its step; None: none
+    query_scale: torch.Tensor | None = None
 
 
 def softcap(x: torch.Tensor, cap: float | None) -> torch.Tensor:

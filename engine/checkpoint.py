@@ -1,6 +1,7 @@
 """Loading a local Hugging Face Llama, Mistral, Mistral 3, Qwen2, Qwen3, Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Phi-3, Gemma, Gemma 2,
 Gemma 3, Granite, OLMo 2, OLMo 3, GLM-4, SmolLM3, Mixtral, Qwen2-MoE, Qwen3-MoE, gpt-oss, DeepSeek-V2, DeepSeek-V3,
-GLM-4.5 or Llama 4 checkpoint directory (``config.json`` + ``*.safetensors``).
+GLM-4.5, Llama 4, Ministral, Ministral 3 or Seed-OSS checkpoint directory (``config.json`` +
+``*.safetensors``).
 
 Nothing is fetched from a hub: the directory must hold everything. FP8 weights are multiplied by their
 scales as they are read. Every refusal names the file or tensor at fault.
@@ -46,7 +47,8 @@ from engine.model import LlamaModel
 # window on three layers of four, which rotate by an unscaled RoPE of their own. GLM-4 (dense: GLM-4-0414, GLM-Z1) is
 # Llama's with biases on q, k and v, a norm on each sublayer's output as well as its input, gate and up
 # stored as one tensor (as Phi-3's), and RoPE over half of each head's features, its pairs interleaved.
-# Ministral (8B) is Mistral's with each layer's kind in layer_types; Seed-OSS is Llama's with biases on q, k and
+# Ministral (8B) is Mistral's with each layer's kind in layer_types; Ministral 3 (alone, or as Mistral 3's text
+# model) is Mistral's with YaRN and every layer's queries scaled by position (Llama 4's rule); Seed-OSS is Llama's with biases on q, k and
 # v (``attention_bias``) and on o only where ``attention_out_bias`` says. SmolLM3 is Llama's with RoPE left out
 # of some layers (``no_rope_layers``: every fourth by default). Llama 4
 # (Scout, Maverick: its text model beside a vision tower) leaves RoPE out of every fourth layer too, tempering
@@ -55,7 +57,7 @@ from engine.model import LlamaModel
 MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma", "gemma2", "gemma3_text", "gemma3", "mixtral",
                "qwen2_moe", "qwen3_moe", "gpt_oss", "mistral3", "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe",
                "deepseek_v2", "deepseek_v3", "glm4_moe", "granite", "olmo2", "glm4", "smollm3", "llama4_text", "llama4",
-               "olmo3", "ministral", "seed_oss")
+               "olmo3", "ministral", "seed_oss", "ministral3")
 # the model classes vLLM picks by config.json's ``architectures`` (it runs a model by its class, not its
 # model_type), read where the model_type is not one of the above: Kimi K2's (``kimi_k2``, transformers has
 # no such type) is DeepSeek-V3's architecture. Its fields are then read as that family's are, its defaults too
@@ -67,6 +69,7 @@ ARCHITECTURES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral", "
                  "Glm4MoeForCausalLM": "glm4_moe", "GraniteForCausalLM": "granite", "Olmo2ForCausalLM": "olmo2",
                  "Olmo3ForCausalLM": "olmo3",
                  "MinistralForCausalLM": "ministral", "SeedOssForCausalLM": "seed_oss",
+                 "Ministral3ForCausalLM": "ministral3",
                  "Glm4ForCausalLM": "glm4", "SmolLM3ForCausalLM": "smollm3", "Llama4ForCausalLM": "llama4_text",
                  "Llama4ForConditionalGeneration": "llama4"}
 DEEPSEEK_TYPES = ("deepseek_v2", "deepseek_v3")
@@ -83,6 +86,14 @@ GEMMA3_TEXT = {"vocab_size": 262_208, "hidden_size": 2304, "intermediate_size": 
                "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256, "max_position_embeddings": 131_072,
                "rms_norm_eps": 1e-6, "query_pre_attn_scalar": 256, "sliding_window": 4096, "sliding_window_pattern": 6}
 DEFAULTS = {**{t: {"sliding_window": 4096} for t in ("mistral", "ministral", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe")},
+            # transformers' Ministral3Config's (Ministral 3's text model): YaRN with Llama 4's query scaling
+            "ministral3": {"vocab_size": 131_072, "hidden_size": 4096, "intermediate_size": 14_336,
+                           "num_hidden_layers": 34, "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
+                           "max_position_embeddings": 262_144, "rms_norm_eps": 1e-5, "sliding_window": None,
+                           "rope_parameters": {"rope_type": "yarn", "rope_theta": 1_000_000.0, "factor": 16.0,
+                                               "original_max_position_embeddings": 16_384, "beta_fast": 32.0,
+                                               "beta_slow": 1.0, "mscale_all_dim": 1.0, "mscale": 1.0,
+                                               "llama_4_scaling_beta": 0.1}},
             # Seed-OSS's: biases on q, k and v, not on o (attention_out_bias)
             "seed_oss": {"attention_bias": True, "head_dim": 128, "rms_norm_eps": 1e-6, "max_position_embeddings": 524_288},
             "gemma": {"head_dim": 256, "max_position_embeddings": 8192},
@@ -401,6 +412,8 @@ def _read_config(directory: str | Path, run: bool) -> tuple[ModelConfig, list[st
             mc = replace(mc, nope_layers=_nope_layers(cfg, mc.num_layers))
         if cfg["model_type"] == "llama4_text":
             mc = _llama4(cfg, mc)
+        if cfg["model_type"] == "ministral3":
+            mc = _ministral3(cfg, mc)
         if vision:
             mc = replace(mc, encoder_params=vision)
     except KeyError as exc:
@@ -538,11 +551,14 @@ def _mistral3(cfg: dict) -> tuple[dict, int]:
     text, vision = cfg.get("text_config"), cfg.get("vision_config")
     if not isinstance(text or {}, dict) or not isinstance(vision or {}, dict):
         raise ValueError("text_config and vision_config must be objects")
-    text = dict(MISTRAL3_TEXT) if text is None else {**MISTRAL_TEXT, **text}
+    if text is None:
+        text = dict(MISTRAL3_TEXT)
+    else:  # Ministral 3's text model is ministral3, Mistral Small 3.1's and 3.2's mistral
+        text = {**(DEFAULTS["ministral3"] if text.get("model_type") == "ministral3" else MISTRAL_TEXT), **text}
     v = dict(MISTRAL3_VISION) if vision is None else {**PIXTRAL, **vision}
-    if text.get("model_type") != "mistral":
+    if text.get("model_type") not in ("mistral", "ministral3"):
         raise ValueError(f"text_config.model_type {text.get('model_type')!r} is not supported (Mistral 3's text "
-                         "model is 'mistral')")
+                         "model is 'mistral' or 'ministral3')")
     top = {**MISTRAL3, **cfg}
     dtype = cfg.get("dtype") or cfg.get("torch_dtype") or text.get("dtype") or text.get("torch_dtype")
     h, i, patch = _int(v, "hidden_size"), _int(v, "intermediate_size"), _int(v, "patch_size")
@@ -743,6 +759,19 @@ def _llama4(cfg: dict, mc: ModelConfig) -> ModelConfig:
     if chunked and chunk < mc.max_position:  # a chunk as long as the context masks nothing
         mc = replace(mc, sliding_window=int(chunk), window_layers=tuple(chunked), window_chunked=True)
     return mc
+
+
+def _ministral3(cfg: dict, mc: ModelConfig) -> ModelConfig:
+    """``mc`` with Ministral 3's query scaling (its rope parameters' ``llama_4_scaling_beta``, over their
+    ``original_max_position_embeddings``): every layer's queries times 1 + beta x ln(1 + floor(p / that))."""
+    params = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+    beta = _float(params, "llama_4_scaling_beta") if isinstance(params, dict) else None
+    if not beta:
+        return mc
+    original = _int(params, "original_max_position_embeddings")
+    if original <= 0:
+        raise ValueError(f"original_max_position_embeddings must be > 0, got {original}")
+    return replace(mc, attn_temperature=(float(original), beta), attn_temperature_every_layer=True)
 
 
 # Llama 4's names -> the model's: its MLPs are feed_forward, its router is the mixture's gate

@@ -228,10 +228,14 @@ class ModelConfig:
     # Llama 4's: its window_layers attend within aligned chunks of sliding_window tokens (a query at position p
     # sees the keys from p - p % sliding_window to p) rather than the last sliding_window; its rotating layers'
     # q and k heads normed after RoPE, without a weight (``qk_l2_norm``); its NoPE layers' queries times
-    # log1p(floor((p + 1) / floor_scale)) x attn_scale + 1 (``attn_temperature``: (floor_scale, attn_scale))
+    # log1p(floor((p + 1) / floor_scale)) x attn_scale + 1, in float32 (``attn_temperature``: (floor_scale,
+    # attn_scale)). With ``attn_temperature_every_layer`` (Ministral 3's and Mistral Large 3's llama_4_scaling)
+    # every layer's queries, after RoPE, times 1 + attn_scale x ln(1 + floor(p / floor_scale)), the scale rounded to
+    # the model's dtype first: each as transformers computes it
     window_chunked: bool = False
     qk_l2_norm: bool = False
     attn_temperature: tuple[float, float] | None = None
+    attn_temperature_every_layer: bool = False
     # Granite's scalars: embeddings times ``embedding_multiplier``, each sublayer's output times
     # ``residual_multiplier`` before it joins the residual stream, the final logits divided by ``logits_scaling``
     # (its attention_multiplier is ``query_scale``)
@@ -288,6 +292,8 @@ class ModelConfig:
                 and all(is_positive(v) for v in self.attn_temperature)):
             raise ValueError(f"attn_temperature must be (floor_scale, attn_scale), two numbers > 0, or None, "
                              f"got {self.attn_temperature!r}")
+        if self.attn_temperature_every_layer and self.attn_temperature is None:
+            raise ValueError("attn_temperature_every_layer says where attn_temperature applies: it needs attn_temperature")
         if self.local_rope_theta is not None and not self.window_layers:
             raise ValueError("local_rope_theta needs window_layers, the layers it applies to")
         if self.swiglu_limit is not None and not self.num_experts:

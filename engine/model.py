@@ -204,12 +204,11 @@ class Attention(nn.Module):
         self.rotary_dim, self.interleaved = cfg.rotary_dim, cfg.rope_interleaved
         self.rotates = layer not in cfg.nope_layers  # SmolLM3's and Llama 4's NoPE layers attend without positions
         self.l2_norm = cfg.rms_norm_eps if cfg.qk_l2_norm and self.rotates else None  # Llama 4's, after RoPE
-        self.tempered = cfg.attn_temperature is not None and not self.rotates  # Llama 4's NoPE layers
+        # queries scaled by position: Llama 4's NoPE layers', Ministral 3's every layer's (batch.query_scale)
+        self.tempered = cfg.attn_temperature is not None and (cfg.attn_temperature_every_layer or not self.rotates)
 
-    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | torch.Tensor,
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
                 batch: AttentionBatch, pool: KVPool) -> torch.Tensor:
-        """``rope``: RoPE's cos and signed sin for the step (``Rotary``); for a layer ``tempered``, which
-        rotates nothing, its queries' scales [tokens, 1, 1] in float32 instead (``LlamaModel.forward``)."""
         n, h, kvh = x.shape[0], self.num_heads, self.num_kv_heads
         qkv = self.qkv_proj(x).view(n, h + 2 * kvh, self.head_dim)
         qk = qkv[:, :h + kvh]
@@ -226,8 +225,8 @@ class Attention(nn.Module):
         if self.l2_norm is not None:  # each q and k head normed in float32, no weight
             qf = qk.float()
             qk = (qf * torch.rsqrt(qf.pow(2).mean(-1, keepdim=True) + self.l2_norm)).to(qk.dtype)
-        if self.tempered:  # the queries scaled in float32 and rounded once, as transformers and vLLM scale them
-            qk = torch.cat(((qk[:, :h] * rope).to(qk.dtype), qk[:, h:]), dim=1)
+        if self.tempered:  # the queries scaled (in float32 where the scale is: Llama 4's) and rounded once
+            qk = torch.cat(((qk[:, :h] * batch.query_scale).to(qk.dtype), qk[:, h:]), dim=1)
         q, k, v = qk[:, :h], qk[:, h:], qkv[:, h + kvh:]
         pool.write_slots(self.layer, batch.slots, k, v)
         out = paged_attention(q, self.layer, batch, pool, scale=self.scale, cap=self.softcap, windowed=self.windowed,
@@ -567,12 +566,15 @@ class LlamaModel(nn.Module):
             x = x * self.config.embedding_multiplier
         rope = self.rotary(positions, x.dtype)
         local = rope if self.local_rotary is None else self.local_rotary(positions, x.dtype)
-        if self.config.attn_temperature is not None:  # Llama 4's NoPE layers' queries' scales, by position
+        if self.config.attn_temperature is not None:  # the queries' scales by position, as transformers computes them
             floor_scale, attn_scale = self.config.attn_temperature
-            tempered = (torch.log1p(torch.floor((positions.float() + 1.0) / floor_scale)) * attn_scale + 1.0)[:, None, None]
+            if self.config.attn_temperature_every_layer:  # Ministral 3's: rounded to the model's dtype first
+                scale = (1 + attn_scale * torch.log(1 + torch.floor(positions.float() / floor_scale))).to(x.dtype)
+            else:  # Llama 4's NoPE layers': float32
+                scale = torch.log1p(torch.floor((positions.float() + 1.0) / floor_scale)) * attn_scale + 1.0
+            batch.query_scale = scale[:, None, None]
         for layer in self.model.layers:
-            attn = layer.self_attn
-            x = layer(x, tempered if attn.tempered else local if attn.windowed else rope, batch, pool)
+            x = layer(x, local if layer.self_attn.windowed else rope, batch, pool)
         if batch.logit_rows is not None:
             x = x[batch.logit_rows]
         logits = softcap(self.lm_head(self.model.norm(x)), self.config.logit_softcap)
