@@ -89,11 +89,7 @@ DEFAULTS = {**{t: {"sliding_window": 4096} for t in ("mistral", "ministral", "qw
             # transformers' Ministral3Config's (Ministral 3's text model): YaRN with Llama 4's query scaling
             "ministral3": {"vocab_size": 131_072, "hidden_size": 4096, "intermediate_size": 14_336,
                            "num_hidden_layers": 34, "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
-                           "max_position_embeddings": 262_144, "rms_norm_eps": 1e-5, "sliding_window": None,
-                           "rope_parameters": {"rope_type": "yarn", "rope_theta": 1_000_000.0, "factor": 16.0,
-                                               "original_max_position_embeddings": 16_384, "beta_fast": 32.0,
-                                               "beta_slow": 1.0, "mscale_all_dim": 1.0, "mscale": 1.0,
-                                               "llama_4_scaling_beta": 0.1}},
+                           "max_position_embeddings": 262_144, "rms_norm_eps": 1e-5, "sliding_window": None},
             # Seed-OSS's: biases on q, k and v, not on o (attention_out_bias)
             "seed_oss": {"attention_bias": True, "head_dim": 128, "rms_norm_eps": 1e-6, "max_position_embeddings": 524_288},
             "gemma": {"head_dim": 256, "max_position_embeddings": 8192},
@@ -134,6 +130,9 @@ DEFAULTS = {**{t: {"sliding_window": 4096} for t in ("mistral", "ministral", "qw
                         "swiglu_limit": 7.0, "swiglu_alpha": 1.702,
                         "rope_scaling": {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
                                          "truncate": False, "original_max_position_embeddings": 4096}}}
+# Ministral 3's RoPE where config.json gives neither rope_parameters nor rope_scaling (transformers' default)
+MINISTRAL3_ROPE = {"rope_type": "yarn", "rope_theta": 1_000_000.0, "factor": 16.0, "original_max_position_embeddings": 16_384,
+                   "beta_fast": 32.0, "beta_slow": 1.0, "mscale_all_dim": 1.0, "mscale": 1.0, "llama_4_scaling_beta": 0.1}
 # and SiglipVisionConfig's, which its vision_config leaves out
 SIGLIP = {"hidden_size": 768, "intermediate_size": 3072, "num_hidden_layers": 12, "num_channels": 3,
           "image_size": 224, "patch_size": 16, "vision_use_head": True}
@@ -343,6 +342,8 @@ def _config(directory: str | Path, run: bool) -> tuple[Path, dict, int]:
         cfg = {**DEFAULTS.get(cfg["model_type"], {}), **cfg}
         if cfg["model_type"] == "gpt_oss" and not cfg.get("rope_parameters") and not cfg.get("rope_scaling"):
             cfg["rope_scaling"] = DEFAULTS["gpt_oss"]["rope_scaling"]  # its YaRN wherever none is given, null too
+        if cfg["model_type"] == "ministral3" and not cfg.get("rope_parameters") and not cfg.get("rope_scaling"):
+            cfg["rope_parameters"] = MINISTRAL3_ROPE  # the same
     except (TypeError, ValueError) as exc:
         raise CheckpointError(f"{path}: {exc}") from exc
     return path, cfg, vision
@@ -431,6 +432,8 @@ def _read_config(directory: str | Path, run: bool) -> tuple[ModelConfig, list[st
         ignored.append(f"its chunked attention ({mc.sliding_window} tokens) frees no KV here: the KV is sized as full "
                        "attention, the most it may need")
     window = cfg.get("sliding_window") if layers else None
+    if window is None and layers and cfg["model_type"] in LAYER_TYPE_ROPE:  # no window, but their own RoPE
+        mc = replace(mc, sliding_window=mc.max_position, window_layers=layers)
     if window is not None:
         if isinstance(window, bool) or not isinstance(window, (int, float)) or not float(window).is_integer() or window < 2:
             raise CheckpointError(f"{path}: sliding_window must be a whole number of tokens >= 2, got {window!r}")
@@ -851,8 +854,9 @@ def _layer_type_rope(cfg: dict, mc: ModelConfig, path: Path) -> ModelConfig:
         local = {"rope_type": "default", "rope_theta": cfg.get("rope_local_base_freq", local_base) if local_base else theta}
     if not isinstance(full, dict) or not isinstance(local, dict):
         raise CheckpointError(f"{path}: rope parameters must be objects, got {full!r} and {local!r}")
-    theta, scaling = _rope({"rope_parameters": {"rope_theta": base, **full}}, path)
-    local_theta, local_scaling = _rope({"rope_parameters": {"rope_theta": local_base or base, **local}}, path)
+    context = {"max_position_embeddings": cfg.get("max_position_embeddings")}  # YaRN's original context, where none is given
+    theta, scaling = _rope({**context, "rope_parameters": {"rope_theta": base, **full}}, path)
+    local_theta, local_scaling = _rope({**context, "rope_parameters": {"rope_theta": local_base or base, **local}}, path)
     if local_scaling is not None:
         raise CheckpointError(f"{path}: a scaled RoPE on the windowed layers is not supported")
     return replace(mc, rope_theta=theta, rope_scaling=scaling, local_rope_theta=local_theta if mc.window_layers else None)

@@ -229,7 +229,7 @@ class ModelConfig:
     # sees the keys from p - p % sliding_window to p) rather than the last sliding_window; its rotating layers'
     # q and k heads normed after RoPE, without a weight (``qk_l2_norm``); its NoPE layers' queries times
     # log1p(floor((p + 1) / floor_scale)) x attn_scale + 1, in float32 (``attn_temperature``: (floor_scale,
-    # attn_scale)). With ``attn_temperature_every_layer`` (Ministral 3's and Mistral Large 3's llama_4_scaling)
+    # attn_scale)). With ``attn_temperature_every_layer`` (Ministral 3's llama_4_scaling)
     # every layer's queries, after RoPE, times 1 + attn_scale x ln(1 + floor(p / floor_scale)), the scale rounded to
     # the model's dtype first: each as transformers computes it
     window_chunked: bool = False

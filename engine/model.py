@@ -566,19 +566,26 @@ class LlamaModel(nn.Module):
             x = x * self.config.embedding_multiplier
         rope = self.rotary(positions, x.dtype)
         local = rope if self.local_rotary is None else self.local_rotary(positions, x.dtype)
-        if self.config.attn_temperature is not None:  # the queries' scales by position, as transformers computes them
-            floor_scale, attn_scale = self.config.attn_temperature
-            if self.config.attn_temperature_every_layer:  # Ministral 3's: rounded to the model's dtype first
-                scale = (1 + attn_scale * torch.log(1 + torch.floor(positions.float() / floor_scale))).to(x.dtype)
-            else:  # Llama 4's NoPE layers': float32
-                scale = torch.log1p(torch.floor((positions.float() + 1.0) / floor_scale)) * attn_scale + 1.0
-            batch.query_scale = scale[:, None, None]
+        batch.query_scale = self.query_scales(positions, x.dtype)
         for layer in self.model.layers:
             x = layer(x, local if layer.self_attn.windowed else rope, batch, pool)
         if batch.logit_rows is not None:
             x = x[batch.logit_rows]
         logits = softcap(self.lm_head(self.model.norm(x)), self.config.logit_softcap)
         return logits if self.config.logits_scaling == 1 else logits / self.config.logits_scaling
+
+    def query_scales(self, positions: torch.Tensor, dtype: torch.dtype) -> torch.Tensor | None:
+        """Each token's queries' scale by its position, [tokens, 1, 1], as transformers computes it
+        (``ModelConfig.attn_temperature``): Llama 4's NoPE layers' in float32, Ministral 3's every layer's
+        rounded to ``dtype`` first; None for a model without one."""
+        if self.config.attn_temperature is None:
+            return None
+        floor_scale, attn_scale = self.config.attn_temperature
+        if self.config.attn_temperature_every_layer:
+            scale = (1 + attn_scale * torch.log(1 + torch.floor(positions.float() / floor_scale))).to(dtype)
+        else:
+            scale = torch.log1p(torch.floor((positions.float() + 1.0) / floor_scale)) * attn_scale + 1.0
+        return scale[:, None, None]
 
     def weight_bytes(self) -> int:
         return sum(p.numel() * p.element_size() for p in self.parameters())

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from conftest import assert_greedy_up_to_rounding, hf_greedy, hf_tiny
-from engine.checkpoint import load_checkpoint, read_sizes
+from engine.checkpoint import load_checkpoint, read_config, read_sizes
 from test_gpt_oss import generate
 from test_moe import prompts
 
@@ -51,6 +51,18 @@ def test_a_ministral3_checkpoint_generates_what_transformers_generates(tmp_path,
         assert generate(model, ps) != outputs  # the query scaling matters
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_query_scale_is_transformers_at_each_step_of_its_floor(tmp_path, dtype):
+    # tokens alone would not tell floor(p / 8) from Llama 4's floor((p + 1) / 8): they differ at 7, 15, ...
+    from transformers.models.ministral3.modeling_ministral3 import get_llama_4_attn_scale
+
+    hf_tiny("Ministral3", **TEXT).save_pretrained(tmp_path)
+    model = load_checkpoint(tmp_path)
+    positions = torch.tensor([0, 7, 8, 15, 16, 63, 64, 1000])
+    theirs = get_llama_4_attn_scale(positions[None], 0.5, 8).to(dtype).reshape(-1)
+    assert torch.equal(model.query_scales(positions, dtype).reshape(-1), theirs)
+
+
 def test_a_mistral3_checkpoint_with_a_ministral3_text_model_runs_it(tmp_path):
     text = hf_tiny("Ministral3", **TEXT).config.to_dict()
     vision = dict(hidden_size=32, intermediate_size=40, num_hidden_layers=2, num_attention_heads=2, head_dim=16,
@@ -65,3 +77,17 @@ def test_a_mistral3_checkpoint_with_a_ministral3_text_model_runs_it(tmp_path):
     assert read_sizes(tmp_path)[0].param_count() == hf.num_parameters()
     ps = prompts([13, 30])
     assert generate(model, ps) == [hf_greedy(hf, p, 12) for p in ps]
+
+
+def test_ministral3_reads_its_rope_from_rope_scaling_or_takes_transformers_default(tmp_path):
+    # a top-level rope_scaling is the checkpoint's own (transformers reads it before its default); none, or null,
+    # takes Ministral3Config's YaRN (factor 16 over 16,384 tokens, beta 0.1)
+    hf_tiny("Ministral3", **TEXT).save_pretrained(tmp_path)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    del cfg["rope_parameters"]
+    own = {**ROPE, "factor": 2.0, "original_max_position_embeddings": 32, "llama_4_scaling_beta": 0.2}
+    for fields, expected in (({"rope_scaling": own}, (2.0, 32, (32.0, 0.2))), ({}, (16.0, 16_384, (16_384.0, 0.1))),
+                             ({"rope_parameters": None}, (16.0, 16_384, (16_384.0, 0.1)))):
+        (tmp_path / "config.json").write_text(json.dumps({**cfg, **fields}))
+        mc = read_config(tmp_path)
+        assert (mc.rope_scaling.factor, mc.rope_scaling.original_max_position, mc.attn_temperature) == expected

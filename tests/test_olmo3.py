@@ -21,11 +21,13 @@ YARN = {"rope_type": "yarn", "rope_theta": 100.0, "factor": 4.0, "original_max_p
         "beta_fast": 32.0, "beta_slow": 1.0}
 
 
-def hf_olmo3():
-    """A tiny OLMo 3: 4 layers, the first three windowed at 16 tokens (the prompts pass it), YaRN on the last;
-    its weights drawn five times wider and its norms apart, so that a window or a rotation shows."""
+def hf_olmo3(sliding_theta: float = 50.0):
+    """A tiny OLMo 3: 4 layers, the first three windowed at 16 tokens (the prompts pass it) and rotating by a
+    base of their own (``sliding_theta``), YaRN on the last; its weights drawn five times wider and its norms
+    apart, so that a window or a rotation shows."""
     hf = hf_tiny("Olmo3", num_hidden_layers=4, sliding_window=16, initializer_range=0.1, pad_token_id=None,
-                 rope_parameters={"full_attention": YARN, "sliding_attention": {"rope_type": "default", "rope_theta": 100.0}})
+                 rope_parameters={"full_attention": YARN,
+                                  "sliding_attention": {"rope_type": "default", "rope_theta": sliding_theta}})
     with torch.no_grad():
         for key, p in hf.named_parameters():
             if key.endswith("norm.weight"):
@@ -38,7 +40,8 @@ def test_an_olmo3_checkpoint_generates_what_transformers_generates(tmp_path):
     hf.save_pretrained(tmp_path)
     model = load_checkpoint(tmp_path)
     mc = model.config
-    assert (mc.window_layers, mc.sliding_window, mc.local_rope_theta, mc.rope_scaling.kind) == ((0, 1, 2), 16, 100.0, "yarn")
+    assert (mc.window_layers, mc.sliding_window, mc.rope_theta, mc.local_rope_theta) == ((0, 1, 2), 16, 100.0, 50.0)
+    assert mc.rope_scaling.kind == "yarn"
     assert mc.qk_norm_across_heads and not mc.pre_norms and mc.param_count() == hf.num_parameters()
     ps = prompts([13, 30, 21])
     outputs = generate(model, ps)
@@ -53,11 +56,17 @@ def test_an_olmo3_checkpoint_generates_what_transformers_generates(tmp_path):
 
 
 def test_olmo3s_older_config_layout_reads_the_same(tmp_path):
-    # rope_scaling and rope_theta at the top level, no layer_types: every fourth layer full, as transformers decides
-    hf_olmo3().save_pretrained(tmp_path)
+    # rope_scaling and rope_theta at the top level (one base for both kinds of layer, as vLLM and transformers 4 read
+    # it), no layer_types (every fourth layer full, as transformers decides); without a window, the windowed
+    # layers still rotate by their own RoPE, as transformers rotates each sliding_attention layer
+    hf_olmo3(sliding_theta=100.0).save_pretrained(tmp_path)
     new = read_config(tmp_path)
     cfg = json.loads((tmp_path / "config.json").read_text())
     del cfg["rope_parameters"], cfg["layer_types"]
-    (tmp_path / "config.json").write_text(json.dumps({**cfg, "rope_scaling": {k: v for k, v in YARN.items()
-                                                                              if k != "rope_theta"}, "rope_theta": 100.0}))
+    old = {**cfg, "rope_scaling": {k: v for k, v in YARN.items() if k != "rope_theta"}, "rope_theta": 100.0}
+    (tmp_path / "config.json").write_text(json.dumps(old))
     assert read_config(tmp_path) == new
+    (tmp_path / "config.json").write_text(json.dumps({**old, "sliding_window": None}))
+    unwindowed = read_config(tmp_path)
+    assert (unwindowed.window_layers, unwindowed.local_rope_theta) == ((0, 1, 2), 100.0)
+    assert unwindowed.sliding_window == unwindowed.max_position  # masks nothing
