@@ -44,16 +44,17 @@ from engine.model import LlamaModel
 # scalars: on the embeddings, the attention scores, each sublayer's output and the logits. OLMo 2 is Llama's
 # with one RMSNorm over all of q's heads' features and one over k's, and its layers' norms after attention
 # and the MLP, on their outputs, in place of the norms on their inputs; OLMo 3 is OLMo 2's with a sliding
-# window on three layers of four, which rotate by an unscaled RoPE of their own. GLM-4 (dense: GLM-4-0414, GLM-Z1) is
-# Llama's with biases on q, k and v, a norm on each sublayer's output as well as its input, gate and up
-# stored as one tensor (as Phi-3's), and RoPE over half of each head's features, its pairs interleaved.
-# Ministral (8B) is Mistral's with each layer's kind in layer_types; Ministral 3 (alone, or as Mistral 3's text
-# model) is Mistral's with YaRN and every layer's queries scaled by position (Llama 4's rule); Seed-OSS is Llama's with biases on q, k and
-# v (``attention_bias``) and on o only where ``attention_out_bias`` says. SmolLM3 is Llama's with RoPE left out
-# of some layers (``no_rope_layers``: every fourth by default). Llama 4
-# (Scout, Maverick: its text model beside a vision tower) leaves RoPE out of every fourth layer too, tempering
-# those layers' queries by position; its other layers attend within chunks of 8,192 tokens and norm q and k
-# after RoPE; its experts (16 on every layer, or 128 on every other) weigh their inputs, beside a shared expert.
+# window on three layers of four, which rotate by an unscaled RoPE of their own. GLM-4 (dense: GLM-4-0414,
+# GLM-Z1) is Llama's with biases on q, k and v, a norm on each sublayer's output as well as its input, gate
+# and up stored as one tensor (as Phi-3's), and RoPE over half of each head's features, its pairs
+# interleaved. Ministral (8B) is Mistral's with each layer's kind in layer_types; Ministral 3 (alone, or as
+# Mistral 3's text model) is Mistral's with YaRN and every layer's queries scaled by position (Llama 4's
+# rule); Seed-OSS is Llama's with biases on q, k and v (``attention_bias``) and on o only where
+# ``attention_out_bias`` says. SmolLM3 is Llama's with RoPE left out of some layers (``no_rope_layers``:
+# every fourth by default). Llama 4 (Scout, Maverick: its text model beside a vision tower) leaves RoPE out
+# of every fourth layer too, tempering those layers' queries by position; its other layers attend within
+# chunks of 8,192 tokens and norm q and k after RoPE; its experts (16 on every layer, or 128 on every
+# other) weigh their inputs, beside a shared expert.
 MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma", "gemma2", "gemma3_text", "gemma3", "mixtral",
                "qwen2_moe", "qwen3_moe", "gpt_oss", "mistral3", "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe",
                "deepseek_v2", "deepseek_v3", "glm4_moe", "granite", "olmo2", "glm4", "smollm3", "llama4_text", "llama4",
@@ -127,12 +128,14 @@ DEFAULTS = {**{t: {"sliding_window": 4096} for t in ("mistral", "ministral", "qw
             # gpt-oss's config.json names no dtype: its release's tensors are bfloat16, as vLLM serves it
             "gpt_oss": {"torch_dtype": "bfloat16", "head_dim": 64, "sliding_window": 128, "attention_bias": True,
                         "rope_theta": 150_000.0, "max_position_embeddings": 131_072, "rms_norm_eps": 1e-5,
-                        "swiglu_limit": 7.0, "swiglu_alpha": 1.702,
-                        "rope_scaling": {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
-                                         "truncate": False, "original_max_position_embeddings": 4096}}}
-# Ministral 3's RoPE where config.json gives neither rope_parameters nor rope_scaling (transformers' default)
-MINISTRAL3_ROPE = {"rope_type": "yarn", "rope_theta": 1_000_000.0, "factor": 16.0, "original_max_position_embeddings": 16_384,
-                   "beta_fast": 32.0, "beta_slow": 1.0, "mscale_all_dim": 1.0, "mscale": 1.0, "llama_4_scaling_beta": 0.1}
+                        "swiglu_limit": 7.0, "swiglu_alpha": 1.702}}
+# the RoPE scaling transformers gives a family where config.json gives neither rope_parameters nor rope_scaling
+# (or gives them null): gpt-oss's YaRN, Ministral 3's YaRN with Llama 4's query scaling
+ROPE_DEFAULTS = {"gpt_oss": {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
+                             "original_max_position_embeddings": 4096},
+                 "ministral3": {"rope_type": "yarn", "rope_theta": 1_000_000.0, "factor": 16.0,
+                                "original_max_position_embeddings": 16_384, "beta_fast": 32.0, "beta_slow": 1.0,
+                                "mscale_all_dim": 1.0, "mscale": 1.0, "llama_4_scaling_beta": 0.1}}
 # and SiglipVisionConfig's, which its vision_config leaves out
 SIGLIP = {"hidden_size": 768, "intermediate_size": 3072, "num_hidden_layers": 12, "num_channels": 3,
           "image_size": 224, "patch_size": 16, "vision_use_head": True}
@@ -340,10 +343,8 @@ def _config(directory: str | Path, run: bool) -> tuple[Path, dict, int]:
     try:
         cfg, vision = _text_config(cfg)
         cfg = {**DEFAULTS.get(cfg["model_type"], {}), **cfg}
-        if cfg["model_type"] == "gpt_oss" and not cfg.get("rope_parameters") and not cfg.get("rope_scaling"):
-            cfg["rope_scaling"] = DEFAULTS["gpt_oss"]["rope_scaling"]  # its YaRN wherever none is given, null too
-        if cfg["model_type"] == "ministral3" and not cfg.get("rope_parameters") and not cfg.get("rope_scaling"):
-            cfg["rope_parameters"] = MINISTRAL3_ROPE  # the same
+        if cfg["model_type"] in ROPE_DEFAULTS and not cfg.get("rope_parameters") and not cfg.get("rope_scaling"):
+            cfg["rope_parameters"] = ROPE_DEFAULTS[cfg["model_type"]]
     except (TypeError, ValueError) as exc:
         raise CheckpointError(f"{path}: {exc}") from exc
     return path, cfg, vision
@@ -1039,13 +1040,16 @@ def float8_weights(directory: str | Path) -> tuple[bool, tuple[int, int] | None]
     ``group_size`` along the input), ModelOpt's ``FP8`` and ``FP8_PER_CHANNEL_PER_TOKEN``."""
     q, path = _quantization_config(directory)
     method = q.get("quant_method") if q else None
-    if method == "fp8" and "bits" not in q:
-        block = q.get("weight_block_size")
+
+    def rows_columns(block, what: str) -> tuple[int, int] | None:
         if block is None:
-            return True, None
+            return None
         if not (isinstance(block, list) and len(block) == 2 and all(is_whole(b) and b >= 1 for b in block)):
-            raise CheckpointError(f"{path}: weight_block_size must be two whole numbers >= 1 (rows, columns), got {block!r}")
-        return True, (int(block[0]), int(block[1]))
+            raise CheckpointError(f"{path}: {what} must be two whole numbers >= 1 (rows, columns), got {block!r}")
+        return int(block[0]), int(block[1])
+
+    if method == "fp8" and "bits" not in q:
+        return True, rows_columns(q.get("weight_block_size"), "weight_block_size")
     if method == "modelopt" or (q and "quant_algo" in q):
         fields = q.get("quantization", q)
         return isinstance(fields, dict) and fields.get("quant_algo") in ("FP8", "FP8_PER_CHANNEL_PER_TOKEN"), None
@@ -1054,15 +1058,10 @@ def float8_weights(directory: str | Path) -> tuple[bool, tuple[int, int] | None]
     weights = [g.get("weights") for g in q["config_groups"].values() if isinstance(g, dict) and g.get("weights")]
     if not weights or not all(isinstance(w, dict) and w.get("type") == "float" and w.get("num_bits") == 8 for w in weights):
         return False, None
-    blocks = set()
-    for w in weights:
-        block = w.get("block_structure") if w.get("strategy") == "block" else \
-            [1, w.get("group_size")] if w.get("strategy") == "group" else None
-        if block is not None and not (isinstance(block, list) and len(block) == 2
-                                      and all(is_whole(b) and b >= 1 for b in block)):
-            raise CheckpointError(f"{path}: a compressed-tensors float group's {w.get('strategy')} must give two whole "
-                                  f"numbers >= 1 (block_structure) or one (group_size), got {block!r}")
-        blocks.add(None if block is None else (int(block[0]), int(block[1])))
+    blocks = {rows_columns(w.get("block_structure"), "a compressed-tensors float group's block_structure")
+              if w.get("strategy") == "block" else
+              rows_columns([1, w.get("group_size")], "a compressed-tensors float group's [1, group_size]")
+              if w.get("strategy") == "group" else None for w in weights}
     blocks.discard(None)
     if len(blocks) > 1:
         raise CheckpointError(f"{path}: compressed-tensors groups with blocks of different shapes ({sorted(blocks)}) "

@@ -31,6 +31,16 @@ def assert_greedy_up_to_rounding(hf, prompt: list[int], tokens: list[int], ulps:
     assert not far, f"(step, token, logit below the top) beyond {tol:.5f}: {far}"
 
 
+def assert_generates_as(hf, prompts: list[list[int]], outputs: list[list[int]], exact: bool) -> None:
+    """``outputs`` continue ``prompts`` as transformers' ``hf`` decodes them greedily: token for token where
+    ``exact`` (float32), else up to rounding (bf16: ``assert_greedy_up_to_rounding``, every step checked)."""
+    for tokens, p in zip(outputs, prompts):
+        if exact:
+            assert tokens == hf_greedy(hf, p, len(tokens))
+        else:
+            assert_greedy_up_to_rounding(hf, p, tokens)
+
+
 def hf_tiny(name: str, **extra):
     """transformers' ``<name>ForCausalLM`` at a tiny size (3 layers, 6 heads over 2 KV heads, a
     300-token vocabulary), its weights drawn from seed 0; ``extra`` adds to its configuration or overrides it."""

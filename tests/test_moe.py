@@ -9,7 +9,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from conftest import assert_greedy_up_to_rounding, hf_greedy, hf_tiny
+from conftest import assert_generates_as, hf_greedy, hf_tiny
 from engine.checkpoint import CheckpointError, load_checkpoint
 from engine.config import EngineConfig, ModelConfig
 from engine.engine import Engine
@@ -74,17 +74,9 @@ def test_a_moe_checkpoint_loads_and_generates_what_transformers_generates(tmp_pa
     for i, p in enumerate(ps):
         eng.submit(Request(f"c{i}", 0.0, len(p), 12, 12, prompt_ids=tuple(p)))
     eng.run()
-
-    def check(tokens: list[int], p: list[int]) -> None:
-        if dtype == "float32":  # exact
-            assert tokens == hf_greedy(hf, p, 12)
-        else:  # bf16: a near-tie may round either way (see conftest), every step is still checked
-            assert_greedy_up_to_rounding(hf, p, tokens)
-
-    for i, p in enumerate(ps):
-        check(eng.outputs[f"c{i}"], p)
+    assert_generates_as(hf, ps, [eng.outputs[f"c{i}"] for i in range(len(ps))], exact=dtype == "float32")
     # the twin the benchmarks build from the engine's own weights is the same model again
-    check(hf_greedy(hf_twin(model), ps[1], 12), ps[1])
+    assert_generates_as(hf, [ps[1]], [hf_greedy(hf_twin(model), ps[1], 12)], exact=dtype == "float32")
 
 
 @pytest.mark.parametrize("arch", ["qwen3_moe", "mixtral", "qwen2_moe"])
