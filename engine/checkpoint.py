@@ -54,11 +54,17 @@ from engine.model import LlamaModel
 # every fourth by default). Llama 4 (Scout, Maverick: its text model beside a vision tower) leaves RoPE out
 # of every fourth layer too, tempering those layers' queries by position; its other layers attend within
 # chunks of 8,192 tokens and norm q and k after RoPE; its experts (16 on every layer, or 128 on every
-# other) weigh their inputs, beside a shared expert.
+# other) weigh their inputs, beside a shared expert. MiniMax-M2 (M2, M2.1) is Mixtral's with OLMo 2's q and k
+# norms (one RMSNorm over all of q's heads' features, one over k's), RoPE over the first ``rotary_dim`` of each
+# head's features, and experts picked by their sigmoid scores plus a learned bias, weighed by those scores
+# renormalised (DeepSeek-V3's router in one group). ERNIE 4.5 is Llama's with RoPE over interleaved pairs; its
+# mixtures of experts (21B-A3B, 300B-A47B) pick experts by their softmax scores plus a learned bias, weighed by
+# those scores renormalised, beside ungated shared experts, on the layers from ``moe_layer_start_index`` to
+# ``moe_layer_end_index`` every ``moe_layer_interval``-th.
 MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma", "gemma2", "gemma3_text", "gemma3", "mixtral",
                "qwen2_moe", "qwen3_moe", "gpt_oss", "mistral3", "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe",
                "deepseek_v2", "deepseek_v3", "glm4_moe", "granite", "olmo2", "glm4", "smollm3", "llama4_text", "llama4",
-               "olmo3", "ministral", "seed_oss", "ministral3")
+               "olmo3", "ministral", "seed_oss", "ministral3", "minimax_m2", "ernie4_5", "ernie4_5_moe")
 # the model classes vLLM picks by config.json's ``architectures`` (it runs a model by its class, not its
 # model_type), read where the model_type is not one of the above: Kimi K2's (``kimi_k2``, transformers has
 # no such type) is DeepSeek-V3's architecture. Its fields are then read as that family's are, its defaults too
@@ -72,11 +78,12 @@ ARCHITECTURES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral", "
                  "MinistralForCausalLM": "ministral", "SeedOssForCausalLM": "seed_oss",
                  "Ministral3ForCausalLM": "ministral3",
                  "Glm4ForCausalLM": "glm4", "SmolLM3ForCausalLM": "smollm3", "Llama4ForCausalLM": "llama4_text",
-                 "Llama4ForConditionalGeneration": "llama4"}
+                 "Llama4ForConditionalGeneration": "llama4", "MiniMaxM2ForCausalLM": "minimax_m2",
+                 "Ernie4_5ForCausalLM": "ernie4_5", "Ernie4_5_MoeForCausalLM": "ernie4_5_moe"}
 DEEPSEEK_TYPES = ("deepseek_v2", "deepseek_v3")
 GROUPED_TYPES = (*DEEPSEEK_TYPES, "glm4_moe")  # DeepSeek's mixture of experts, routed in groups
 # the model types whose transformers implementation rotates only the first partial_rotary_factor of each head
-PARTIAL_ROTARY_TYPES = ("phi3", "glm4_moe", "glm4")
+PARTIAL_ROTARY_TYPES = ("phi3", "glm4_moe", "glm4", "minimax_m2")
 GEMMA_TYPES = ("gemma", "gemma2", "gemma3_text")
 # the model types vLLM refuses to run in float16 (numerically unstable): bfloat16 in its place
 NO_FLOAT16 = ("gemma2", "gemma3_text")
@@ -123,6 +130,22 @@ DEFAULTS = {**{t: {"sliding_window": 4096} for t in ("mistral", "ministral", "qw
                             "num_local_experts": 16, "interleave_moe_layer_step": 1, "use_qk_norm": True,
                             "attention_chunk_size": 8192, "attn_temperature_tuning": True, "floor_scale": 8192,
                             "attn_scale": 0.1},
+            # transformers' MiniMaxM2Config's (MiniMax-M2's sizes)
+            "minimax_m2": {"vocab_size": 200_064, "hidden_size": 3072, "intermediate_size": 1536, "num_hidden_layers": 62,
+                           "num_attention_heads": 48, "num_key_value_heads": 8, "head_dim": 128,
+                           "max_position_embeddings": 196_608, "rms_norm_eps": 1e-6, "rope_theta": 5_000_000.0,
+                           "num_local_experts": 256, "num_experts_per_tok": 8},
+            # transformers' Ernie4_5Config's and Ernie4_5_MoeConfig's (ERNIE-4.5-0.3B's and -21B-A3B's sizes)
+            "ernie4_5": {"vocab_size": 103_424, "hidden_size": 1024, "intermediate_size": 3072, "num_hidden_layers": 18,
+                         "num_attention_heads": 16, "num_key_value_heads": 2, "head_dim": 128,
+                         "max_position_embeddings": 131_072, "rms_norm_eps": 1e-5, "rope_theta": 500_000.0,
+                         "tie_word_embeddings": True},
+            "ernie4_5_moe": {"vocab_size": 103_424, "hidden_size": 2560, "intermediate_size": 12_288,
+                             "num_hidden_layers": 28, "num_attention_heads": 20, "num_key_value_heads": 4,
+                             "max_position_embeddings": 131_072, "rms_norm_eps": 1e-5, "rope_theta": 500_000.0,
+                             "tie_word_embeddings": True, "moe_intermediate_size": 1536, "moe_k": 6,
+                             "moe_num_experts": 64, "moe_num_shared_experts": 2, "moe_layer_start_index": 1,
+                             "moe_layer_end_index": -1, "moe_layer_interval": 1},
             "smollm3": {"num_key_value_heads": 4, "tie_word_embeddings": True, "max_position_embeddings": 32_768,
                         "rope_theta": 2_000_000.0},
             # gpt-oss's config.json names no dtype: its release's tensors are bfloat16, as vLLM serves it
@@ -179,7 +202,7 @@ QWEN_VL_TEXT_DEFAULTS = {
                      "max_position_embeddings": 128_000, "rms_norm_eps": 1e-6, "rope_theta": 500_000.0,
                      "moe_intermediate_size": 1408, "num_experts": 60, "num_experts_per_tok": 4, "decoder_sparse_step": 1}}
 FUSED = {"self_attn.qkv_proj.weight": ("q_proj", "k_proj", "v_proj"), "mlp.gate_up_proj.weight": ("gate_proj", "up_proj")}
-MOE_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe", "gpt_oss", *GROUPED_TYPES)
+MOE_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe", "gpt_oss", "minimax_m2", "ernie4_5_moe", *GROUPED_TYPES)
 # where a layer's experts are stored, and one expert's (gate, up, down) projections there: Mixtral's
 # names, or Qwen-MoE's
 EXPERT_LAYOUTS = {"block_sparse_moe": ("w1", "w3", "w2"), "mlp": ("gate_proj", "up_proj", "down_proj")}
@@ -408,6 +431,12 @@ def _read_config(directory: str | Path, run: bool) -> tuple[ModelConfig, list[st
             mc = _granite(cfg, mc)
         if cfg["model_type"] in ("olmo2", "olmo3"):
             mc = replace(mc, qk_norm=True, qk_norm_across_heads=True, sandwich_norms=True, pre_norms=False)
+        if cfg["model_type"] == "minimax_m2":  # OLMo 2's q and k norms in Llama's layers (vLLM's and transformers' always)
+            mc = replace(mc, qk_norm=True, qk_norm_across_heads=True)
+        if cfg["model_type"] in ("ernie4_5", "ernie4_5_moe"):
+            if cfg.get("use_bias"):  # on every projection, its MLPs' too
+                raise ValueError("use_bias is not supported (biases on the MLPs)")
+            mc = replace(mc, rope_interleaved=True)
         if cfg["model_type"] == "glm4":
             mc = replace(mc, sandwich_norms=True, rope_interleaved=True)
         if cfg["model_type"] == "smollm3":
@@ -629,11 +658,17 @@ def _qwen_vl(cfg: dict) -> tuple[dict, int]:
 
 def _partial_rotary(cfg: dict) -> float:
     """The share of each head's features RoPE rotates: ``partial_rotary_factor`` in ``rope_parameters``
-    (transformers 5) or at config.json's top level; 1 where neither gives one."""
+    (transformers 5) or at config.json's top level, else MiniMax-M2's ``rotary_dim`` over its head_dim (as
+    transformers and vLLM read it); 1 where none gives one."""
     params = cfg.get("rope_parameters")
     value = params.get("partial_rotary_factor") if isinstance(params, dict) else None
     if value is None:
         value = cfg.get("partial_rotary_factor")
+    if value is None and cfg["model_type"] == "minimax_m2" and cfg.get("rotary_dim") is not None:
+        rotary, head = _int(cfg, "rotary_dim"), _int(cfg, "head_dim")
+        if not 0 < rotary <= head or rotary % 2:
+            raise ValueError(f"rotary_dim must be an even number of features in [2, head_dim {head}], got {rotary}")
+        value = rotary / head
     if value is None:
         return 1.0
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
@@ -705,6 +740,29 @@ def _grouped_experts(cfg: dict, mc: ModelConfig) -> ModelConfig:
                    shared_expert_intermediate_size=width * shared, shared_expert_gate=False,
                    router=router, expert_groups=groups[0], topk_groups=groups[1],
                    routed_scaling=_positive(cfg, "routed_scaling_factor"))
+
+
+def _ernie_experts(cfg: dict, mc: ModelConfig) -> ModelConfig:
+    """``mc`` with ERNIE 4.5's mixture of experts: ``moe_num_experts`` experts ``moe_intermediate_size`` wide,
+    ``moe_k`` a token picked by their softmax scores plus a learned bias and weighed by those scores renormalised,
+    beside ``moe_num_shared_experts`` ungated shared experts as one MLP; sparse on the layers from
+    ``moe_layer_start_index`` to ``moe_layer_end_index`` (-1: the last) whose number (from 1) the
+    ``moe_layer_interval`` divides, as transformers and vLLM place them."""
+    experts, width, shared = _int(cfg, "moe_num_experts"), _int(cfg, "moe_intermediate_size"), _int(cfg, "moe_num_shared_experts", 0)
+    if experts <= 0 or shared < 0:
+        raise ValueError(f"moe_num_experts must be > 0 and moe_num_shared_experts >= 0, got {experts} and {shared}")
+    first, last, every = (_int(cfg, "moe_layer_start_index", 0), _int(cfg, "moe_layer_end_index", -1),
+                          _int(cfg, "moe_layer_interval", 1))
+    if every <= 0:
+        raise ValueError(f"moe_layer_interval must be > 0, got {every}")
+    last = mc.num_layers - 1 if last == -1 else last
+    dense = tuple(i for i in range(mc.num_layers) if not (first <= i <= last and (i + 1) % every == 0))
+    if len(dense) == mc.num_layers:
+        raise ValueError(f"moe_layer_start_index {first}, moe_layer_end_index {last} and moe_layer_interval {every} "
+                         f"leave none of the {mc.num_layers} layers sparse")
+    return replace(mc, num_experts=experts, experts_per_token=_int(cfg, "moe_k"), moe_intermediate_size=width,
+                   norm_topk_prob=True, moe_float32_weights=True, dense_layers=dense,
+                   shared_expert_intermediate_size=width * shared, shared_expert_gate=False, router="softmax_biased")
 
 
 def _nope_layers(cfg: dict, num_layers: int) -> tuple[int, ...]:
@@ -865,10 +923,12 @@ def _layer_type_rope(cfg: dict, mc: ModelConfig, path: Path) -> ModelConfig:
 
 def _experts(cfg: dict, mc: ModelConfig, path: Path) -> ModelConfig:
     """``mc`` with the mixture of experts ``cfg`` describes (Mixtral's or Qwen-MoE's fields)."""
-    mixtral = cfg["model_type"] in ("mixtral", "gpt_oss")  # experts as wide as intermediate_size, every layer sparse
+    mixtral = cfg["model_type"] in ("mixtral", "gpt_oss", "minimax_m2")  # experts as wide as intermediate_size, every layer sparse
     try:
         if cfg["model_type"] in GROUPED_TYPES:
             return _grouped_experts(cfg, mc)
+        if cfg["model_type"] == "ernie4_5_moe":
+            return _ernie_experts(cfg, mc)
         experts = _int(cfg, "num_local_experts" if cfg.get("num_local_experts") else "num_experts", 0)
         if experts <= 0:
             raise CheckpointError(f"{path}: a {cfg['model_type']} checkpoint needs num_experts (or num_local_experts) > 0")
@@ -890,6 +950,11 @@ def _experts(cfg: dict, mc: ModelConfig, path: Path) -> ModelConfig:
                 raise ValueError("swiglu_limit must be a number > 0, got None")
             mc = replace(mc, attn_sinks=True, norm_float32_weight=True, swiglu_limit=cfg["swiglu_limit"],
                          swiglu_alpha=cfg["swiglu_alpha"])
+        if cfg["model_type"] == "minimax_m2":  # sigmoid scores plus a learned bias pick, the scores renormalised weigh
+            scoring = cfg.get("scoring_func") or "sigmoid"
+            if scoring != "sigmoid":
+                raise ValueError(f"scoring_func {scoring!r} is not supported (MiniMax-M2's router scores by sigmoid)")
+            mc = replace(mc, router="sigmoid_groups")
         return mc
     except CheckpointError:
         raise
@@ -908,7 +973,7 @@ def _stacked_experts(state: dict[str, torch.Tensor], mc: ModelConfig, directory)
     gate, up, down = EXPERT_LAYOUTS[layout]
     # every tensor but those stacked below, which keeps an expert past the layer's count, or on a dense layer,
     # under its own name for the loader to refuse (a multi-token-prediction layer's to skip)
-    out = {k.replace(".block_sparse_moe.gate.", ".mlp.gate."): v for k, v in state.items()}
+    out = dict(_router_tensor(k, v) for k, v in state.items())
     for layer in range(mc.num_layers):
         if not mc.is_sparse(layer):
             continue
@@ -926,6 +991,19 @@ def _stacked_experts(state: dict[str, torch.Tensor], mc: ModelConfig, directory)
             [torch.cat((parts[gate, e], parts[up, e])) for e in range(mc.num_experts)])
         out[f"model.layers.{layer}.mlp.experts.down_proj"] = torch.stack([parts[down, e] for e in range(mc.num_experts)])
     return out
+
+
+def _router_tensor(key: str, tensor: torch.Tensor) -> tuple[str, torch.Tensor]:
+    """A router's tensor under the model's name and shape: Mixtral's and MiniMax-M2's ``block_sparse_moe.gate`` as
+    ``mlp.gate``; MiniMax-M2's correction bias (``block_sparse_moe.e_score_correction_bias``, transformers 5
+    holds it as ``mlp.e_score_correction_bias``) and ERNIE 4.5's (``mlp.moe_statics.e_score_correction_bias``,
+    one row of them) in the router, as DeepSeek-V3's."""
+    key = key.replace(".block_sparse_moe.gate.", ".mlp.gate.")
+    for held in (".block_sparse_moe.e_score_correction_bias", ".mlp.e_score_correction_bias",
+                 ".mlp.moe_statics.e_score_correction_bias"):
+        if key.endswith(held):
+            return key.removesuffix(held) + ".mlp.gate.e_score_correction_bias", tensor.flatten()
+    return key, tensor
 
 
 # where a multimodal checkpoint keeps its text model's weights (transformers 5's names, then 4's)
@@ -1264,7 +1342,8 @@ def _window_layers(cfg: dict, num_layers: int) -> tuple[int, ...]:
         if cfg["model_type"] == "qwen2_moe":
             return tuple(i for i in range(min(below, num_layers)) if (i + 1) % 2)
         return tuple(range(below, num_layers))
-    if cfg["model_type"] in ("gemma", *GROUPED_TYPES):  # transformers' Gemma, DeepSeek and GLM-4.5 attend fully
+    if cfg["model_type"] in ("gemma", "minimax_m2", "ernie4_5", "ernie4_5_moe", *GROUPED_TYPES):
+        # transformers' Gemma, MiniMax-M2, ERNIE 4.5, DeepSeek and GLM-4.5 attend fully
         return ()  # whatever sliding_window says
     if cfg["model_type"] in ("gemma2", "gpt_oss"):
         return tuple(range(0, num_layers, 2))
@@ -1312,17 +1391,19 @@ VISION_PREFIXES = ("visual.", "vision_tower.", "multi_modal_projector.")
 def _unexpected(state: dict[str, torch.Tensor], expected, mc: ModelConfig, directory) -> list[str]:
     """The tensors of ``state`` the model has no place for, less those vLLM skips as well: RoPE's tables,
     the multi-token-prediction layers after the decoder's (``num_nextn_predict_layers``: DeepSeek-V3's,
-    GLM-4.5's) and a multimodal checkpoint's vision tower and projector."""
+    GLM-4.5's; MiniMax-M2's ``num_mtp_modules``; ERNIE 4.5's, whose names hold ``mtp``) and a multimodal checkpoint's vision tower and projector."""
     path, cfg, vision = _config(directory, run=True)
-    try:
-        nextn = _int(cfg, "num_nextn_predict_layers", 0)
+    try:  # MiniMax-M2 names its own num_mtp_modules (vLLM skips as many layers after the decoder's)
+        nextn = _int(cfg, "num_mtp_modules" if cfg["model_type"] == "minimax_m2" else "num_nextn_predict_layers", 0)
     except ValueError as exc:
         raise CheckpointError(f"{path}: {exc}") from None
+
+    ernie = cfg["model_type"] in ("ernie4_5", "ernie4_5_moe")  # its multi-token-prediction modules: names with mtp
 
     def skipped(key: str) -> bool:
         layer = key.split(".")[2] if key.startswith("model.layers.") else ""
         return (key.endswith(ROPE_TABLES + KV_SCALES) or (bool(vision) and key.startswith(VISION_PREFIXES))
-                or (layer.isdigit() and mc.num_layers <= int(layer) < mc.num_layers + nextn))
+                or (layer.isdigit() and mc.num_layers <= int(layer) < mc.num_layers + nextn) or (ernie and "mtp" in key))
     return sorted(k for k in state if k not in expected and not skipped(k))
 
 

@@ -17,7 +17,7 @@ def torch_dtype(name: str) -> torch.dtype:
     return _DTYPES[name]
 
 
-ROUTERS = ("softmax", "softmax_groups", "sigmoid_groups", "sigmoid_input")  # how a mixture of experts' router picks (ModelConfig)
+ROUTERS = ("softmax", "softmax_groups", "sigmoid_groups", "softmax_biased", "sigmoid_input")  # how a mixture of experts' router picks (ModelConfig)
 ACTIVATIONS = ("silu", "gelu_tanh")  # the MLP's gate: SwiGLU's, or GeGLU's with GELU's tanh approximation
 WEIGHT_BITS = (2, 3, 4, 8, 16, 32)  # the bits a weight may be stored in: quantised, or a float dtype's
 
@@ -208,7 +208,8 @@ class ModelConfig:
     # how a mixture's router picks and weighs (ROUTERS): ``softmax`` the highest softmax scores (Mixtral's,
     # Qwen-MoE's); ``softmax_groups`` (DeepSeek-V2's) the highest within the ``topk_groups`` of
     # ``expert_groups`` groups whose best score is highest; ``sigmoid_groups`` (DeepSeek-V3's) sigmoid scores
-    # plus a learned bias pick within the groups whose two best sum highest, the unbiased scores weigh; the
+    # plus a learned bias pick within the groups whose two best sum highest, the unbiased scores weigh;
+    # ``softmax_biased`` (ERNIE 4.5's) softmax scores plus a learned bias pick, the unbiased scores weigh; the
     # weights are then multiplied by ``routed_scaling``; ``sigmoid_input`` (Llama 4's) the highest logits pick,
     # and their sigmoids weigh each expert's input, not its output
     router: str = "softmax"

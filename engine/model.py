@@ -365,8 +365,9 @@ class SparseMoE(nn.Module):
 
 class Router(nn.Module):
     """DeepSeek's router: ``weight`` [experts, hidden] scores each token in float32, as transformers and vLLM
-    score it; with ``sigmoid_groups`` (DeepSeek-V3's) a learned ``e_score_correction_bias`` is added to the
-    scores that pick (not to those that weigh), held in float32 whatever the model's dtype, as both hold it.
+    score it; with ``sigmoid_groups`` (DeepSeek-V3's) and ``softmax_biased`` (ERNIE 4.5's) a learned
+    ``e_score_correction_bias`` is added to the scores that pick (not to those that weigh), held in float32
+    whatever the model's dtype, as both hold it.
     ``forward`` gives each token's experts picked and their weights (float32), as ``ModelConfig.router`` says."""
 
     def __init__(self, cfg: ModelConfig) -> None:
@@ -375,7 +376,8 @@ class Router(nn.Module):
                                                               cfg.routed_scaling)
         self.groups, self.topk_groups = cfg.expert_groups, cfg.topk_groups
         self.weight = nn.Parameter(torch.empty(cfg.num_experts, cfg.hidden_size))
-        if cfg.router == "sigmoid_groups":
+        self.biased = cfg.router in ("sigmoid_groups", "softmax_biased")
+        if self.biased:
             self.register_buffer("e_score_correction_bias", torch.zeros(cfg.num_experts))
 
     def _apply(self, fn, recurse=True):
@@ -388,16 +390,16 @@ class Router(nn.Module):
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         logits = F.linear(x.float(), self.weight.float())
         n, e = logits.shape
-        if self.kind == "sigmoid_groups":
-            scores = logits.sigmoid()
-            choice = scores + self.e_score_correction_bias
-            best = choice.view(n, self.groups, e // self.groups).topk(2, dim=-1)[0].sum(dim=-1)
-        else:
-            scores = choice = logits.softmax(dim=-1)
-            best = choice.view(n, self.groups, e // self.groups).max(dim=-1).values
-        kept = torch.zeros_like(best).scatter_(1, torch.topk(best, self.topk_groups, dim=-1, sorted=False)[1], 1)
-        outside = ~kept.bool()[:, :, None].expand(n, self.groups, e // self.groups).reshape(n, e)
-        choice = choice.masked_fill(outside, float("-inf") if self.kind == "sigmoid_groups" else 0.0)
+        scores = logits.sigmoid() if self.kind == "sigmoid_groups" else logits.softmax(dim=-1)
+        choice = scores + self.e_score_correction_bias if self.biased else scores
+        if self.groups > 1:  # the experts outside the topk_groups groups scored best left out
+            if self.biased:
+                best = choice.view(n, self.groups, e // self.groups).topk(2, dim=-1)[0].sum(dim=-1)
+            else:
+                best = choice.view(n, self.groups, e // self.groups).max(dim=-1).values
+            kept = torch.zeros_like(best).scatter_(1, torch.topk(best, self.topk_groups, dim=-1, sorted=False)[1], 1)
+            outside = ~kept.bool()[:, :, None].expand(n, self.groups, e // self.groups).reshape(n, e)
+            choice = choice.masked_fill(outside, float("-inf") if self.biased else 0.0)
         picked = torch.topk(choice, self.top_k, dim=-1, sorted=False)[1]
         weights = scores.gather(1, picked)
         if self.normalise:

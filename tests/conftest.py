@@ -41,6 +41,26 @@ def assert_generates_as(hf, prompts: list[list[int]], outputs: list[list[int]], 
             assert_greedy_up_to_rounding(hf, p, tokens)
 
 
+def drawn_apart(hf, mlp_scale: float = 1.0, bias_std: float = 0.0):
+    """``hf`` with its routers' weights drawn from N(0, 1), its norms' from N(1, 0.3), its routers' correction
+    biases (parameters or buffers) from N(0, 0.3), its other biases from N(0, ``bias_std``) where > 0, and its
+    other MLP and expert weights times ``mlp_scale``: far from their initial values, so that a wrong pick,
+    weight or norm changes a tiny mixture of experts' tokens."""
+    with torch.no_grad():
+        for key, t in [*hf.named_parameters(), *hf.named_buffers()]:
+            if key.endswith("gate.weight"):
+                t.normal_(0.0, 1.0)
+            elif key.endswith("norm.weight"):
+                t.normal_(1.0, 0.3)
+            elif key.endswith("e_score_correction_bias"):
+                t.normal_(0.0, 0.3)
+            elif key.endswith(".bias") and bias_std:
+                t.normal_(0.0, bias_std)
+            elif ".mlp." in key and mlp_scale != 1:
+                t.mul_(mlp_scale)
+    return hf
+
+
 def hf_tiny(name: str, **extra):
     """transformers' ``<name>ForCausalLM`` at a tiny size (3 layers, 6 heads over 2 KV heads, a
     300-token vocabulary), its weights drawn from seed 0; ``extra`` adds to its configuration or overrides it."""

@@ -24,13 +24,15 @@ FP8_MAX = 448.0  # E4M3's largest magnitude
 
 
 def quantised(state: dict[str, torch.Tensor], block: tuple[int, int]) -> tuple[dict, dict]:
-    """``state`` with each projection's matrix (``*proj.weight``; the router, embeddings, norms and lm_head
+    """``state`` with each projection's matrix (``*proj.weight``, Mixtral's and MiniMax-M2's experts' ``w1``,
+    ``w2``, ``w3``; the router, embeddings, norms and lm_head
     as they are) in E4M3 beside a float32 scale a block of ``block`` rows and columns (the last ones cut
     short), the block's largest magnitude over 448, as a quantiser writes them; and each such matrix as
     the 8-bit values times their scales, block by block, in float32: what the loader must give back."""
     out, expected = {}, {}
     for key, w in state.items():
-        if not key.endswith(("proj.weight", ".experts.gate_up_proj", ".experts.down_proj")):
+        if not key.endswith(("proj.weight", ".w1.weight", ".w2.weight", ".w3.weight", ".experts.gate_up_proj",
+                             ".experts.down_proj")):
             out[key] = w
             continue
         parts = [_quantised(m, block) for m in (w if w.dim() == 3 else [w])]  # stacked experts: each its own

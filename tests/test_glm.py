@@ -11,7 +11,7 @@ import json
 import pytest
 import torch
 
-from conftest import assert_greedy_up_to_rounding, hf_greedy, hf_tiny
+from conftest import assert_greedy_up_to_rounding, drawn_apart, hf_greedy, hf_tiny
 from engine.checkpoint import CheckpointError, load_checkpoint, read_sizes
 from engine.config import ModelConfig
 from engine.model import GroupedMoE
@@ -32,21 +32,7 @@ def hf_glm(dtype: torch.dtype = torch.float32, **extra):
     """A tiny GLM-4.5 whose routers, correction biases, norms, attention biases and experts are drawn far
     from their initial values, so that a wrong pick, weight, norm or rotation changes the tokens (biases
     kept small: larger ones drive this tiny model to repeat one token, which would hide a difference)."""
-    hf = hf_tiny("Glm4Moe", **{**GLM, **extra})
-    with torch.no_grad():
-        for key, p in hf.named_parameters():
-            if key.endswith("mlp.gate.weight"):
-                p.normal_(0.0, 1.0)
-            elif key.endswith("norm.weight"):
-                p.normal_(1.0, 0.3)
-            elif key.endswith(".bias"):
-                p.normal_(0.0, 0.05)
-            elif ".mlp." in key:
-                p.mul_(2)
-        for key, b in hf.named_buffers():
-            if key.endswith("e_score_correction_bias"):
-                b.normal_(0.0, 0.3)
-    return hf.to(dtype)
+    return drawn_apart(hf_tiny("Glm4Moe", **{**GLM, **extra}), mlp_scale=2, bias_std=0.05).to(dtype)
 
 
 @pytest.mark.parametrize("qk_norm", [False, True])
