@@ -60,11 +60,12 @@ from engine.model import LlamaModel
 # renormalised (DeepSeek-V3's router in one group). ERNIE 4.5 is Llama's with RoPE over interleaved pairs; its
 # mixtures of experts (21B-A3B, 300B-A47B) pick experts by their softmax scores plus a learned bias, weighed by
 # those scores renormalised, beside ungated shared experts, on the layers from ``moe_layer_start_index`` to
-# ``moe_layer_end_index`` every ``moe_layer_interval``-th.
+# ``moe_layer_end_index`` every ``moe_layer_interval``-th. OLMoE is Mixtral's with OLMo 2's q and k norms (in
+# Llama's pre-norm layers) and its experts weighed by their softmax scores unrenormalised, as vLLM runs it.
 MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma", "gemma2", "gemma3_text", "gemma3", "mixtral",
                "qwen2_moe", "qwen3_moe", "gpt_oss", "mistral3", "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe",
                "deepseek_v2", "deepseek_v3", "glm4_moe", "granite", "olmo2", "glm4", "smollm3", "llama4_text", "llama4",
-               "olmo3", "ministral", "seed_oss", "ministral3", "minimax_m2", "ernie4_5", "ernie4_5_moe")
+               "olmo3", "ministral", "seed_oss", "ministral3", "minimax_m2", "ernie4_5", "ernie4_5_moe", "olmoe")
 # the model classes vLLM picks by config.json's ``architectures`` (it runs a model by its class, not its
 # model_type), read where the model_type is not one of the above: Kimi K2's (``kimi_k2``, transformers has
 # no such type) is DeepSeek-V3's architecture. Its fields are then read as that family's are, its defaults too
@@ -79,7 +80,7 @@ ARCHITECTURES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral", "
                  "Ministral3ForCausalLM": "ministral3",
                  "Glm4ForCausalLM": "glm4", "SmolLM3ForCausalLM": "smollm3", "Llama4ForCausalLM": "llama4_text",
                  "Llama4ForConditionalGeneration": "llama4", "MiniMaxM2ForCausalLM": "minimax_m2",
-                 "Ernie4_5ForCausalLM": "ernie4_5", "Ernie4_5_MoeForCausalLM": "ernie4_5_moe"}
+                 "Ernie4_5ForCausalLM": "ernie4_5", "Ernie4_5_MoeForCausalLM": "ernie4_5_moe", "OlmoeForCausalLM": "olmoe"}
 DEEPSEEK_TYPES = ("deepseek_v2", "deepseek_v3")
 GROUPED_TYPES = (*DEEPSEEK_TYPES, "glm4_moe")  # DeepSeek's mixture of experts, routed in groups
 # the model types whose transformers implementation rotates only the first partial_rotary_factor of each head
@@ -146,6 +147,10 @@ DEFAULTS = {**{t: {"sliding_window": 4096} for t in ("mistral", "ministral", "qw
                              "tie_word_embeddings": True, "moe_intermediate_size": 1536, "moe_k": 6,
                              "moe_num_experts": 64, "moe_num_shared_experts": 2, "moe_layer_start_index": 1,
                              "moe_layer_end_index": -1, "moe_layer_interval": 1},
+            # transformers' OlmoeConfig's
+            "olmoe": {"vocab_size": 50_304, "hidden_size": 2048, "intermediate_size": 2048, "num_hidden_layers": 16,
+                      "num_attention_heads": 16, "max_position_embeddings": 4096, "rms_norm_eps": 1e-5,
+                      "num_experts": 64, "num_experts_per_tok": 8},
             "smollm3": {"num_key_value_heads": 4, "tie_word_embeddings": True, "max_position_embeddings": 32_768,
                         "rope_theta": 2_000_000.0},
             # gpt-oss's config.json names no dtype: its release's tensors are bfloat16, as vLLM serves it
@@ -202,7 +207,7 @@ QWEN_VL_TEXT_DEFAULTS = {
                      "max_position_embeddings": 128_000, "rms_norm_eps": 1e-6, "rope_theta": 500_000.0,
                      "moe_intermediate_size": 1408, "num_experts": 60, "num_experts_per_tok": 4, "decoder_sparse_step": 1}}
 FUSED = {"self_attn.qkv_proj.weight": ("q_proj", "k_proj", "v_proj"), "mlp.gate_up_proj.weight": ("gate_proj", "up_proj")}
-MOE_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe", "gpt_oss", "minimax_m2", "ernie4_5_moe", *GROUPED_TYPES)
+MOE_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe", "gpt_oss", "minimax_m2", "ernie4_5_moe", "olmoe", *GROUPED_TYPES)
 # where a layer's experts are stored, and one expert's (gate, up, down) projections there: Mixtral's
 # names, or Qwen-MoE's
 EXPERT_LAYOUTS = {"block_sparse_moe": ("w1", "w3", "w2"), "mlp": ("gate_proj", "up_proj", "down_proj")}
@@ -431,8 +436,10 @@ def _read_config(directory: str | Path, run: bool) -> tuple[ModelConfig, list[st
             mc = _granite(cfg, mc)
         if cfg["model_type"] in ("olmo2", "olmo3"):
             mc = replace(mc, qk_norm=True, qk_norm_across_heads=True, sandwich_norms=True, pre_norms=False)
-        if cfg["model_type"] == "minimax_m2":  # OLMo 2's q and k norms in Llama's layers (vLLM's and transformers' always)
+        if cfg["model_type"] in ("minimax_m2", "olmoe"):  # OLMo 2's q and k norms in Llama's layers (always)
             mc = replace(mc, qk_norm=True, qk_norm_across_heads=True)
+        if cfg["model_type"] == "olmoe" and cfg.get("clip_qkv") is not None:
+            raise ValueError(f"clip_qkv {cfg['clip_qkv']!r} is not supported (q, k and v unclipped)")
         if cfg["model_type"] in ("ernie4_5", "ernie4_5_moe"):
             if cfg.get("use_bias"):  # on every projection, its MLPs' too
                 raise ValueError("use_bias is not supported (biases on the MLPs)")
@@ -923,7 +930,8 @@ def _layer_type_rope(cfg: dict, mc: ModelConfig, path: Path) -> ModelConfig:
 
 def _experts(cfg: dict, mc: ModelConfig, path: Path) -> ModelConfig:
     """``mc`` with the mixture of experts ``cfg`` describes (Mixtral's or Qwen-MoE's fields)."""
-    mixtral = cfg["model_type"] in ("mixtral", "gpt_oss", "minimax_m2")  # experts as wide as intermediate_size, every layer sparse
+    # experts as wide as intermediate_size, every layer sparse
+    mixtral = cfg["model_type"] in ("mixtral", "gpt_oss", "minimax_m2", "olmoe")
     try:
         if cfg["model_type"] in GROUPED_TYPES:
             return _grouped_experts(cfg, mc)
@@ -941,7 +949,8 @@ def _experts(cfg: dict, mc: ModelConfig, path: Path) -> ModelConfig:
             dense = tuple(i for i in range(mc.num_layers) if i in only or (i + 1) % step)
         mc = replace(mc, num_experts=experts, experts_per_token=_int(cfg, "num_experts_per_tok"),
                      moe_intermediate_size=_int(cfg, "intermediate_size" if mixtral else "moe_intermediate_size"),
-                     norm_topk_prob=True if mixtral else bool(cfg.get("norm_topk_prob", False)),
+                     # OLMoE's never renormalised, as vLLM runs it (transformers reads norm_topk_prob: false as published)
+                     norm_topk_prob=cfg["model_type"] != "olmoe" if mixtral else bool(cfg.get("norm_topk_prob", False)),
                      moe_float32_weights=cfg["model_type"] == "mixtral", dense_layers=dense,
                      shared_expert_intermediate_size=_int(cfg, "shared_expert_intermediate_size")
                      if cfg["model_type"] == "qwen2_moe" else 0)
@@ -1342,8 +1351,8 @@ def _window_layers(cfg: dict, num_layers: int) -> tuple[int, ...]:
         if cfg["model_type"] == "qwen2_moe":
             return tuple(i for i in range(min(below, num_layers)) if (i + 1) % 2)
         return tuple(range(below, num_layers))
-    if cfg["model_type"] in ("gemma", "minimax_m2", "ernie4_5", "ernie4_5_moe", *GROUPED_TYPES):
-        # transformers' Gemma, MiniMax-M2, ERNIE 4.5, DeepSeek and GLM-4.5 attend fully
+    if cfg["model_type"] in ("gemma", "minimax_m2", "ernie4_5", "ernie4_5_moe", "olmoe", *GROUPED_TYPES):
+        # transformers' Gemma, MiniMax-M2, ERNIE 4.5, OLMoE, DeepSeek and GLM-4.5 attend fully
         return ()  # whatever sliding_window says
     if cfg["model_type"] in ("gemma2", "gpt_oss"):
         return tuple(range(0, num_layers, 2))
