@@ -62,10 +62,15 @@ from engine.model import LlamaModel
 # those scores renormalised, beside ungated shared experts, on the layers from ``moe_layer_start_index`` to
 # ``moe_layer_end_index`` every ``moe_layer_interval``-th. OLMoE is Mixtral's with OLMo 2's q and k norms (in
 # Llama's pre-norm layers) and its experts weighed by their softmax scores unrenormalised, as vLLM runs it.
+# Cohere's (Command R, R+, Aya) is Llama's with LayerNorms (no bias) in place of RMSNorms, attention and the MLP
+# side by side on one norm of each layer's input, RoPE over interleaved pairs, its logits times ``logit_scale``,
+# and (R+) each q and k head normed with a weight of its own; Cohere 2's (Command R7B, Command A) attends through
+# a window on three layers of four, which alone rotate: its full-attention layers attend without positions.
 MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma", "gemma2", "gemma3_text", "gemma3", "mixtral",
                "qwen2_moe", "qwen3_moe", "gpt_oss", "mistral3", "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe",
                "deepseek_v2", "deepseek_v3", "glm4_moe", "granite", "olmo2", "glm4", "smollm3", "llama4_text", "llama4",
-               "olmo3", "ministral", "seed_oss", "ministral3", "minimax_m2", "ernie4_5", "ernie4_5_moe", "olmoe")
+               "olmo3", "ministral", "seed_oss", "ministral3", "minimax_m2", "ernie4_5", "ernie4_5_moe", "olmoe",
+               "cohere", "cohere2")
 # the model classes vLLM picks by config.json's ``architectures`` (it runs a model by its class, not its
 # model_type), read where the model_type is not one of the above: Kimi K2's (``kimi_k2``, transformers has
 # no such type) is DeepSeek-V3's architecture. Its fields are then read as that family's are, its defaults too
@@ -80,7 +85,8 @@ ARCHITECTURES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral", "
                  "Ministral3ForCausalLM": "ministral3",
                  "Glm4ForCausalLM": "glm4", "SmolLM3ForCausalLM": "smollm3", "Llama4ForCausalLM": "llama4_text",
                  "Llama4ForConditionalGeneration": "llama4", "MiniMaxM2ForCausalLM": "minimax_m2",
-                 "Ernie4_5ForCausalLM": "ernie4_5", "Ernie4_5_MoeForCausalLM": "ernie4_5_moe", "OlmoeForCausalLM": "olmoe"}
+                 "Ernie4_5ForCausalLM": "ernie4_5", "Ernie4_5_MoeForCausalLM": "ernie4_5_moe", "OlmoeForCausalLM": "olmoe",
+                 "CohereForCausalLM": "cohere", "Cohere2ForCausalLM": "cohere2"}
 DEEPSEEK_TYPES = ("deepseek_v2", "deepseek_v3")
 GROUPED_TYPES = (*DEEPSEEK_TYPES, "glm4_moe")  # DeepSeek's mixture of experts, routed in groups
 # the model types whose transformers implementation rotates only the first partial_rotary_factor of each head
@@ -147,6 +153,11 @@ DEFAULTS = {**{t: {"sliding_window": 4096} for t in ("mistral", "ministral", "qw
                              "tie_word_embeddings": True, "moe_intermediate_size": 1536, "moe_k": 6,
                              "moe_num_experts": 64, "moe_num_shared_experts": 2, "moe_layer_start_index": 1,
                              "moe_layer_end_index": -1, "moe_layer_interval": 1},
+            # transformers' CohereConfig's and Cohere2Config's (Command R's sizes)
+            **{t: {"vocab_size": 256_000, "hidden_size": 8192, "intermediate_size": 22_528, "num_hidden_layers": 40,
+                   "num_attention_heads": 64, "max_position_embeddings": 8192, "layer_norm_eps": 1e-5,
+                   "logit_scale": 0.0625, "tie_word_embeddings": True,
+                   **({"sliding_window": 4096} if t == "cohere2" else {})} for t in ("cohere", "cohere2")},
             # transformers' OlmoeConfig's
             "olmoe": {"vocab_size": 50_304, "hidden_size": 2048, "intermediate_size": 2048, "num_hidden_layers": 16,
                       "num_attention_heads": 16, "max_position_embeddings": 4096, "rms_norm_eps": 1e-5,
@@ -434,6 +445,8 @@ def _read_config(directory: str | Path, run: bool) -> tuple[ModelConfig, list[st
             mc = _gemma(cfg, mc)
         if cfg["model_type"] == "granite":
             mc = _granite(cfg, mc)
+        if cfg["model_type"] in ("cohere", "cohere2"):
+            mc = _cohere(cfg, mc)
         if cfg["model_type"] in ("olmo2", "olmo3"):
             mc = replace(mc, qk_norm=True, qk_norm_across_heads=True, sandwich_norms=True, pre_norms=False)
         if cfg["model_type"] in ("minimax_m2", "olmoe"):  # OLMo 2's q and k norms in Llama's layers (always)
@@ -867,6 +880,24 @@ def _granite(cfg: dict, mc: ModelConfig) -> ModelConfig:
     return replace(mc, embedding_multiplier=_positive(cfg, "embedding_multiplier"),
                    residual_multiplier=_positive(cfg, "residual_multiplier"),
                    logits_scaling=_positive(cfg, "logits_scaling"), query_scale=_positive(cfg, "attention_multiplier"))
+
+
+def _cohere(cfg: dict, mc: ModelConfig) -> ModelConfig:
+    """``mc`` with Cohere's differences from Llama: LayerNorms (``layer_norm_eps``), attention and the MLP side by
+    side, RoPE over interleaved pairs, the logits times ``logit_scale`` (held as the divisor Granite's are), and
+    with ``use_qk_norm`` (Command R+) each q and k head normed with a weight of its own; Cohere 2's windowed
+    layers alone rotate (where it gives no window, none does), as transformers and vLLM run it."""
+    eps = cfg.get("layer_norm_eps", 1e-5)
+    if not is_positive(eps):
+        raise ValueError(f"layer_norm_eps must be a number > 0, got {eps!r}")
+    mc = replace(mc, layer_norm=True, parallel_block=True, rope_interleaved=True, rms_norm_eps=float(eps),
+                 logits_scaling=1.0 / _positive(cfg, "logit_scale"))
+    if cfg.get("use_qk_norm"):
+        mc = replace(mc, qk_norm=True, qk_norm_head_weights=True)
+    if cfg["model_type"] == "cohere2":
+        windowed = set(_window_layers(cfg, mc.num_layers)) if cfg.get("sliding_window") is not None else set()
+        mc = replace(mc, nope_layers=tuple(i for i in range(mc.num_layers) if i not in windowed))
+    return mc
 
 
 def _positive(cfg: dict, key: str) -> float:
@@ -1351,15 +1382,15 @@ def _window_layers(cfg: dict, num_layers: int) -> tuple[int, ...]:
         if cfg["model_type"] == "qwen2_moe":
             return tuple(i for i in range(min(below, num_layers)) if (i + 1) % 2)
         return tuple(range(below, num_layers))
-    if cfg["model_type"] in ("gemma", "minimax_m2", "ernie4_5", "ernie4_5_moe", "olmoe", *GROUPED_TYPES):
-        # transformers' Gemma, MiniMax-M2, ERNIE 4.5, OLMoE, DeepSeek and GLM-4.5 attend fully
+    if cfg["model_type"] in ("gemma", "minimax_m2", "ernie4_5", "ernie4_5_moe", "olmoe", "cohere", *GROUPED_TYPES):
+        # transformers' Gemma, MiniMax-M2, ERNIE 4.5, OLMoE, Cohere, DeepSeek and GLM-4.5 attend fully
         return ()  # whatever sliding_window says
     if cfg["model_type"] in ("gemma2", "gpt_oss"):
         return tuple(range(0, num_layers, 2))
     if cfg["model_type"] == "olmo3":  # transformers' rule where layer_types is absent: every fourth layer full
         return tuple(i for i in range(num_layers) if (i + 1) % 4)
-    if cfg["model_type"] == "gemma3_text":  # transformers 4's sliding_window_pattern: every n-th layer full
-        pattern = _int(cfg, "sliding_window_pattern")
+    if cfg["model_type"] in ("gemma3_text", "cohere2"):  # transformers 4's sliding_window_pattern: every n-th layer full
+        pattern = _int(cfg, "sliding_window_pattern", 4) if cfg["model_type"] == "cohere2" else _int(cfg, "sliding_window_pattern")
         if pattern <= 0:
             raise ValueError(f"sliding_window_pattern must be > 0, got {pattern}")
         return tuple(i for i in range(num_layers) if (i + 1) % pattern)

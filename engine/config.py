@@ -243,6 +243,13 @@ class ModelConfig:
     embedding_multiplier: float = 1.0
     residual_multiplier: float = 1.0
     logits_scaling: float = 1.0
+    # Cohere's differences: its norms subtract the mean (a LayerNorm without a bias, its weight applied in
+    # float32: ``layer_norm``); attention and the MLP each read one norm of the layer's input, and both outputs
+    # join the residual stream (``parallel_block``); Command R+'s q and k norms keep a weight for each head
+    # (``qk_norm_head_weights``, with ``qk_norm``)
+    layer_norm: bool = False
+    parallel_block: bool = False
+    qk_norm_head_weights: bool = False
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
@@ -321,6 +328,12 @@ class ModelConfig:
         if self.residual_multiplier != 1 and self.sandwich_norms:
             raise ValueError("residual_multiplier is Granite's, whose layers norm only each sublayer's input: it does "
                              "not take sandwich_norms")
+        if self.parallel_block and (self.sandwich_norms or not self.pre_norms):
+            raise ValueError("parallel_block reads one norm of each layer's input: it excludes sandwich_norms and "
+                             "needs pre_norms")
+        if self.qk_norm_head_weights and (not self.qk_norm or self.qk_norm_across_heads):
+            raise ValueError("qk_norm_head_weights says how qk_norm weighs each head: it needs qk_norm, not "
+                             "qk_norm_across_heads")
         if not self.pre_norms and not self.sandwich_norms:
             raise ValueError("pre_norms=False leaves only the norms after attention and the MLP: it needs sandwich_norms")
         for name in ("swiglu_alpha", "routed_scaling", "embedding_multiplier", "residual_multiplier", "logits_scaling"):
@@ -440,14 +453,16 @@ class ModelConfig:
             kv = (h + b) * (r + rope) + r + r * heads * (self.qk_nope_head_dim + self.v_head_dim)
             return q + kv + heads * self.v_head_dim * h + b * h
         q, kv = heads * self.head_dim, self.num_kv_heads * self.head_dim
-        qk_norms = (q + kv if self.qk_norm_across_heads else 2 * self.head_dim) * self.qk_norm
+        whole = self.qk_norm_across_heads or self.qk_norm_head_weights  # a weight for every head's features
+        qk_norms = (q + kv if whole else 2 * self.head_dim) * self.qk_norm
         return h * q * 2 + h * kv * 2 + (q + 2 * kv) * self.qkv_bias + h * self.o_bias + qk_norms + heads * self.attn_sinks
 
     def param_count(self, active: bool = False) -> int:
         """Every parameter; with ``active``, those one token passes through (a mixture of experts'
         ``experts_per_token`` of its experts per layer, and its router)."""
         h, i = self.hidden_size, self.intermediate_size
-        per_layer = self.attention_params() + (4 if self.sandwich_norms and self.pre_norms else 2) * h
+        norms = 1 if self.parallel_block else 4 if self.sandwich_norms and self.pre_norms else 2
+        per_layer = self.attention_params() + norms * h
         experts = self.experts_per_token if active else self.num_experts
         sparse = self.sparse_layers
         router = (h + (self.swiglu_limit is not None)) * self.num_experts  # gpt-oss's has a bias

@@ -49,8 +49,27 @@ class RMSNorm(nn.Module):
         return self.weight * xf.to(x.dtype)
 
 
-def norm(cfg: ModelConfig, size: int | None = None) -> RMSNorm:
-    """The RMSNorm ``cfg``'s family uses, over ``size`` (default: hidden_size) features."""
+class LayerNorm(nn.Module):
+    """Cohere's LayerNorm: the mean subtracted and the variance normalised in float32, scaled by the weight in
+    float32 (no bias), then cast back. A weight of [heads, head_dim] norms each head with its own (Command R+'s
+    q and k norms)."""
+
+    def __init__(self, size: int | tuple[int, int], eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        xf = xf - xf.mean(-1, keepdim=True)
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (self.weight.float() * xf).to(x.dtype)
+
+
+def norm(cfg: ModelConfig, size: int | tuple[int, int] | None = None) -> RMSNorm | LayerNorm:
+    """The norm ``cfg``'s family uses, over ``size`` (default: hidden_size) features."""
+    if cfg.layer_norm:
+        return LayerNorm(size or cfg.hidden_size, cfg.rms_norm_eps)
     return RMSNorm(size or cfg.hidden_size, cfg.rms_norm_eps, offset=cfg.norm_offset,
                    float32_weight=cfg.norm_float32_weight)
 
@@ -195,8 +214,9 @@ class Attention(nn.Module):
                                 bias=cfg.qkv_bias)
         self.o_proj = nn.Linear(cfg.num_heads * cfg.head_dim, cfg.hidden_size, bias=cfg.o_bias)
         across = cfg.qk_norm_across_heads  # OLMo 2's: one norm over every head's features
-        self.q_norm = norm(cfg, q if across else cfg.head_dim) if cfg.qk_norm else None
-        self.k_norm = norm(cfg, kv if across else cfg.head_dim) if cfg.qk_norm else None
+        own = cfg.qk_norm_head_weights  # Command R+'s: each head normed over its features, with a weight of its own
+        self.q_norm = norm(cfg, q if across else (cfg.num_heads, cfg.head_dim) if own else cfg.head_dim) if cfg.qk_norm else None
+        self.k_norm = norm(cfg, kv if across else (cfg.num_kv_heads, cfg.head_dim) if own else cfg.head_dim) if cfg.qk_norm else None
         self.across = across
         self.scale, self.softcap = cfg.query_scale, cfg.attn_softcap
         self.windowed = layer in cfg.window_layers
@@ -499,17 +519,22 @@ class DecoderLayer(nn.Module):
         if cfg.pre_norms:
             self.input_layernorm = norm(cfg)
         self.self_attn = LatentAttention(cfg, layer) if cfg.kv_lora_rank else Attention(cfg, layer)
-        self.post_attention_layernorm = norm(cfg)
+        if not cfg.parallel_block:
+            self.post_attention_layernorm = norm(cfg)
         if cfg.sandwich_norms:
             if cfg.pre_norms:
                 self.pre_feedforward_layernorm = norm(cfg)
             self.post_feedforward_layernorm = norm(cfg)
         self.sandwich, self.pre_norms, self.residual_multiplier = cfg.sandwich_norms, cfg.pre_norms, cfg.residual_multiplier
+        self.parallel = cfg.parallel_block
         sparse = (ClampedMoE if cfg.swiglu_limit is not None else SparseMoE if cfg.router == "softmax"
                   else InputWeighedMoE if cfg.router == "sigmoid_input" else GroupedMoE)
         self.mlp = sparse(cfg) if cfg.is_sparse(layer) else MLP(cfg)
 
     def forward(self, x, rope, batch, pool):
+        if self.parallel:  # Cohere: attention and the MLP read the same norm, both outputs added
+            h = self.input_layernorm(x)
+            return x + self.self_attn(h, rope, batch, pool) + self.mlp(h)
         if not self.pre_norms:  # OLMo 2: each sublayer's output normed, its input not
             x = x + self.post_attention_layernorm(self.self_attn(x, rope, batch, pool))
             return x + self.post_feedforward_layernorm(self.mlp(x))
