@@ -66,11 +66,13 @@ from engine.model import LlamaModel
 # side by side on one norm of each layer's input, RoPE over interleaved pairs, its logits times ``logit_scale``,
 # and (R+) each q and k head normed with a weight of its own; Cohere 2's (Command R7B, Command A) attends through
 # a window on three layers of four, which alone rotate: its full-attention layers attend without positions.
+# EXAONE 4 is OLMo 2's layers (norms on each sublayer's output) with Qwen3's q and k norms (each head's), and
+# where it attends through a window on some layers (32B: three of four), only those rotate.
 MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma", "gemma2", "gemma3_text", "gemma3", "mixtral",
                "qwen2_moe", "qwen3_moe", "gpt_oss", "mistral3", "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe",
                "deepseek_v2", "deepseek_v3", "glm4_moe", "granite", "olmo2", "glm4", "smollm3", "llama4_text", "llama4",
                "olmo3", "ministral", "seed_oss", "ministral3", "minimax_m2", "ernie4_5", "ernie4_5_moe", "olmoe",
-               "cohere", "cohere2")
+               "cohere", "cohere2", "exaone4")
 # the model classes vLLM picks by config.json's ``architectures`` (it runs a model by its class, not its
 # model_type), read where the model_type is not one of the above: Kimi K2's (``kimi_k2``, transformers has
 # no such type) is DeepSeek-V3's architecture. Its fields are then read as that family's are, its defaults too
@@ -86,7 +88,7 @@ ARCHITECTURES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral", "
                  "Glm4ForCausalLM": "glm4", "SmolLM3ForCausalLM": "smollm3", "Llama4ForCausalLM": "llama4_text",
                  "Llama4ForConditionalGeneration": "llama4", "MiniMaxM2ForCausalLM": "minimax_m2",
                  "Ernie4_5ForCausalLM": "ernie4_5", "Ernie4_5_MoeForCausalLM": "ernie4_5_moe", "OlmoeForCausalLM": "olmoe",
-                 "CohereForCausalLM": "cohere", "Cohere2ForCausalLM": "cohere2"}
+                 "CohereForCausalLM": "cohere", "Cohere2ForCausalLM": "cohere2", "Exaone4ForCausalLM": "exaone4"}
 DEEPSEEK_TYPES = ("deepseek_v2", "deepseek_v3")
 GROUPED_TYPES = (*DEEPSEEK_TYPES, "glm4_moe")  # DeepSeek's mixture of experts, routed in groups
 # the model types whose transformers implementation rotates only the first partial_rotary_factor of each head
@@ -158,6 +160,10 @@ DEFAULTS = {**{t: {"sliding_window": 4096} for t in ("mistral", "ministral", "qw
                    "num_attention_heads": 64, "max_position_embeddings": 8192, "layer_norm_eps": 1e-5,
                    "logit_scale": 0.0625, "tie_word_embeddings": True,
                    **({"sliding_window": 4096} if t == "cohere2" else {})} for t in ("cohere", "cohere2")},
+            # transformers' Exaone4Config's
+            "exaone4": {"vocab_size": 102_400, "hidden_size": 4096, "intermediate_size": 16_384, "num_hidden_layers": 32,
+                        "num_attention_heads": 32, "num_key_value_heads": 32, "max_position_embeddings": 2048,
+                        "rms_norm_eps": 1e-5, "sliding_window": 4096, "sliding_window_pattern": 4},
             # transformers' OlmoeConfig's
             "olmoe": {"vocab_size": 50_304, "hidden_size": 2048, "intermediate_size": 2048, "num_hidden_layers": 16,
                       "num_attention_heads": 16, "max_position_embeddings": 4096, "rms_norm_eps": 1e-5,
@@ -447,6 +453,8 @@ def _read_config(directory: str | Path, run: bool) -> tuple[ModelConfig, list[st
             mc = _granite(cfg, mc)
         if cfg["model_type"] in ("cohere", "cohere2"):
             mc = _cohere(cfg, mc)
+        if cfg["model_type"] == "exaone4":
+            mc = replace(mc, qk_norm=True, sandwich_norms=True, pre_norms=False, nope_layers=_global_nope(cfg, mc))
         if cfg["model_type"] in ("olmo2", "olmo3"):
             mc = replace(mc, qk_norm=True, qk_norm_across_heads=True, sandwich_norms=True, pre_norms=False)
         if cfg["model_type"] in ("minimax_m2", "olmoe"):  # OLMo 2's q and k norms in Llama's layers (always)
@@ -895,9 +903,18 @@ def _cohere(cfg: dict, mc: ModelConfig) -> ModelConfig:
     if cfg.get("use_qk_norm"):
         mc = replace(mc, qk_norm=True, qk_norm_head_weights=True)
     if cfg["model_type"] == "cohere2":
-        windowed = set(_window_layers(cfg, mc.num_layers)) if cfg.get("sliding_window") is not None else set()
-        mc = replace(mc, nope_layers=tuple(i for i in range(mc.num_layers) if i not in windowed))
+        mc = replace(mc, nope_layers=_global_nope(cfg, mc))
     return mc
+
+
+def _global_nope(cfg: dict, mc: ModelConfig) -> tuple[int, ...]:
+    """The layers that attend without positions in a model whose windowed layers alone rotate (Cohere 2's,
+    EXAONE 4's): those not windowed, where ``sliding_window`` is set; where it is not, Cohere 2's every layer (as
+    transformers and vLLM run it) and EXAONE 4's none (vLLM rotates every layer of a model with no windowed one)."""
+    windowed = set(_window_layers(cfg, mc.num_layers)) if cfg.get("sliding_window") is not None else set()
+    if not windowed and cfg["model_type"] == "exaone4":
+        return ()
+    return tuple(i for i in range(mc.num_layers) if i not in windowed)
 
 
 def _positive(cfg: dict, key: str) -> float:
@@ -1389,8 +1406,10 @@ def _window_layers(cfg: dict, num_layers: int) -> tuple[int, ...]:
         return tuple(range(0, num_layers, 2))
     if cfg["model_type"] == "olmo3":  # transformers' rule where layer_types is absent: every fourth layer full
         return tuple(i for i in range(num_layers) if (i + 1) % 4)
-    if cfg["model_type"] in ("gemma3_text", "cohere2"):  # transformers 4's sliding_window_pattern: every n-th layer full
-        pattern = _int(cfg, "sliding_window_pattern", 4) if cfg["model_type"] == "cohere2" else _int(cfg, "sliding_window_pattern")
+    if cfg["model_type"] in ("gemma3_text", "cohere2", "exaone4"):  # transformers 4's sliding_window_pattern: every n-th layer full
+        if isinstance(cfg.get("sliding_window_pattern"), str):  # EXAONE 4's "LLLG", which transformers reads with layer_types
+            raise ValueError(f"sliding_window_pattern {cfg['sliding_window_pattern']!r} needs layer_types beside it")
+        pattern = _int(cfg, "sliding_window_pattern", 4 if cfg["model_type"] != "gemma3_text" else None)
         if pattern <= 0:
             raise ValueError(f"sliding_window_pattern must be > 0, got {pattern}")
         return tuple(i for i in range(num_layers) if (i + 1) % pattern)
