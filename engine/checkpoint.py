@@ -67,12 +67,14 @@ from engine.model import LlamaModel
 # and (R+) each q and k head normed with a weight of its own; Cohere 2's (Command R7B, Command A) attends through
 # a window on three layers of four, which alone rotate: its full-attention layers attend without positions.
 # EXAONE 4 is OLMo 2's layers (norms on each sublayer's output) with Qwen3's q and k norms (each head's), and
-# where it attends through a window on some layers (32B: three of four), only those rotate.
+# where it attends through a window on some layers (32B: three of four), only those rotate. Granite's mixtures of
+# experts (Granite 3.x MoE: ``granitemoe``, ``granitemoeshared`` with an ungated shared expert) are Granite's
+# scalars around Mixtral's experts, each layer's stored stacked (``input_linear``: gate and up; ``output_linear``).
 MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma", "gemma2", "gemma3_text", "gemma3", "mixtral",
                "qwen2_moe", "qwen3_moe", "gpt_oss", "mistral3", "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe",
                "deepseek_v2", "deepseek_v3", "glm4_moe", "granite", "olmo2", "glm4", "smollm3", "llama4_text", "llama4",
                "olmo3", "ministral", "seed_oss", "ministral3", "minimax_m2", "ernie4_5", "ernie4_5_moe", "olmoe",
-               "cohere", "cohere2", "exaone4")
+               "cohere", "cohere2", "exaone4", "granitemoe", "granitemoeshared")
 # the model classes vLLM picks by config.json's ``architectures`` (it runs a model by its class, not its
 # model_type), read where the model_type is not one of the above: Kimi K2's (``kimi_k2``, transformers has
 # no such type) is DeepSeek-V3's architecture. Its fields are then read as that family's are, its defaults too
@@ -88,7 +90,8 @@ ARCHITECTURES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral", "
                  "Glm4ForCausalLM": "glm4", "SmolLM3ForCausalLM": "smollm3", "Llama4ForCausalLM": "llama4_text",
                  "Llama4ForConditionalGeneration": "llama4", "MiniMaxM2ForCausalLM": "minimax_m2",
                  "Ernie4_5ForCausalLM": "ernie4_5", "Ernie4_5_MoeForCausalLM": "ernie4_5_moe", "OlmoeForCausalLM": "olmoe",
-                 "CohereForCausalLM": "cohere", "Cohere2ForCausalLM": "cohere2", "Exaone4ForCausalLM": "exaone4"}
+                 "CohereForCausalLM": "cohere", "Cohere2ForCausalLM": "cohere2", "Exaone4ForCausalLM": "exaone4",
+                 "GraniteMoeForCausalLM": "granitemoe", "GraniteMoeSharedForCausalLM": "granitemoeshared"}
 DEEPSEEK_TYPES = ("deepseek_v2", "deepseek_v3")
 GROUPED_TYPES = (*DEEPSEEK_TYPES, "glm4_moe")  # DeepSeek's mixture of experts, routed in groups
 # the model types whose transformers implementation rotates only the first partial_rotary_factor of each head
@@ -224,7 +227,8 @@ QWEN_VL_TEXT_DEFAULTS = {
                      "max_position_embeddings": 128_000, "rms_norm_eps": 1e-6, "rope_theta": 500_000.0,
                      "moe_intermediate_size": 1408, "num_experts": 60, "num_experts_per_tok": 4, "decoder_sparse_step": 1}}
 FUSED = {"self_attn.qkv_proj.weight": ("q_proj", "k_proj", "v_proj"), "mlp.gate_up_proj.weight": ("gate_proj", "up_proj")}
-MOE_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe", "gpt_oss", "minimax_m2", "ernie4_5_moe", "olmoe", *GROUPED_TYPES)
+MOE_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe", "gpt_oss", "minimax_m2", "ernie4_5_moe", "olmoe", "granitemoe",
+             "granitemoeshared", *GROUPED_TYPES)
 # where a layer's experts are stored, and one expert's (gate, up, down) projections there: Mixtral's
 # names, or Qwen-MoE's
 EXPERT_LAYOUTS = {"block_sparse_moe": ("w1", "w3", "w2"), "mlp": ("gate_proj", "up_proj", "down_proj")}
@@ -449,7 +453,7 @@ def _read_config(directory: str | Path, run: bool) -> tuple[ModelConfig, list[st
             dtype=str(cfg.get("dtype") or cfg.get("torch_dtype") or "float32"))
         if cfg["model_type"] in GEMMA_TYPES:
             mc = _gemma(cfg, mc)
-        if cfg["model_type"] == "granite":
+        if cfg["model_type"] in ("granite", "granitemoe", "granitemoeshared"):
             mc = _granite(cfg, mc)
         if cfg["model_type"] in ("cohere", "cohere2"):
             mc = _cohere(cfg, mc)
@@ -979,7 +983,7 @@ def _layer_type_rope(cfg: dict, mc: ModelConfig, path: Path) -> ModelConfig:
 def _experts(cfg: dict, mc: ModelConfig, path: Path) -> ModelConfig:
     """``mc`` with the mixture of experts ``cfg`` describes (Mixtral's or Qwen-MoE's fields)."""
     # experts as wide as intermediate_size, every layer sparse
-    mixtral = cfg["model_type"] in ("mixtral", "gpt_oss", "minimax_m2", "olmoe")
+    mixtral = cfg["model_type"] in ("mixtral", "gpt_oss", "minimax_m2", "olmoe", "granitemoe", "granitemoeshared")
     try:
         if cfg["model_type"] in GROUPED_TYPES:
             return _grouped_experts(cfg, mc)
@@ -1001,7 +1005,9 @@ def _experts(cfg: dict, mc: ModelConfig, path: Path) -> ModelConfig:
                      norm_topk_prob=cfg["model_type"] != "olmoe" if mixtral else bool(cfg.get("norm_topk_prob", False)),
                      moe_float32_weights=cfg["model_type"] == "mixtral", dense_layers=dense,
                      shared_expert_intermediate_size=_int(cfg, "shared_expert_intermediate_size")
-                     if cfg["model_type"] == "qwen2_moe" else 0)
+                     if cfg["model_type"] == "qwen2_moe" else _int(cfg, "shared_intermediate_size", 0)
+                     if cfg["model_type"] == "granitemoeshared" else 0,
+                     shared_expert_gate=cfg["model_type"] == "qwen2_moe")  # Granite's shared expert is ungated
         if cfg["model_type"] == "gpt_oss":
             if cfg["swiglu_limit"] is None:
                 raise ValueError("swiglu_limit must be a number > 0, got None")
@@ -1047,6 +1053,32 @@ def _stacked_experts(state: dict[str, torch.Tensor], mc: ModelConfig, directory)
         out[f"model.layers.{layer}.mlp.experts.gate_up_proj"] = torch.stack(
             [torch.cat((parts[gate, e], parts[up, e])) for e in range(mc.num_experts)])
         out[f"model.layers.{layer}.mlp.experts.down_proj"] = torch.stack([parts[down, e] for e in range(mc.num_experts)])
+    return out
+
+
+# Granite's mixtures of experts' tensors, by their names -> the model's
+GRANITE_MOE = {".block_sparse_moe.input_linear.weight": ".mlp.experts.gate_up_proj",
+               ".block_sparse_moe.output_linear.weight": ".mlp.experts.down_proj",
+               ".block_sparse_moe.router.layer.weight": ".mlp.gate.weight",
+               ".shared_mlp.output_linear.weight": ".mlp.shared_expert.down_proj.weight"}
+
+
+def _granite_moe_names(state: dict[str, torch.Tensor], mc: ModelConfig, directory) -> dict[str, torch.Tensor]:
+    """``state`` with Granite's experts, router and shared expert under the model's names (``GRANITE_MOE``), the
+    shared expert's ``input_linear`` (gate, then up) split in two."""
+    out = {}
+    for key, tensor in state.items():
+        held = next((h for h in GRANITE_MOE if key.endswith(h)), None)
+        if held is not None:
+            out[key.removesuffix(held) + GRANITE_MOE[held]] = tensor
+        elif key.endswith(".shared_mlp.input_linear.weight"):
+            if tensor.shape[0] != 2 * mc.shared_expert_intermediate_size:
+                raise CheckpointError(f"{directory}: tensor {key!r} has {tensor.shape[0]} rows, config.json implies "
+                                      f"{2 * mc.shared_expert_intermediate_size} (2 x shared_intermediate_size)")
+            at = key.removesuffix(".shared_mlp.input_linear.weight") + ".mlp.shared_expert."
+            out[at + "gate_proj.weight"], out[at + "up_proj.weight"] = tensor.chunk(2)
+        else:
+            out[key] = tensor
     return out
 
 
@@ -1534,6 +1566,8 @@ def load_checkpoint(directory: str | Path, device: str | torch.device = "cpu",
         state = _glm4_norms(state)
     if kind in ("llama4_text", "llama4"):
         state = _llama4_names(state)
+    if kind in ("granitemoe", "granitemoeshared"):
+        state = _granite_moe_names(state, mc, directory)
     if raw.get("model_type") == "qwen3_vl_moe":
         state = _experts_as_held(state, mc)
     if mc.swiglu_limit is not None:  # gpt-oss: its experts stored as transformers holds them, in MXFP4 or not

@@ -359,7 +359,7 @@ class SparseMoE(nn.Module):
     """A mixture of experts: each token goes through the ``experts_per_token`` experts its router
     scores highest, their outputs weighed by the router's softmax (renormalised over those picked
     where ``norm_topk_prob``), each expert run as ``routed`` runs them. Qwen2-MoE adds a shared expert every token passes through, its output scaled by a
-    sigmoid gate of its own."""
+    sigmoid gate of its own (Granite's shared expert: ungated)."""
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
@@ -367,8 +367,8 @@ class SparseMoE(nn.Module):
         self.gate = nn.Linear(cfg.hidden_size, cfg.num_experts, bias=False)
         self.experts = Experts(cfg)
         shared = cfg.shared_expert_intermediate_size  # Qwen2-MoE: one more expert every token takes, gated
-        self.shared_expert = MLP(cfg, shared) if shared else None
-        self.shared_expert_gate = nn.Linear(cfg.hidden_size, 1, bias=False) if shared else None
+        self.shared_expert = MLP(cfg, shared) if shared else None  # (Granite's: ungated)
+        self.shared_expert_gate = nn.Linear(cfg.hidden_size, 1, bias=False) if shared and cfg.shared_expert_gate else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         logits = self.gate(x)
@@ -378,8 +378,10 @@ class SparseMoE(nn.Module):
         if not self.float32_weights:
             weights = weights.to(logits.dtype)
         out = routed(x, picked, weights, self.experts.one)
-        if self.shared_expert is not None:
+        if self.shared_expert_gate is not None:
             out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
+        elif self.shared_expert is not None:
+            out = out + self.shared_expert(x)
         return out
 
 

@@ -48,7 +48,7 @@ def drawn_apart(hf, mlp_scale: float = 1.0, bias_std: float = 0.0):
     weight or norm changes a tiny mixture of experts' tokens."""
     with torch.no_grad():
         for key, t in [*hf.named_parameters(), *hf.named_buffers()]:
-            if key.endswith("gate.weight"):
+            if key.endswith(("gate.weight", ".router.weight")):
                 t.normal_(0.0, 1.0)
             elif key.endswith("norm.weight"):
                 t.normal_(1.0, 0.3)
@@ -56,7 +56,7 @@ def drawn_apart(hf, mlp_scale: float = 1.0, bias_std: float = 0.0):
                 t.normal_(0.0, 0.3)
             elif key.endswith(".bias") and bias_std:
                 t.normal_(0.0, bias_std)
-            elif ".mlp." in key and mlp_scale != 1:
+            elif (".mlp." in key or ".experts." in key) and mlp_scale != 1:
                 t.mul_(mlp_scale)
     return hf
 
