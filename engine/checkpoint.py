@@ -70,11 +70,12 @@ from engine.model import LlamaModel
 # where it attends through a window on some layers (32B: three of four), only those rotate. Granite's mixtures of
 # experts (Granite 3.x MoE: ``granitemoe``, ``granitemoeshared`` with an ungated shared expert) are Granite's
 # scalars around Mixtral's experts, each layer's stored stacked (``input_linear``: gate and up; ``output_linear``).
+# dots.llm1 (``dots1``) is Qwen3's attention (each q and k head normed) around DeepSeek-V3's mixture of experts.
 MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma", "gemma2", "gemma3_text", "gemma3", "mixtral",
                "qwen2_moe", "qwen3_moe", "gpt_oss", "mistral3", "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe",
                "deepseek_v2", "deepseek_v3", "glm4_moe", "granite", "olmo2", "glm4", "smollm3", "llama4_text", "llama4",
                "olmo3", "ministral", "seed_oss", "ministral3", "minimax_m2", "ernie4_5", "ernie4_5_moe", "olmoe",
-               "cohere", "cohere2", "exaone4", "granitemoe", "granitemoeshared")
+               "cohere", "cohere2", "exaone4", "granitemoe", "granitemoeshared", "dots1")
 # the model classes vLLM picks by config.json's ``architectures`` (it runs a model by its class, not its
 # model_type), read where the model_type is not one of the above: Kimi K2's (``kimi_k2``, transformers has
 # no such type) is DeepSeek-V3's architecture. Its fields are then read as that family's are, its defaults too
@@ -91,9 +92,10 @@ ARCHITECTURES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral", "
                  "Llama4ForConditionalGeneration": "llama4", "MiniMaxM2ForCausalLM": "minimax_m2",
                  "Ernie4_5ForCausalLM": "ernie4_5", "Ernie4_5_MoeForCausalLM": "ernie4_5_moe", "OlmoeForCausalLM": "olmoe",
                  "CohereForCausalLM": "cohere", "Cohere2ForCausalLM": "cohere2", "Exaone4ForCausalLM": "exaone4",
-                 "GraniteMoeForCausalLM": "granitemoe", "GraniteMoeSharedForCausalLM": "granitemoeshared"}
+                 "GraniteMoeForCausalLM": "granitemoe", "GraniteMoeSharedForCausalLM": "granitemoeshared",
+                 "Dots1ForCausalLM": "dots1"}
 DEEPSEEK_TYPES = ("deepseek_v2", "deepseek_v3")
-GROUPED_TYPES = (*DEEPSEEK_TYPES, "glm4_moe")  # DeepSeek's mixture of experts, routed in groups
+GROUPED_TYPES = (*DEEPSEEK_TYPES, "glm4_moe", "dots1")  # DeepSeek's mixture of experts, routed in groups
 # the model types whose transformers implementation rotates only the first partial_rotary_factor of each head
 PARTIAL_ROTARY_TYPES = ("phi3", "glm4_moe", "glm4", "minimax_m2")
 GEMMA_TYPES = ("gemma", "gemma2", "gemma3_text")
@@ -448,7 +450,8 @@ def _read_config(directory: str | Path, run: bool) -> tuple[ModelConfig, list[st
                       or (cfg["model_type"] == "qwen2_moe" and bool(cfg.get("qkv_bias", True)))),
             o_bias=bool(cfg.get("attention_out_bias")) if cfg["model_type"] == "seed_oss"
             else bool(cfg.get("attention_bias")) and cfg["model_type"] not in ("glm4_moe", "glm4"),
-            qk_norm=cfg["model_type"] in ("qwen3", "qwen3_moe") or cfg["model_type"] == "glm4_moe" and bool(cfg.get("use_qk_norm")),
+            qk_norm=cfg["model_type"] in ("qwen3", "qwen3_moe", "dots1")
+            or cfg["model_type"] == "glm4_moe" and bool(cfg.get("use_qk_norm")),
             explicit_head_dim=None if head_dim * heads == hidden or latent else head_dim,
             dtype=str(cfg.get("dtype") or cfg.get("torch_dtype") or "float32"))
         if cfg["model_type"] in GEMMA_TYPES:
