@@ -71,11 +71,15 @@ from engine.model import LlamaModel
 # experts (Granite 3.x MoE: ``granitemoe``, ``granitemoeshared`` with an ungated shared expert) are Granite's
 # scalars around Mixtral's experts, each layer's stored stacked (``input_linear``: gate and up; ``output_linear``).
 # dots.llm1 (``dots1``) is Qwen3's attention (each q and k head normed) around DeepSeek-V3's mixture of experts.
+# Mistral 4 (``mistral4``, alone or as Mistral 3's text model) is DeepSeek-V3's latent attention and experts, its
+# router's softmax scores picking within groups (no bias), every layer's queries scaled by position as Ministral
+# 3's are.
 MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma", "gemma2", "gemma3_text", "gemma3", "mixtral",
                "qwen2_moe", "qwen3_moe", "gpt_oss", "mistral3", "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe",
                "deepseek_v2", "deepseek_v3", "glm4_moe", "granite", "olmo2", "glm4", "smollm3", "llama4_text", "llama4",
                "olmo3", "ministral", "seed_oss", "ministral3", "minimax_m2", "ernie4_5", "ernie4_5_moe", "olmoe",
-               "cohere", "cohere2", "exaone4", "granitemoe", "granitemoeshared", "dots1")
+               "cohere", "cohere2", "exaone4", "granitemoe", "granitemoeshared", "dots1",
+               "mistral4")
 # the model classes vLLM picks by config.json's ``architectures`` (it runs a model by its class, not its
 # model_type), read where the model_type is not one of the above: Kimi K2's (``kimi_k2``, transformers has
 # no such type) is DeepSeek-V3's architecture. Its fields are then read as that family's are, its defaults too
@@ -93,8 +97,8 @@ ARCHITECTURES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral", "
                  "Ernie4_5ForCausalLM": "ernie4_5", "Ernie4_5_MoeForCausalLM": "ernie4_5_moe", "OlmoeForCausalLM": "olmoe",
                  "CohereForCausalLM": "cohere", "Cohere2ForCausalLM": "cohere2", "Exaone4ForCausalLM": "exaone4",
                  "GraniteMoeForCausalLM": "granitemoe", "GraniteMoeSharedForCausalLM": "granitemoeshared",
-                 "Dots1ForCausalLM": "dots1"}
-DEEPSEEK_TYPES = ("deepseek_v2", "deepseek_v3")
+                 "Dots1ForCausalLM": "dots1", "Mistral4ForCausalLM": "mistral4"}
+DEEPSEEK_TYPES = ("deepseek_v2", "deepseek_v3", "mistral4")  # multi-head latent attention
 GROUPED_TYPES = (*DEEPSEEK_TYPES, "glm4_moe", "dots1")  # DeepSeek's mixture of experts, routed in groups
 # the model types whose transformers implementation rotates only the first partial_rotary_factor of each head
 PARTIAL_ROTARY_TYPES = ("phi3", "glm4_moe", "glm4", "minimax_m2")
@@ -127,6 +131,14 @@ DEFAULTS = {**{t: {"sliding_window": 4096} for t in ("mistral", "ministral", "qw
                             "n_shared_experts": 1, "routed_scaling_factor": 2.5, "n_group": 8, "topk_group": 4,
                             "num_experts_per_tok": 8, "first_k_dense_replace": 3, "norm_topk_prob": True,
                             "rope_interleave": True, "max_position_embeddings": 4096},
+            # transformers' Mistral4Config's
+            "mistral4": {"vocab_size": 131_072, "hidden_size": 4096, "intermediate_size": 12_288, "num_hidden_layers": 36,
+                         "num_attention_heads": 32, "num_key_value_heads": 32, "max_position_embeddings": 1_048_576,
+                         "rms_norm_eps": 1e-6, "kv_lora_rank": 256, "q_lora_rank": 1024, "qk_nope_head_dim": 64,
+                         "qk_rope_head_dim": 64, "v_head_dim": 128, "moe_intermediate_size": 2048,
+                         "n_routed_experts": 128, "n_shared_experts": 1, "routed_scaling_factor": 1.0, "n_group": 1,
+                         "topk_group": 1, "num_experts_per_tok": 4, "first_k_dense_replace": 0, "norm_topk_prob": True,
+                         "rope_interleave": True},
             "glm4_moe": {"moe_intermediate_size": 1408, "n_routed_experts": 128, "n_shared_experts": 1,
                          "routed_scaling_factor": 1.0, "n_group": 1, "topk_group": 1, "num_experts_per_tok": 8,
                          "first_k_dense_replace": 1, "norm_topk_prob": True, "partial_rotary_factor": 0.5,
@@ -180,9 +192,12 @@ DEFAULTS = {**{t: {"sliding_window": 4096} for t in ("mistral", "ministral", "qw
                         "rope_theta": 150_000.0, "max_position_embeddings": 131_072, "rms_norm_eps": 1e-5,
                         "swiglu_limit": 7.0, "swiglu_alpha": 1.702}}
 # the RoPE scaling transformers gives a family where config.json gives neither rope_parameters nor rope_scaling
-# (or gives them null): gpt-oss's YaRN, Ministral 3's YaRN with Llama 4's query scaling
+# (or gives them null): gpt-oss's YaRN, Mistral 4's and Ministral 3's YaRN with Llama 4's query scaling
 ROPE_DEFAULTS = {"gpt_oss": {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
                              "original_max_position_embeddings": 4096},
+                 "mistral4": {"rope_type": "yarn", "rope_theta": 10_000.0, "factor": 128.0,
+                              "original_max_position_embeddings": 8192, "beta_fast": 32.0, "beta_slow": 1.0,
+                              "mscale_all_dim": 1.0, "mscale": 1.0, "llama_4_scaling_beta": 0.1},
                  "ministral3": {"rope_type": "yarn", "rope_theta": 1_000_000.0, "factor": 16.0,
                                 "original_max_position_embeddings": 16_384, "beta_fast": 32.0, "beta_slow": 1.0,
                                 "mscale_all_dim": 1.0, "mscale": 1.0, "llama_4_scaling_beta": 0.1}}
@@ -478,7 +493,7 @@ def _read_config(directory: str | Path, run: bool) -> tuple[ModelConfig, list[st
             mc = replace(mc, nope_layers=_nope_layers(cfg, mc.num_layers))
         if cfg["model_type"] == "llama4_text":
             mc = _llama4(cfg, mc)
-        if cfg["model_type"] == "ministral3":
+        if cfg["model_type"] in ("ministral3", "mistral4"):
             mc = _ministral3(cfg, mc)
         if vision:
             mc = replace(mc, encoder_params=vision)
@@ -531,7 +546,8 @@ def _read_config(directory: str | Path, run: bool) -> tuple[ModelConfig, list[st
         raise CheckpointError(f"{path}: hidden_act {cfg['hidden_act']!r} is not supported (Llama's MLP is 'silu')")
     if cfg.get("mlp_bias"):
         raise CheckpointError(f"{path}: MLP biases are not supported")
-    if partial != 1 and cfg["model_type"] not in PARTIAL_ROTARY_TYPES:  # transformers' own rotates the whole head
+    # transformers' own rotates the whole head (latent attention: its qk_rope_head_dim, whatever the share says)
+    if partial != 1 and cfg["model_type"] not in PARTIAL_ROTARY_TYPES and not mc.kv_lora_rank:
         raise CheckpointError(f"{path}: partial_rotary_factor {partial!r} is not supported for {cfg['model_type']} "
                               f"(RoPE over the whole head; a part of it for {', '.join(PARTIAL_ROTARY_TYPES)})")
     return mc, ignored
@@ -621,12 +637,12 @@ def _mistral3(cfg: dict) -> tuple[dict, int]:
         raise ValueError("text_config and vision_config must be objects")
     if text is None:
         text = dict(MISTRAL3_TEXT)
-    else:  # Ministral 3's text model is ministral3, Mistral Small 3.1's and 3.2's mistral
-        text = {**(DEFAULTS["ministral3"] if text.get("model_type") == "ministral3" else MISTRAL_TEXT), **text}
+    else:  # Ministral 3's text model is ministral3, Mistral 4's mistral4, Mistral Small 3.1's and 3.2's mistral
+        text = {**DEFAULTS.get(text.get("model_type"), MISTRAL_TEXT), **text}
     v = dict(MISTRAL3_VISION) if vision is None else {**PIXTRAL, **vision}
-    if text.get("model_type") not in ("mistral", "ministral3"):
+    if text.get("model_type") not in ("mistral", "ministral3", "mistral4"):
         raise ValueError(f"text_config.model_type {text.get('model_type')!r} is not supported (Mistral 3's text "
-                         "model is 'mistral' or 'ministral3')")
+                         "model is 'mistral', 'ministral3' or 'mistral4')")
     top = {**MISTRAL3, **cfg}
     dtype = cfg.get("dtype") or cfg.get("torch_dtype") or text.get("dtype") or text.get("torch_dtype")
     h, i, patch = _int(v, "hidden_size"), _int(v, "intermediate_size"), _int(v, "patch_size")
@@ -741,16 +757,19 @@ def _grouped_experts(cfg: dict, mc: ModelConfig) -> ModelConfig:
     ``first_k_dense_replace`` layers dense, and from there every ``moe_layer_freq``-th sparse (vLLM's rule;
     every published checkpoint's is 1)."""
     kind = cfg["model_type"]
-    scoring = cfg.get("scoring_func") or ("softmax" if kind == "deepseek_v2" else "sigmoid")
-    if scoring != ("softmax" if kind == "deepseek_v2" else "sigmoid"):
+    softmax = kind in ("deepseek_v2", "mistral4")
+    scoring = cfg.get("scoring_func") or ("softmax" if softmax else "sigmoid")
+    if scoring != ("softmax" if softmax else "sigmoid"):
         raise ValueError(f"scoring_func {scoring!r} is not supported ({kind}'s router scores by "
-                         f"{'softmax' if kind == 'deepseek_v2' else 'sigmoid'})")
+                         f"{'softmax' if softmax else 'sigmoid'})")
     if kind == "deepseek_v2":
         method = cfg.get("topk_method") or "greedy"
         if method not in ("greedy", "group_limited_greedy"):
             raise ValueError(f"topk_method {method!r} is not supported (DeepSeek-V2's: greedy, group_limited_greedy)")
         groups = (1, 1) if method == "greedy" else (_int(cfg, "n_group"), _int(cfg, "topk_group"))
         router = "softmax_groups"
+    elif kind == "mistral4":  # within groups each scored by its best, as vLLM scores them (transformers: its two best)
+        groups, router = (_int(cfg, "n_group", 1), _int(cfg, "topk_group", 1)), "softmax_groups"
     else:  # V3's picks by its biased sigmoid scores within groups (transformers' whatever topk_method says)
         groups, router = (_int(cfg, "n_group"), _int(cfg, "topk_group")), "sigmoid_groups"
     experts = _int(cfg, "n_routed_experts")

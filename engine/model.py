@@ -265,7 +265,9 @@ class LatentAttention(nn.Module):
 
     def __init__(self, cfg: ModelConfig, layer: int) -> None:
         super().__init__()
-        self.layer, self.num_heads, self.windowed, self.tempered = layer, cfg.num_heads, False, False
+        self.layer, self.num_heads, self.windowed = layer, cfg.num_heads, False
+        # every layer's queries scaled by position (Mistral 4's: batch.query_scale)
+        self.tempered = cfg.attn_temperature is not None and cfg.attn_temperature_every_layer
         self.nope, self.rope_dim, self.rank, self.v_dim = (cfg.qk_nope_head_dim, cfg.qk_rope_head_dim,
                                                            cfg.kv_lora_rank, cfg.v_head_dim)
         h, q, bias = cfg.hidden_size, cfg.num_heads * cfg.head_dim, cfg.o_bias  # attention_bias
@@ -293,6 +295,8 @@ class LatentAttention(nn.Module):
         rotated = torch.cat((q[..., self.nope:], key[:, None]), dim=1)  # every head's query, then the shared key
         rotated = rotate(paired(rotated) if self.interleaved else rotated, *rope)
         q = torch.cat((q[..., :self.nope], rotated[:, :h]), dim=-1)
+        if self.tempered:  # the scale in the model's dtype, the product rounded once
+            q = (q * batch.query_scale).to(q.dtype)
         pool.write_slots(self.layer, batch.slots, torch.cat((self.kv_a_layernorm(latent), rotated[:, h]), dim=-1)[:, None],
                          None)
         out = paged_attention(q, self.layer, batch, pool, scale=self.scale, expand=self._expand)

@@ -111,8 +111,8 @@ def test_mistral_3_checkpoints_are_sized_with_their_vision_tower(tmp_path):
     mixed = {**small, "text_config": {**small["text_config"], "torch_dtype": "float32"}}
     assert deployment(f"{checkpoint(tmp_path, 'mixed3', mixed)}@h100").model.dtype == "bfloat16"
     # a text model this engine does not run is refused, naming the field
-    other = {**small, "text_config": {**small["text_config"], "model_type": "mistral4"}}
-    with pytest.raises(ValueError, match="text_config.model_type 'mistral4' is not supported"):
+    other = {**small, "text_config": {**small["text_config"], "model_type": "mistral_large4_text"}}
+    with pytest.raises(ValueError, match="text_config.model_type 'mistral_large4_text' is not supported"):
         deployment(f"{checkpoint(tmp_path, 'other3', other)}@h100")
 
 
