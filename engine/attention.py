@@ -127,7 +127,8 @@ SCORE_BYTES = 4  # score and probability matrices counted in float32, the widest
 def _sdpa_bytes(model: ModelConfig, batch: int, queries: int, keys: int, gathered: int) -> int:
     """Bytes one ``_attend`` call allocates when SDPA takes its math kernel, which an additive mask
     with grouped-query heads selects on CUDA (the fused kernels take one or the other): the K/V
-    gathered from the pool (``gathered`` token slots, whole blocks), K/V repeated to every query
+    gathered from the pool (``gathered`` token slots, whole blocks; 8-bit KV gathered, then read back into the
+    model's dtype), K/V repeated to every query
     head (latent attention's: each head's keys and values projected from the latent, its keys then
     assembled), scaled copies of q and K, the score matrix, the masked scores and their softmax, the output."""
     entries, kvh, width = model.kv_layout
@@ -136,7 +137,8 @@ def _sdpa_bytes(model: ModelConfig, batch: int, queries: int, keys: int, gathere
         expanded = batch * keys * h * (model.qk_nope_head_dim + model.value_dim + d) * dt
     else:
         expanded = 2 * batch * h * keys * d * dt if h != kvh else 0
-    return (entries * batch * gathered * kvh * width * dt + expanded + batch * h * (queries + keys) * d * dt
+    gathered_dt = dt + (model.kv_dtype.itemsize if model.kv_cache_dtype != "auto" else 0)
+    return (entries * batch * gathered * kvh * width * gathered_dt + expanded + batch * h * (queries + keys) * d * dt
             + 3 * batch * h * queries * keys * SCORE_BYTES + batch * h * queries * model.value_dim * dt)
 
 

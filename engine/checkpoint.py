@@ -176,7 +176,9 @@ DEFAULTS = {**{t: {"sliding_window": 4096} for t in ("mistral", "ministral", "qw
             **{t: {"vocab_size": 256_000, "hidden_size": 8192, "intermediate_size": 22_528, "num_hidden_layers": 40,
                    "num_attention_heads": 64, "max_position_embeddings": 8192, "layer_norm_eps": 1e-5,
                    "logit_scale": 0.0625, "tie_word_embeddings": True,
-                   **({"sliding_window": 4096} if t == "cohere2" else {})} for t in ("cohere", "cohere2")},
+                   # Cohere's RoPE base 500,000 (CohereConfig's default_theta), Cohere 2's 10,000
+                   **({"sliding_window": 4096} if t == "cohere2" else {"rope_theta": 500_000.0})}
+               for t in ("cohere", "cohere2")},
             # transformers' Exaone4Config's
             "exaone4": {"vocab_size": 102_400, "hidden_size": 4096, "intermediate_size": 16_384, "num_hidden_layers": 32,
                         "num_attention_heads": 32, "num_key_value_heads": 32, "max_position_embeddings": 2048,
@@ -481,11 +483,8 @@ def _read_config(directory: str | Path, run: bool) -> tuple[ModelConfig, list[st
             mc = replace(mc, qk_norm=True, qk_norm_across_heads=True, sandwich_norms=True, pre_norms=False)
         if cfg["model_type"] in ("minimax_m2", "olmoe"):  # OLMo 2's q and k norms in Llama's layers (always)
             mc = replace(mc, qk_norm=True, qk_norm_across_heads=True)
-        if cfg["model_type"] == "olmoe" and cfg.get("clip_qkv") is not None:
-            raise ValueError(f"clip_qkv {cfg['clip_qkv']!r} is not supported (q, k and v unclipped)")
+
         if cfg["model_type"] in ("ernie4_5", "ernie4_5_moe"):
-            if cfg.get("use_bias"):  # on every projection, its MLPs' too
-                raise ValueError("use_bias is not supported (biases on the MLPs)")
             mc = replace(mc, rope_interleaved=True)
         if cfg["model_type"] == "glm4":
             mc = replace(mc, sandwich_norms=True, rope_interleaved=True)
@@ -546,6 +545,10 @@ def _read_config(directory: str | Path, run: bool) -> tuple[ModelConfig, list[st
         raise CheckpointError(f"{path}: hidden_act {cfg['hidden_act']!r} is not supported (Llama's MLP is 'silu')")
     if cfg.get("mlp_bias"):
         raise CheckpointError(f"{path}: MLP biases are not supported")
+    if cfg["model_type"] in ("ernie4_5", "ernie4_5_moe") and cfg.get("use_bias"):  # every projection's, the MLPs' too
+        raise CheckpointError(f"{path}: use_bias is not supported (biases on the MLPs)")
+    if cfg["model_type"] == "olmoe" and cfg.get("clip_qkv") is not None:
+        raise CheckpointError(f"{path}: clip_qkv {cfg['clip_qkv']!r} is not supported (q, k and v unclipped)")
     # transformers' own rotates the whole head (latent attention: its qk_rope_head_dim, whatever the share says)
     if partial != 1 and cfg["model_type"] not in PARTIAL_ROTARY_TYPES and not mc.kv_lora_rank:
         raise CheckpointError(f"{path}: partial_rotary_factor {partial!r} is not supported for {cfg['model_type']} "

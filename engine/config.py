@@ -20,6 +20,10 @@ def torch_dtype(name: str) -> torch.dtype:
 ROUTERS = ("softmax", "softmax_groups", "sigmoid_groups", "softmax_biased", "sigmoid_input")  # how a mixture of experts' router picks (ModelConfig)
 ACTIVATIONS = ("silu", "gelu_tanh")  # the MLP's gate: SwiGLU's, or GeGLU's with GELU's tanh approximation
 WEIGHT_BITS = (2, 3, 4, 8, 16, 32)  # the bits a weight may be stored in: quantised, or a float dtype's
+# the KV cache's dtype, as vLLM's --kv-cache-dtype names it: the model's ("auto"), or 8-bit floats with a scale of 1
+# (vLLM's default where the checkpoint gives no KV scales), "fp8" being E4M3
+KV_CACHE_DTYPES = {"auto": None, "fp8": torch.float8_e4m3fn, "fp8_e4m3": torch.float8_e4m3fn,
+                   "fp8_e5m2": torch.float8_e5m2}
 
 
 def is_whole(value) -> bool:
@@ -162,7 +166,10 @@ class ModelConfig:
     o_bias: bool = False  # a bias on the output projection (Llama's attention_bias)
     qk_norm: bool = False  # RMSNorm over each q and k head before RoPE (Qwen3)
     explicit_head_dim: int | None = None  # config.json's head_dim where it is not hidden_size / num_heads (Qwen3)
-    dtype: str = "float32"  # activations and KV
+    dtype: str = "float32"  # activations, and KV where kv_cache_dtype is "auto"
+    # the KV cache's dtype (KV_CACHE_DTYPES): "auto", the model's; "fp8" (E4M3) or "fp8_e5m2", each K and V value
+    # stored in 8 bits (saturated at the format's largest) and read back into the model's dtype to attend
+    kv_cache_dtype: str = "auto"
     weight_bits: int | None = None  # quantised weights (4, 8); None: ``dtype``. Only the ledger and cost models read it
     num_experts: int = 0  # 0: a dense model
     experts_per_token: int = 0
@@ -323,6 +330,11 @@ class ModelConfig:
             raise ValueError(f"rope scaling: longrope needs a factor for each of the {self.rotary_dim // 2} frequencies "
                              f"RoPE turns by, got {len(self.rope_scaling.short_factor)}")
         self._check_router()
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got {self.kv_cache_dtype!r}")
+        if self.kv_cache_dtype != "auto" and self.kv_lora_rank:
+            raise ValueError(f"kv_cache_dtype {self.kv_cache_dtype!r} with latent attention is not supported (vLLM's "
+                             "8-bit latent caches take a layout of their own for each attention backend)")
         if self.qk_norm_across_heads and not self.qk_norm:
             raise ValueError("qk_norm_across_heads says how qk_norm norms: it needs qk_norm")
         if self.residual_multiplier != 1 and self.sandwich_norms:
@@ -421,6 +433,11 @@ class ModelConfig:
     def dtype_bytes(self) -> int:
         return torch_dtype(self.dtype).itemsize
 
+    @property
+    def kv_dtype(self) -> torch.dtype:
+        """What the KV cache holds each value in (``kv_cache_dtype``)."""
+        return KV_CACHE_DTYPES[self.kv_cache_dtype] or torch_dtype(self.dtype)
+
     def is_sparse(self, layer: int) -> bool:
         """Whether ``layer``'s MLP is a mixture of experts."""
         return self.num_experts > 0 and layer not in self.dense_layers
@@ -501,7 +518,7 @@ class ModelConfig:
 
     def kv_bytes_per_token(self) -> int:
         entries, heads, features = self.kv_layout
-        return entries * self.num_layers * heads * features * self.dtype_bytes
+        return entries * self.num_layers * heads * features * self.kv_dtype.itemsize
 
     def workspace_bytes_per_token(self) -> int:
         """Peak activation bytes one batched token needs in a forward pass (residual, qkv, MLP, logits)."""

@@ -103,12 +103,12 @@ class TorchExecutor:
         keys, ends = torch.arange(batch.decode_len, device=dev)[None, :], torch.tensor(ctx, device=dev)[:, None]
         padding = keys >= ends
         if min(ctx) < batch.decode_len:
-            batch.decode_mask = _additive(padding, self.pool.dtype)[:, None, None, :]
+            batch.decode_mask = _additive(padding, self.pool.compute_dtype)[:, None, None, :]
         window = self._window()
         if window is not None and batch.decode_len > window:  # the query at ctx - 1 sees keys ctx - window on
             # (in a chunked layer, Llama 4's, those of its chunk: ctx - 1 - (ctx - 1) % window on)
             first = (ends - 1) // window * window if self.model.config.window_chunked else ends - window
-            batch.decode_window_mask = _additive(padding | (keys < first), self.pool.dtype)[:, None, None, :]
+            batch.decode_window_mask = _additive(padding | (keys < first), self.pool.compute_dtype)[:, None, None, :]
 
     def _prefill_chunk(self, start: int, n: int, ctx: int, table: torch.Tensor) -> PrefillChunk:
         """A chunk of ``n`` tokens, rows ``start`` on of the flat batch, that ends a context of ``ctx`` tokens."""
@@ -121,8 +121,8 @@ class TorchExecutor:
             first = queries // window * window if self.model.config.window_chunked else queries - window + 1
             outside = future | (keys < first)
         return PrefillChunk(start, n, ctx, self.pool.locate(table[:nblocks].to(dev)), nblocks,
-                            _additive(future, self.pool.dtype)[None, None],
-                            None if outside is None else _additive(outside, self.pool.dtype)[None, None])
+                            _additive(future, self.pool.compute_dtype)[None, None],
+                            None if outside is None else _additive(outside, self.pool.compute_dtype)[None, None])
 
     def _window(self) -> int | None:
         """The model's sliding window where any of its layers attends through one; None otherwise."""

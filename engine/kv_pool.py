@@ -26,7 +26,9 @@ class KVPool:
         self.configured_segment_blocks = segment_blocks
         self.segment_blocks = min(segment_blocks, num_blocks)
         self.device, self.materialize = device, materialize
-        self.dtype = torch_dtype(model.dtype)
+        # what the blocks hold (an 8-bit float with ``ModelConfig.kv_cache_dtype``) and what attention reads them as
+        self.dtype, self.compute_dtype = model.kv_dtype, torch_dtype(model.dtype)
+        self.limit = torch.finfo(self.dtype).max if self.dtype != self.compute_dtype else None
         entries, self.num_kv_heads, self.head_dim = model.kv_layout
         # [layers, K/V (or latent attention's one entry), blocks, block_size, kv_heads, head_dim]
         self.block_shape = (model.num_layers, entries, block_size, self.num_kv_heads, self.head_dim)
@@ -105,26 +107,35 @@ class KVPool:
         """One layer of a segment as [K/V, blocks, block_size, kv_heads, head_dim], a view."""
         return self.segments[segment][layer]
 
+    def _stored(self, x: torch.Tensor) -> torch.Tensor:
+        """``x`` as the blocks hold it: in an 8-bit float, saturated at its largest value (vLLM's conversion, with
+        a scale of 1), or as it is."""
+        if self.limit is None:
+            return x
+        return x.clamp(-self.limit, self.limit).to(self.dtype)
+
     def write_slots(self, layer: int, slots: Located, k: torch.Tensor, v: torch.Tensor | None) -> None:
         """Store K and V of new tokens ([tokens, kv_heads, head_dim]) at slots ``locate``d with
         ``rows_per_block`` = block_size; ``v`` None where the pool holds one entry a token (latent attention's)."""
+        k, v = self._stored(k), None if v is None else self._stored(v)
         for s, where, rows in slots:
             kv = self._layer(s, layer).flatten(1, 2)  # [K/V, slots, kv_heads, head_dim]
-            kv[0].index_copy_(0, rows, k if where is None else k[where])
+            _raw(kv[0]).index_copy_(0, rows, _raw(k if where is None else k[where]))
             if v is not None:
-                kv[1].index_copy_(0, rows, v if where is None else v[where])
+                _raw(kv[1]).index_copy_(0, rows, _raw(v if where is None else v[where]))
 
     def gather_blocks(self, layer: int, blocks: Located, n: int) -> torch.Tensor:
         """K and V of ``n`` blocks ``locate``d with ``rows_per_block`` = 1, in their order, as
-        [K/V, n, block_size, kv_heads, head_dim]: one copy (index_select) per segment touched."""
+        [K/V, n, block_size, kv_heads, head_dim] in the model's dtype: one copy (index_select) per segment touched
+        (and one more where the blocks hold 8-bit floats, read back)."""
         if len(blocks) == 1 and blocks[0][1] is None:
             s, _, rows = blocks[0]
-            return self._layer(s, layer).index_select(1, rows)
+            return self._layer(s, layer).index_select(1, rows).to(self.compute_dtype)
         out = torch.empty((self.block_shape[1], n) + self.block_shape[2:], dtype=self.dtype,
                           device=self.device.torch_device)
         for s, where, rows in blocks:
-            out.index_copy_(1, where, self._layer(s, layer).index_select(1, rows))
-        return out
+            _raw(out).index_copy_(1, where, _raw(self._layer(s, layer).index_select(1, rows)))
+        return out.to(self.compute_dtype)
 
     def write(self, layer: int, blocks: torch.Tensor, offsets: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Store K and V of new tokens ([tokens, kv_heads, head_dim]) at (block, offset) slots."""
@@ -148,7 +159,7 @@ class KVPool:
             if where is None:
                 data.copy_(blocks)
             else:
-                data[where] = blocks
+                _raw(data)[where] = _raw(blocks)
         return data
 
     def write_blocks(self, ids: list[int], data: torch.Tensor) -> None:
@@ -158,7 +169,7 @@ class KVPool:
         data = data.to(self.device.torch_device, non_blocking=True).permute(1, 2, 0, 3, 4, 5)
         idx = torch.tensor(ids, dtype=torch.long, device=self.device.torch_device)
         for s, where, rows in self.locate(idx):
-            self.segments[s].index_copy_(2, rows, data if where is None else data[:, :, where])
+            _raw(self.segments[s]).index_copy_(2, rows, _raw(data if where is None else data[:, :, where]))
 
     def copy_blocks(self, moves: list[tuple[int, int]]) -> None:
         """Copy each source block's data to its destination (compaction). Sources and destinations
@@ -174,6 +185,11 @@ class KVPool:
         for src, dst, n in _runs(sorted(moves), S):
             (ss, so), (ds, do) = divmod(src, S), divmod(dst, S)
             self.segments[ds][:, :, do:do + n].copy_(self.segments[ss][:, :, so:so + n])
+
+
+def _raw(t: torch.Tensor) -> torch.Tensor:
+    """``t``'s bytes where it holds 8-bit floats (PyTorch's CPU index_copy_ takes no float8 tensor), else ``t``."""
+    return t.view(torch.uint8) if t.dtype in (torch.float8_e4m3fn, torch.float8_e5m2) else t
 
 
 def _runs(moves: list[tuple[int, int]], segment_blocks: int) -> list[tuple[int, int, int]]:

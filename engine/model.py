@@ -390,8 +390,8 @@ class SparseMoE(nn.Module):
 
 
 class Router(nn.Module):
-    """DeepSeek's router: ``weight`` [experts, hidden] scores each token in float32, as transformers and vLLM
-    score it; with ``sigmoid_groups`` (DeepSeek-V3's) and ``softmax_biased`` (ERNIE 4.5's) a learned
+    """DeepSeek's router: ``weight`` [experts, hidden], held in float32, scores each token in float32, as
+    transformers and vLLM score it; with ``sigmoid_groups`` (DeepSeek-V3's) and ``softmax_biased`` (ERNIE 4.5's) a learned
     ``e_score_correction_bias`` is added to the scores that pick (not to those that weigh), held in float32
     whatever the model's dtype, as both hold it.
     ``forward`` gives each token's experts picked and their weights (float32), as ``ModelConfig.router`` says."""
@@ -407,8 +407,11 @@ class Router(nn.Module):
             self.register_buffer("e_score_correction_bias", torch.zeros(cfg.num_experts))
 
     def _apply(self, fn, recurse=True):
-        bias = getattr(self, "e_score_correction_bias", None)  # float32 kept, on the device it goes to
+        # the weight and the bias kept in float32, on the device they go to, as vLLM holds ERNIE 4.5's and
+        # MiniMax-M2's routers (which their releases store in float32); a 16-bit one loses nothing
+        bias, weight = getattr(self, "e_score_correction_bias", None), self.weight.data
         super()._apply(fn, recurse)
+        self.weight.data = weight.to(self.weight.device, torch.float32)
         if bias is not None:
             self.e_score_correction_bias = bias.to(self.weight.device)
         return self

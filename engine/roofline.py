@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from engine.config import EngineConfig, ModelConfig
+from engine.config import KV_CACHE_DTYPES, EngineConfig, ModelConfig
 from engine.cost_model import LINKS
 from engine.scheduler import BatchShape
 
@@ -215,7 +215,8 @@ class Deployment:
         experts = "" if self.model.expert_weight_bits is None else f" (its experts at {self.model.expert_weight_bits:g})"
         return (f"{self.name}: {self.model.param_count() / 1e9:.1f}B params{active} at {self.model.weight_bits or 8 * self.model.dtype_bytes} "
                 f"bits{experts} on {self.gpu.name}; KV {blocks} blocks x {self.block_size} = {blocks * self.block_size} tokens "
-                f"({self.kv_bytes() / GB:.1f} GB)" + "".join(f"; {note}" for note in self.notes))
+                f"({self.kv_bytes() / GB:.1f} GB{'' if self.model.kv_cache_dtype == 'auto' else ' in ' + self.model.kv_cache_dtype})"
+                + "".join(f"; {note}" for note in self.notes))
 
 
 LLAMA_70B = ModelConfig(vocab_size=128256, hidden_size=8192, intermediate_size=28672, num_layers=80, num_heads=64,
@@ -252,7 +253,8 @@ CHECKPOINT_MAX_MODEL_LEN = 32768  # the context a checkpoint deployment serves, 
 
 def deployment(name: str) -> Deployment:
     """The deployment ``name``: one of ``DEPLOYMENTS``, or ``CHECKPOINT_DIR@GPU`` (or
-    ``CHECKPOINT_DIR@GPU:LEN``, serving a context of LEN tokens, as vLLM's ``--max-model-len``), a local
+    ``CHECKPOINT_DIR@GPU:LEN``, serving a context of LEN tokens, as vLLM's ``--max-model-len``; and
+    ``:fp8``, or another of ``KV_CACHE_DTYPES``, holding the KV in it, as vLLM's ``--kv-cache-dtype``), a local
     checkpoint's model (only its ``config.json`` is read) on one of ``GPUS``; a bare directory
     name that is not here is looked for among the shipped ``experiments/checkpoints``."""
     if name in DEPLOYMENTS:
@@ -260,7 +262,7 @@ def deployment(name: str) -> Deployment:
     if "@" in name:
         return _checkpoint_deployment(name)
     raise ValueError(f"unknown deployment {name!r}; known: {', '.join(DEPLOYMENTS)}, "
-                     f"or CHECKPOINT_DIR@GPU[:LEN] with GPU one of {', '.join(GPUS)} "
+                     f"or CHECKPOINT_DIR@GPU[:LEN][:KV_DTYPE] with GPU one of {', '.join(GPUS)} "
                      f"(shipped checkpoints: {', '.join(_shipped_checkpoints())})")
 
 
@@ -282,14 +284,20 @@ def _checkpoint_deployment(name: str) -> Deployment:
 
     directory, gpu = name.rsplit("@", 1)
     directory = os.path.expanduser(directory)
-    gpu, colon, context = gpu.partition(":")
+    gpu, *options = gpu.split(":")
+    kv = [o for o in options if o in KV_CACHE_DTYPES]
+    lengths = [o for o in options if o not in KV_CACHE_DTYPES]
+    if len(kv) > 1 or len(lengths) > 1:
+        raise ValueError(f"deployment {name!r}: after the GPU, at most one context (':LEN') and one KV cache dtype "
+                         f"(':{'|:'.join(KV_CACHE_DTYPES)}'), got {':'.join(options)!r}")
+    colon, context = bool(lengths), lengths[0] if lengths else ""
     if not Path(directory).exists() and len(Path(directory).parts) == 1 and (CHECKPOINTS / directory).is_dir():
         directory = str(CHECKPOINTS / directory)
     if gpu.lower() not in GPUS:
         raise ValueError(f"deployment {name!r}: GPU {gpu!r} is not one of {', '.join(GPUS)}")
     if colon and not (context.isascii() and context.isdigit() and int(context) >= 2):
-        raise ValueError(f"deployment {name!r}: the context after ':' must be a whole number of tokens >= 2, "
-                         f"got {context!r}")
+        raise ValueError(f"deployment {name!r}: the context after ':' must be a whole number of tokens >= 2, got "
+                         f"{context!r} (or a KV cache dtype, one of {', '.join(KV_CACHE_DTYPES)})")
     try:
         model, notes = read_sizes(directory)
         bits, experts = weight_bits(directory), expert_bits(directory)
@@ -308,6 +316,11 @@ def _checkpoint_deployment(name: str) -> Deployment:
         raise ValueError(f"deployment {name!r}: a context of {context} tokens is past the model's own "
                          f"({model.max_position}: {source})")
     model = replace(model, weight_bits=bits, expert_weight_bits=experts)
+    if kv:
+        try:
+            model = replace(model, kv_cache_dtype=kv[0])
+        except ValueError as exc:
+            raise ValueError(f"deployment {name!r}: {exc}") from None
     d = Deployment(name, GPUS[gpu.lower()], model, notes=tuple(notes),
                    max_model_len=int(context) if context else min(model.max_position, CHECKPOINT_MAX_MODEL_LEN))
     d.kv_bytes()  # a checkpoint too large for the GPU is refused now, by name

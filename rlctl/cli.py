@@ -16,7 +16,7 @@ import sys
 from experiments import CASES, bundled
 from rlctl import __version__
 from env.workloads import ReplaySpec, TraceError
-from engine.config import EngineConfig
+from engine.config import KV_CACHE_DTYPES, EngineConfig
 from rlctl.replay import DEFAULT_ENGINE, build_engine, load_requests, replay
 from rlctl.report import ABANDONED_ROW, EVAL_ROWS, LIVE_ROWS, backlog_note, compare, format_actuators, format_table, slo_note
 
@@ -156,7 +156,10 @@ def _add_deployment(p: argparse.ArgumentParser) -> None:
     g.add_argument("--client-timeout", type=float, default=None, metavar="SECONDS",
                    help="clients give up a request still without its first token this long after it arrived, and "
                         "the engine drops it (default: they wait for ever)")
-    g.add_argument("--model-dir", default=None, help="local Hugging Face Llama, Mistral, Qwen2, Qwen3, Phi-3, Gemma (1 to 3), Mixtral, Qwen2-MoE or Qwen3-MoE checkpoint (default: tiny seeded model)")
+    g.add_argument("--model-dir", default=None, help='local Hugging Face checkpoint of a family the engine runs (README, "Replaying a trace") (default: tiny seeded model)')
+    g.add_argument("--kv-cache-dtype", choices=list(KV_CACHE_DTYPES), default="auto",
+                   help="what the KV cache holds: the model's dtype (auto), or 8-bit floats read back to attend, as "
+                        "vLLM's --kv-cache-dtype (default %(default)s)")
     g.add_argument("--device", type=_device, default="cpu", help="cpu or cuda[:N]")
     g.add_argument("--seed", type=_seed, default=d.seed)
 
@@ -209,12 +212,13 @@ def _spec(a: argparse.Namespace, max_model_len: int) -> ReplaySpec:
 
 def _replay_runs(a: argparse.Namespace, trace, factors: list[float]) -> dict[str, dict]:
     cfg = _engine_config(a)
-    engines = [build_engine(cfg, f, a.oom, a.model_dir, a.device) for f in factors]
+    engines = [build_engine(cfg, f, a.oom, a.model_dir, a.device, kv_cache_dtype=a.kv_cache_dtype) for f in factors]
     spec = _spec(a, engines[0].max_model_len)  # clip to what the engine can hold
     with _flags_named():
         requests = load_requests(trace, spec)
     print(f"replay: {trace}: {len(requests)} requests; {spec.describe()}")
-    print(f"engine: {cfg.num_blocks} KV blocks x {cfg.block_size} tokens, context {engines[0].max_model_len} tokens "
+    kv = "" if a.kv_cache_dtype == "auto" else f" in {a.kv_cache_dtype}"
+    print(f"engine: {cfg.num_blocks} KV blocks x {cfg.block_size} tokens{kv}, context {engines[0].max_model_len} tokens "
           f"(the least of --max-model-len, the model's max_position_embeddings and the KV), "
           f"oom={a.oom}, device={a.device}")
     runs = {}
@@ -279,11 +283,12 @@ def _live_run(a: argparse.Namespace) -> dict[str, dict]:
             raise ValueError(f"--mps-next-limit: {exc}") from None
     factor = a.overcommit[0]
     cfg = _engine_config(a)
-    engine = build_engine(cfg, factor, a.oom, a.model_dir, a.device)
+    engine = build_engine(cfg, factor, a.oom, a.model_dir, a.device, kv_cache_dtype=a.kv_cache_dtype)
     spec = _spec(a, engine.max_model_len)
     requests = load_requests(a.trace, spec)
     print(f"replay: {a.trace}: {len(requests)} requests; {spec.describe()}")
-    print(f"engine: {cfg.num_blocks} KV blocks x {cfg.block_size} tokens, oom={a.oom}, device={a.device}; "
+    kv = "" if a.kv_cache_dtype == "auto" else f" in {a.kv_cache_dtype}"
+    print(f"engine: {cfg.num_blocks} KV blocks x {cfg.block_size} tokens{kv}, oom={a.oom}, device={a.device}; "
           f"controller {a.controller} every {a.decision_interval:g} s (deadline {a.deadline_ms:g} ms, "
           f"safe factor {factor:g})")
     tls = ClientTLS(a.controller_ca, a.controller_cert, a.controller_key) if a.controller_ca else None
@@ -910,7 +915,7 @@ def parser() -> argparse.ArgumentParser:
     pr.add_argument("--device", type=_device, default="cpu", help="cpu or cuda[:N] (default %(default)s)")
     pr.add_argument("--repeats", type=int, default=7, help="timed runs per point, the median counts (default %(default)s)")
     pr.add_argument("--quick", action="store_true", help="a smaller grid (seconds, not tens of seconds)")
-    pr.add_argument("--model-dir", default=None, help="local Hugging Face Llama, Mistral, Qwen2, Qwen3, Phi-3, Gemma (1 to 3), Mixtral, Qwen2-MoE or Qwen3-MoE checkpoint (default: tiny seeded model)")
+    pr.add_argument("--model-dir", default=None, help='local Hugging Face checkpoint of a family the engine runs (README, "Replaying a trace") (default: tiny seeded model)')
     pr.add_argument("--seed", type=_seed, default=0)
     pr.set_defaults(fn=cmd_profile)
     return p

@@ -20,13 +20,15 @@ DEFAULT_ENGINE = EngineConfig(num_blocks=640)
 
 
 def build_engine(cfg: EngineConfig, overcommit: float, oom_mode: str, model_dir: str | None = None,
-                 device: str = "cpu", executor: ProfiledExecutor | None = None) -> Engine:
+                 device: str = "cpu", executor: ProfiledExecutor | None = None, kv_cache_dtype: str = "auto") -> Engine:
     """An engine on ``cfg`` running a static policy: ``overcommit`` fixed (its range widened to
-    admit it), ``oom_mode`` semantics, the tiny seeded model or the checkpoint in ``model_dir``,
-    timed by ``executor`` (default: the torch executor's measured time)."""
+    admit it), ``oom_mode`` semantics, the tiny seeded model or the checkpoint in ``model_dir``, its KV
+    held in ``kv_cache_dtype`` (``ModelConfig.kv_cache_dtype``), timed by ``executor`` (default: the torch
+    executor's measured time)."""
     model = load_checkpoint(model_dir, device=device) if model_dir else None
     cfg = replace(cfg, oom_mode=oom_mode).pinned(overcommit)
-    return Engine(model.config if model else ModelConfig(), cfg, model=model, torch_device=device, executor=executor)
+    model_config = replace(model.config if model else ModelConfig(), kv_cache_dtype=kv_cache_dtype)
+    return Engine(model_config, cfg, model=model, torch_device=device, executor=executor)
 
 
 def load_requests(trace: str | Path, spec: ReplaySpec) -> list[Request]:

@@ -96,6 +96,16 @@ def test_cohere2_reads_its_window_pattern_where_it_writes_no_layer_types(tmp_pat
         read_config(tmp_path)
 
 
+@pytest.mark.parametrize("name", ["Cohere", "Cohere2"])
+def test_cohere_takes_transformers_rope_base_where_config_json_gives_none(tmp_path, name):
+    # CohereConfig's RoPE base is 500,000, Cohere2Config's 10,000
+    fields = {k: v for k, v in getattr(transformers, f"{name}Config")().to_dict().items()
+              if k not in ("rope_parameters", "rope_theta", "rope_scaling")}
+    (tmp_path / "config.json").write_text(json.dumps(fields))
+    expected = transformers.AutoConfig.from_pretrained(tmp_path).rope_parameters["rope_theta"]
+    assert read_config(tmp_path).rope_theta == expected == (500_000.0 if name == "Cohere" else 10_000.0)
+
+
 def test_command_r_and_r_plus_are_sized_as_transformers_builds_them(tmp_path):
     # transformers' defaults are Command R's (c4ai-command-r-v01, 35B); R+'s (104B) adds q and k norms with a
     # weight for each head, and a 4,096-token window would make Cohere 2's layers windowed

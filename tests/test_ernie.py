@@ -12,7 +12,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from conftest import assert_generates_as, drawn_apart, hf_tiny
+from conftest import assert_generates_as, assert_greedy_up_to_rounding, drawn_apart, hf_tiny
 from engine.checkpoint import CheckpointError, load_checkpoint, read_config, read_sizes
 from engine.model import GroupedMoE, LlamaModel
 from test_gpt_oss import generate
@@ -100,6 +100,26 @@ def test_its_expert_layers_are_placed_as_transformers_places_them(tmp_path, fiel
     assert mc.param_count() == built.num_parameters() - 8 * len(sparse)  # less its correction biases (parameters there)
 
 
+def test_a_bf16_ernie_keeps_its_float32_router_as_released(tmp_path):
+    # ERNIE 4.5's releases store the router's weight in float32 beside bf16 experts (transformers keeps it so,
+    # vLLM holds it so): the engine holds it as stored, and generates transformers' tokens up to rounding
+    hf_ernie(moe=True).save_pretrained(tmp_path / "f32")
+    bf16 = transformers.Ernie4_5_MoeForCausalLM.from_pretrained(tmp_path / "f32", dtype=torch.bfloat16).eval()
+    bf16.save_pretrained(tmp_path / "bf16")
+    saved = load_file(str(tmp_path / "bf16" / "model.safetensors"))
+    gate, expert = saved["model.layers.1.mlp.gate.weight"], saved["model.layers.1.mlp.experts.0.gate_proj.weight"]
+    assert (gate.dtype, expert.dtype) == (torch.float32, torch.bfloat16)
+    model = load_checkpoint(tmp_path / "bf16")
+    assert model.model.layers[1].mlp.gate.weight.dtype == torch.float32
+    assert torch.equal(model.model.layers[1].mlp.gate.weight, gate)
+    assert model.model.layers[1].mlp.experts.gate_up_proj.dtype == torch.bfloat16
+    ps = prompts([13, 30])
+    # transformers rotates ERNIE's queries and keys in float32, the engine in bf16 as vLLM does: within 4 units
+    # in the last place of transformers' top logit (as Llama 4's, which transformers rotates so too)
+    for p, tokens in zip(ps, generate(model, ps)):
+        assert_greedy_up_to_rounding(bf16, p, tokens, ulps=4)
+
+
 def test_bad_ernie_fields_are_refused_by_name(tmp_path):
     base = transformers.Ernie4_5_MoeConfig(num_hidden_layers=4).to_dict()
     for fields, match in (({"use_bias": True}, "use_bias is not supported"),
@@ -109,6 +129,8 @@ def test_bad_ernie_fields_are_refused_by_name(tmp_path):
         (tmp_path / "config.json").write_text(json.dumps({**base, **fields}))
         with pytest.raises(CheckpointError, match=match):
             read_config(tmp_path)
+        if "use_bias" in fields:  # sized all the same (its biases left out of the count)
+            assert read_sizes(tmp_path)[0].num_experts == 64
 
 
 def test_ernie_4_5_is_sized_as_transformers_builds_it(tmp_path):

@@ -40,10 +40,11 @@ def test_an_olmoe_checkpoint_generates_what_transformers_generates(tmp_path, dty
         assert generate(model, ps) != outputs
 
 
-def test_olmoe_clip_qkv_is_refused(tmp_path):
+def test_olmoe_clip_qkv_is_refused_to_run_and_read_past_to_size(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(transformers.OlmoeConfig(clip_qkv=8.0).to_dict()))
     with pytest.raises(CheckpointError, match="clip_qkv 8.0 is not supported"):
         read_config(tmp_path)
+    assert read_sizes(tmp_path)[0].num_experts == 64  # clipping changes no size
 
 
 def test_olmoe_1b_7b_is_sized_as_transformers_builds_it(tmp_path):

@@ -96,11 +96,13 @@ def hf_twin(model: LlamaModel):
     mc = model.config
     if mc.kv_lora_rank or mc.router != "softmax" or mc.partial_rotary != 1 or mc.rope_interleaved or not mc.pre_norms \
             or (mc.embedding_multiplier, mc.residual_multiplier, mc.logits_scaling) != (1, 1, 1) \
-            or mc.window_chunked or mc.qk_l2_norm or mc.attn_temperature is not None:
-        raise ValueError("no transformers twin is built here of latent attention, grouped or input-weighing routing, "
-                         "partial or interleaved RoPE, OLMo 2's norms, Granite's scalars or chunked attention "
-                         "(DeepSeek's, GLM's, Phi-4-mini's, OLMo 2's, Granite's, Llama 4's): load its checkpoint with "
-                         "transformers' own class")
+            or mc.window_chunked or mc.qk_l2_norm or mc.attn_temperature is not None or mc.qk_norm_across_heads \
+            or mc.layer_norm or mc.parallel_block or mc.qk_norm_head_weights or mc.kv_cache_dtype != "auto":
+        raise ValueError("no transformers twin is built here of latent attention, grouped, biased or input-weighing "
+                         "routing, partial or interleaved RoPE, q and k normed across heads, OLMo 2's norms, Granite's "
+                         "scalars, chunked attention, Cohere's LayerNorms and parallel layers, or an 8-bit KV cache "
+                         "(DeepSeek's, GLM's, ERNIE's, Phi-4-mini's, OLMo 2's, OLMoE's, Granite's, Llama 4's, Cohere's): "
+                         "load its checkpoint with transformers' own class")
     common = dict(vocab_size=mc.vocab_size, hidden_size=mc.hidden_size, intermediate_size=mc.intermediate_size,
                   num_hidden_layers=mc.num_layers, num_attention_heads=mc.num_heads,
                   num_key_value_heads=mc.num_kv_heads, head_dim=mc.head_dim, max_position_embeddings=mc.max_position,
