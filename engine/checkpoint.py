@@ -14,6 +14,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file
 
 from engine.config import WEIGHT_BITS, ModelConfig, RopeScaling, is_positive, is_whole, torch_dtype
@@ -131,6 +132,12 @@ DEFAULTS = {**{t: {"sliding_window": 4096} for t in ("mistral", "ministral", "qw
                             "n_shared_experts": 1, "routed_scaling_factor": 2.5, "n_group": 8, "topk_group": 4,
                             "num_experts_per_tok": 8, "first_k_dense_replace": 3, "norm_topk_prob": True,
                             "rope_interleave": True, "max_position_embeddings": 4096},
+            # transformers' Dots1Config's (its experts' count and top-k it leaves to config.json)
+            "dots1": {"vocab_size": 152_064, "hidden_size": 4608, "intermediate_size": 10_944,
+                      "moe_intermediate_size": 1408, "num_hidden_layers": 62, "num_attention_heads": 32,
+                      "num_key_value_heads": 32, "n_group": 1, "topk_group": 1, "first_k_dense_replace": 0,
+                      "norm_topk_prob": False, "routed_scaling_factor": 1.0, "max_position_embeddings": 2048,
+                      "rms_norm_eps": 1e-6},
             # transformers' Mistral4Config's
             "mistral4": {"vocab_size": 131_072, "hidden_size": 4096, "intermediate_size": 12_288, "num_hidden_layers": 36,
                          "num_attention_heads": 32, "num_key_value_heads": 32, "max_position_embeddings": 1_048_576,
@@ -641,7 +648,8 @@ def _mistral3(cfg: dict) -> tuple[dict, int]:
     if text is None:
         text = dict(MISTRAL3_TEXT)
     else:  # Ministral 3's text model is ministral3, Mistral 4's mistral4, Mistral Small 3.1's and 3.2's mistral
-        text = {**DEFAULTS.get(text.get("model_type"), MISTRAL_TEXT), **text}
+        text = {**(DEFAULTS[text["model_type"]] if text.get("model_type") in ("ministral3", "mistral4") else MISTRAL_TEXT),
+                **text}
     v = dict(MISTRAL3_VISION) if vision is None else {**PIXTRAL, **vision}
     if text.get("model_type") not in ("mistral", "ministral3", "mistral4"):
         raise ValueError(f"text_config.model_type {text.get('model_type')!r} is not supported (Mistral 3's text "
@@ -1494,12 +1502,32 @@ def _experts_as_held(state: dict[str, torch.Tensor], mc: ModelConfig) -> dict[st
     return out
 
 
+def kv_scales(directory: str | Path) -> str | None:
+    """What KV cache quantisation the checkpoint in ``directory`` declares (ModelOpt's ``kv_cache_quant_algo``,
+    compressed-tensors' ``kv_cache_scheme``) or stores scales for (``KV_SCALES``' tensors), which vLLM applies with
+    an 8-bit KV cache and this engine does not; None where it declares none."""
+    directory = Path(directory).expanduser()
+    q, path = _quantization_config(directory)
+    q = q or {}
+    fields = q.get("quantization", q)  # ModelOpt's own file writes its fields under quantization
+    for key in ("kv_cache_quant_algo", "kv_cache_scheme"):
+        if isinstance(fields, dict) and fields.get(key) or q.get(key):
+            return f"{path.name}'s {key}"
+    for f in _weight_files(directory):
+        with safe_open(str(f), "pt") as tensors:
+            scale = next((k for k in tensors.keys() if k.endswith(KV_SCALES)), None)
+        if scale is not None:
+            return f"tensor {scale!r}"
+    return None
+
+
 # tensors a checkpoint may hold beside its decoder's that vLLM's loaders skip too: RoPE's tables, which older
 # transformers saved, and a multimodal checkpoint's vision tower and projector under transformers 4's names
 ROPE_TABLES = ("rotary_emb.inv_freq", "rotary_emb.cos_cached", "rotary_emb.sin_cached")
 # a quantised KV cache's scales (compressed-tensors' kv_cache_scheme, ModelOpt's kv_cache_quant_algo), left unused:
-# this engine holds the KV in the model's dtype, as vLLM's default kv_cache_dtype (auto) does for most checkpoints
-# (vLLM's --kv-cache-dtype fp8, which recent releases may take from ModelOpt's declaration, is not modelled)
+# this engine holds the KV in the model's dtype by default, as vLLM's default kv_cache_dtype (auto) does for most
+# checkpoints, or in 8 bits with a scale of 1 (ModelConfig.kv_cache_dtype), which a checkpoint with scales is refused
+# (kv_scales: vLLM would apply them)
 KV_SCALES = (".k_scale", ".v_scale", ".q_scale", ".prob_scale", ".kv_scale", "k_proj.output_scale", "v_proj.output_scale")
 VISION_PREFIXES = ("visual.", "vision_tower.", "multi_modal_projector.")
 

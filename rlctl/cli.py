@@ -319,6 +319,9 @@ def _node_live_run(a: argparse.Namespace) -> int:
     if a.client_timeout is not None:
         raise ValueError("--client-timeout applies to one engine's replay; a node scenario's engines take theirs from "
                          "its engine: settings (client_timeout_s)")
+    if a.kv_cache_dtype != "auto":
+        raise ValueError("--kv-cache-dtype applies to one engine's replay; a node scenario's engines take theirs from "
+                         "their deployments (CHECKPOINT_DIR@GPU:fp8)")
     if len(a.overcommit) != 1 or not math.isfinite(a.overcommit[0]):
         raise ValueError("--node: give one finite --overcommit, the safe factor every engine falls back to")
     for given, option in ((a.metrics_port is not None, "--metrics-port"), (a.mps_next_limit is not None,

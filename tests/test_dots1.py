@@ -54,3 +54,15 @@ def test_dots_llm1_is_sized_as_transformers_builds_it(tmp_path):
         built = transformers.Dots1ForCausalLM(cfg)
     assert m.param_count() == built.num_parameters() == 142_774_373_888 and not notes
     assert m.param_count(active=True) == 14_016_581_120
+
+
+def test_dots1_takes_transformers_defaults_for_what_config_json_leaves_out(tmp_path):
+    # one group, all of them picked, no scaling, the first layer sparse where config.json names only its experts
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "dots1", "n_routed_experts": 64,
+                                                      "num_experts_per_tok": 4, "n_shared_experts": 1}))
+    m, _ = read_sizes(tmp_path)
+    assert (m.expert_groups, m.topk_groups, m.routed_scaling, m.dense_layers, m.norm_topk_prob) == (1, 1, 1.0, (), False)
+    with torch.device("meta"):
+        built = transformers.Dots1ForCausalLM(transformers.Dots1Config(n_routed_experts=64, num_experts_per_tok=4,
+                                                                       n_shared_experts=1))
+    assert m.param_count() == built.num_parameters()

@@ -119,3 +119,34 @@ def test_replay_holds_the_kv_in_fp8_and_says_so(tmp_path, capsys):
     assert "64 KV blocks x 16 tokens in fp8" in capsys.readouterr().out
     figures = json.loads(out.read_text())
     assert figures["model"]["kv_cache_dtype"] == "fp8" and figures["requests_completed"] > 0
+
+
+def test_a_checkpoint_with_kv_scales_is_refused_an_fp8_kv_cache(tmp_path, capsys):
+    # vLLM scales the KV by a checkpoint's k_scale and v_scale (or its declared KV quantisation) when it holds the
+    # KV in 8 bits; this engine stores it with a scale of 1, so such a checkpoint runs only with the model's dtype
+    from rlctl.cli import main
+    from rlctl.replay import build_engine
+    from safetensors.torch import load_file, save_file
+
+    hf_tiny("Llama", head_dim=8).save_pretrained(tmp_path / "plain")
+    cfg = EngineConfig(num_blocks=16, block_size=4)
+    assert build_engine(cfg, 1.0, "crash", str(tmp_path / "plain"), kv_cache_dtype="fp8").model_config.kv_cache_dtype == "fp8"
+    for name, change in (("scales", "tensors"), ("declared", "config")):
+        d = tmp_path / name
+        hf_tiny("Llama", head_dim=8).save_pretrained(d)
+        if change == "tensors":
+            state = load_file(str(d / "model.safetensors"))
+            save_file({**state, "model.layers.0.self_attn.k_scale": torch.tensor(0.01)}, str(d / "model.safetensors"))
+            match = "declares KV cache scales \\(tensor 'model.layers.0.self_attn.k_scale'\\)"
+        else:
+            fields = json.loads((d / "config.json").read_text())
+            (d / "config.json").write_text(json.dumps({**fields, "quantization_config": {
+                "quant_method": "modelopt", "kv_cache_quant_algo": "FP8"}}))
+            match = "declares KV cache scales \\(config.json's kv_cache_quant_algo\\)"
+        with pytest.raises(ValueError, match=match):
+            build_engine(cfg, 1.0, "crash", str(d), kv_cache_dtype="fp8")
+        assert build_engine(cfg, 1.0, "crash", str(d)).model_config.kv_cache_dtype == "auto"  # runs unscaled, as auto
+    # a node's engines take their KV dtype from their deployments
+    assert main(["replay", "--node", "node_chat_pair", "--controller", f"unix://{tmp_path}/none.sock",
+                 "--kv-cache-dtype", "fp8"]) == 2
+    assert "--kv-cache-dtype applies to one engine's replay" in capsys.readouterr().err

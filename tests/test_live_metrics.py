@@ -42,8 +42,9 @@ def scrape(port: int) -> dict[tuple[str, frozenset], float]:
             for family in text_string_to_metric_families(text) for s in family.samples}
 
 
-def profiled_engine(cfg, factor, oom, model_dir=None, device="cpu"):
-    return build_engine(cfg, factor, oom, executor=ProfiledExecutor(CPU_COST, materialize=False))
+def profiled_engine(cfg, factor, oom, model_dir=None, device="cpu", kv_cache_dtype="auto"):
+    return build_engine(cfg, factor, oom, executor=ProfiledExecutor(CPU_COST, materialize=False),
+                        kv_cache_dtype=kv_cache_dtype)
 
 
 def test_one_list_of_fallback_reasons():

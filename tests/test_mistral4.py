@@ -91,3 +91,13 @@ def test_mistral4_takes_transformers_defaults_and_is_sized_as_transformers_build
         built = transformers.Mistral4ForCausalLM(cfg)
     assert m.param_count() == built.num_parameters()
     assert m.kv_bytes_per_token() == 36 * (256 + 64) * 2
+
+
+def test_a_mistral3_whose_text_config_leaves_fields_out_takes_mistrals_defaults(tmp_path):
+    # a text_config of type mistral takes MistralConfig's defaults, Mistral 4's Mistral4Config's, as transformers fills them
+    for text in ({"model_type": "mistral", "head_dim": 128, "sliding_window": None}, {"model_type": "mistral4"}):
+        cfg = transformers.Mistral3Config(text_config=text, tie_word_embeddings=False)
+        (tmp_path / "config.json").write_text(json.dumps({**cfg.to_dict(), "text_config": text}))
+        with torch.device("meta"):
+            built = transformers.Mistral3ForConditionalGeneration(cfg)
+        assert read_sizes(tmp_path)[0].param_count() == built.num_parameters(), text["model_type"]

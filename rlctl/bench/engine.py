@@ -100,8 +100,8 @@ def hf_twin(model: LlamaModel):
             or mc.layer_norm or mc.parallel_block or mc.qk_norm_head_weights or mc.kv_cache_dtype != "auto":
         raise ValueError("no transformers twin is built here of latent attention, grouped, biased or input-weighing "
                          "routing, partial or interleaved RoPE, q and k normed across heads, OLMo 2's norms, Granite's "
-                         "scalars, chunked attention, Cohere's LayerNorms and parallel layers, or an 8-bit KV cache "
-                         "(DeepSeek's, GLM's, ERNIE's, Phi-4-mini's, OLMo 2's, OLMoE's, Granite's, Llama 4's, Cohere's): "
+                         "scalars, Cohere's LayerNorms and parallel layers, an 8-bit KV cache or chunked attention "
+                         "(DeepSeek's, GLM's, ERNIE's, Phi-4-mini's, OLMo 2's, OLMoE's, Granite's, Cohere's, Llama 4's): "
                          "load its checkpoint with transformers' own class")
     common = dict(vocab_size=mc.vocab_size, hidden_size=mc.hidden_size, intermediate_size=mc.intermediate_size,
                   num_hidden_layers=mc.num_layers, num_attention_heads=mc.num_heads,
