@@ -74,13 +74,14 @@ from engine.model import LlamaModel
 # dots.llm1 (``dots1``) is Qwen3's attention (each q and k head normed) around DeepSeek-V3's mixture of experts.
 # Mistral 4 (``mistral4``, alone or as Mistral 3's text model) is DeepSeek-V3's latent attention and experts, its
 # router's softmax scores picking within groups (no bias), every layer's queries scaled by position as Ministral
-# 3's are.
+# 3's are. GLM-4.5's lite mixtures (``glm4_moe_lite``: GLM-4.7-Flash) attend through DeepSeek-V3's latent attention,
+# each layer dense or sparse as ``mlp_layer_types`` says.
 MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma", "gemma2", "gemma3_text", "gemma3", "mixtral",
                "qwen2_moe", "qwen3_moe", "gpt_oss", "mistral3", "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe",
                "deepseek_v2", "deepseek_v3", "glm4_moe", "granite", "olmo2", "glm4", "smollm3", "llama4_text", "llama4",
                "olmo3", "ministral", "seed_oss", "ministral3", "minimax_m2", "ernie4_5", "ernie4_5_moe", "olmoe",
                "cohere", "cohere2", "exaone4", "granitemoe", "granitemoeshared", "dots1",
-               "mistral4")
+               "mistral4", "glm4_moe_lite")
 # the model classes vLLM picks by config.json's ``architectures`` (it runs a model by its class, not its
 # model_type), read where the model_type is not one of the above: Kimi K2's (``kimi_k2``, transformers has
 # no such type) is DeepSeek-V3's architecture. Its fields are then read as that family's are, its defaults too
@@ -98,8 +99,9 @@ ARCHITECTURES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral", "
                  "Ernie4_5ForCausalLM": "ernie4_5", "Ernie4_5_MoeForCausalLM": "ernie4_5_moe", "OlmoeForCausalLM": "olmoe",
                  "CohereForCausalLM": "cohere", "Cohere2ForCausalLM": "cohere2", "Exaone4ForCausalLM": "exaone4",
                  "GraniteMoeForCausalLM": "granitemoe", "GraniteMoeSharedForCausalLM": "granitemoeshared",
-                 "Dots1ForCausalLM": "dots1", "Mistral4ForCausalLM": "mistral4"}
-DEEPSEEK_TYPES = ("deepseek_v2", "deepseek_v3", "mistral4")  # multi-head latent attention
+                 "Dots1ForCausalLM": "dots1", "Mistral4ForCausalLM": "mistral4",
+                 "Glm4MoeLiteForCausalLM": "glm4_moe_lite"}
+DEEPSEEK_TYPES = ("deepseek_v2", "deepseek_v3", "mistral4", "glm4_moe_lite")  # multi-head latent attention
 GROUPED_TYPES = (*DEEPSEEK_TYPES, "glm4_moe", "dots1")  # DeepSeek's mixture of experts, routed in groups
 # the model types whose transformers implementation rotates only the first partial_rotary_factor of each head
 PARTIAL_ROTARY_TYPES = ("phi3", "glm4_moe", "glm4", "minimax_m2")
@@ -138,6 +140,14 @@ DEFAULTS = {**{t: {"sliding_window": 4096} for t in ("mistral", "ministral", "qw
                       "num_key_value_heads": 32, "n_group": 1, "topk_group": 1, "first_k_dense_replace": 0,
                       "norm_topk_prob": False, "routed_scaling_factor": 1.0, "max_position_embeddings": 2048,
                       "rms_norm_eps": 1e-6},
+            # transformers' Glm4MoeLiteConfig's (GLM-4.7-Flash's sizes)
+            "glm4_moe_lite": {"vocab_size": 154_880, "hidden_size": 2048, "intermediate_size": 10_240,
+                              "moe_intermediate_size": 1536, "num_hidden_layers": 47, "num_attention_heads": 20,
+                              "num_key_value_heads": 20, "n_shared_experts": 1, "n_routed_experts": 64,
+                              "routed_scaling_factor": 1.8, "kv_lora_rank": 512, "q_lora_rank": 768,
+                              "qk_rope_head_dim": 64, "v_head_dim": 256, "qk_nope_head_dim": 192, "n_group": 1,
+                              "topk_group": 1, "num_experts_per_tok": 4, "norm_topk_prob": True,
+                              "max_position_embeddings": 202_752, "rms_norm_eps": 1e-5, "rope_interleave": True},
             # transformers' Mistral4Config's
             "mistral4": {"vocab_size": 131_072, "hidden_size": 4096, "intermediate_size": 12_288, "num_hidden_layers": 36,
                          "num_attention_heads": 32, "num_key_value_heads": 32, "max_position_embeddings": 1_048_576,
@@ -795,13 +805,22 @@ def _grouped_experts(cfg: dict, mc: ModelConfig) -> ModelConfig:
     first, every = _int(cfg, "first_k_dense_replace", 0), _int(cfg, "moe_layer_freq", 1)
     if every <= 0:
         raise ValueError(f"moe_layer_freq must be > 0, got {every}")
+    dense = tuple(i for i in range(mc.num_layers) if i < first or i % every)
+    kinds = cfg.get("mlp_layer_types") if kind == "glm4_moe_lite" else None
+    if kind == "glm4_moe_lite" and kinds is None and "first_k_dense_replace" not in cfg:
+        kinds = ["dense"] + ["sparse"] * (mc.num_layers - 1)  # transformers' default: the first layer dense
+    if kinds is not None:  # each layer's kind, as transformers places them
+        if not isinstance(kinds, list) or len(kinds) != mc.num_layers or not set(kinds) <= {"dense", "sparse"}:
+            raise ValueError(f"mlp_layer_types must list each of the {mc.num_layers} layers as dense or sparse, "
+                             f"got {kinds!r:.200}")
+        dense = tuple(i for i, k in enumerate(kinds) if k == "dense")
     width, shared = _int(cfg, "moe_intermediate_size"), _int(cfg, "n_shared_experts", 0)
     if shared < 0:
         raise ValueError(f"n_shared_experts must be >= 0, got {shared}")
     return replace(mc, num_experts=experts, experts_per_token=_int(cfg, "num_experts_per_tok"),
                    moe_intermediate_size=width, norm_topk_prob=bool(cfg.get("norm_topk_prob")),
                    moe_float32_weights=True,
-                   dense_layers=tuple(i for i in range(mc.num_layers) if i < first or i % every),
+                   dense_layers=dense,
                    shared_expert_intermediate_size=width * shared, shared_expert_gate=False,
                    router=router, expert_groups=groups[0], topk_groups=groups[1],
                    routed_scaling=_positive(cfg, "routed_scaling_factor"))
