@@ -75,13 +75,14 @@ from engine.model import LlamaModel
 # Mistral 4 (``mistral4``, alone or as Mistral 3's text model) is DeepSeek-V3's latent attention and experts, its
 # router's softmax scores picking within groups (no bias), every layer's queries scaled by position as Ministral
 # 3's are. GLM-4.5's lite mixtures (``glm4_moe_lite``: GLM-4.7-Flash) attend through DeepSeek-V3's latent attention,
-# each layer dense or sparse as ``mlp_layer_types`` says.
+# each layer dense or sparse as ``mlp_layer_types`` says. Kimi K2.5 (``kimi_k25``) holds Kimi K2's text model (DeepSeek-V3's)
+# beside a MoonViT tower and a projector.
 MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma", "gemma2", "gemma3_text", "gemma3", "mixtral",
                "qwen2_moe", "qwen3_moe", "gpt_oss", "mistral3", "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe",
                "deepseek_v2", "deepseek_v3", "glm4_moe", "granite", "olmo2", "glm4", "smollm3", "llama4_text", "llama4",
                "olmo3", "ministral", "seed_oss", "ministral3", "minimax_m2", "ernie4_5", "ernie4_5_moe", "olmoe",
                "cohere", "cohere2", "exaone4", "granitemoe", "granitemoeshared", "dots1",
-               "mistral4", "glm4_moe_lite")
+               "mistral4", "glm4_moe_lite", "kimi_k25")
 # the model classes vLLM picks by config.json's ``architectures`` (it runs a model by its class, not its
 # model_type), read where the model_type is not one of the above: Kimi K2's (``kimi_k2``, transformers has
 # no such type) is DeepSeek-V3's architecture. Its fields are then read as that family's are, its defaults too
@@ -100,7 +101,8 @@ ARCHITECTURES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral", "
                  "CohereForCausalLM": "cohere", "Cohere2ForCausalLM": "cohere2", "Exaone4ForCausalLM": "exaone4",
                  "GraniteMoeForCausalLM": "granitemoe", "GraniteMoeSharedForCausalLM": "granitemoeshared",
                  "Dots1ForCausalLM": "dots1", "Mistral4ForCausalLM": "mistral4",
-                 "Glm4MoeLiteForCausalLM": "glm4_moe_lite"}
+                 "Glm4MoeLiteForCausalLM": "glm4_moe_lite", "KimiK25ForConditionalGeneration": "kimi_k25",
+                 "Kimi_K25ForConditionalGeneration": "kimi_k25"}
 DEEPSEEK_TYPES = ("deepseek_v2", "deepseek_v3", "mistral4", "glm4_moe_lite")  # multi-head latent attention
 GROUPED_TYPES = (*DEEPSEEK_TYPES, "glm4_moe", "dots1")  # DeepSeek's mixture of experts, routed in groups
 # the model types whose transformers implementation rotates only the first partial_rotary_factor of each head
@@ -594,7 +596,43 @@ def _text_config(cfg: dict) -> tuple[dict, int]:
         return _qwen_vl(cfg)
     if cfg["model_type"] == "llama4":
         return _llama4_multimodal(cfg)
+    if cfg["model_type"] == "kimi_k25":
+        return _kimi_k25(cfg)
     return cfg, 0
+
+
+# transformers' Kimi_K25VisionConfig's defaults (Kimi K2.5's MoonViT tower)
+KIMI_K25_VISION = {"patch_size": 14, "pos_emb_height": 64, "pos_emb_width": 64, "num_hidden_layers": 27,
+                   "hidden_size": 1152, "intermediate_size": 4304, "merge_kernel_size": [2, 2]}
+
+
+def _kimi_k25(cfg: dict) -> tuple[dict, int]:
+    """Kimi K2.5's text model (Kimi K2's: DeepSeek-V3's, its lm_head untied as its text_config says, as vLLM builds
+    it) and the parameters of its MoonViT tower (a patch embedding with a bias, a learned grid of positions,
+    encoder layers with biases, a final layer norm) and projector (a layer norm, then two layers over each group of
+    ``merge_kernel_size`` patches)."""
+    text, vision = cfg.get("text_config") or {}, cfg.get("vision_config") or {}
+    if not isinstance(text, dict) or not isinstance(vision, dict):
+        raise ValueError("text_config and vision_config must be objects")
+    if text.get("model_type", "deepseek_v3") not in ("deepseek_v3", "kimi_k2"):
+        raise ValueError(f"text_config.model_type {text['model_type']!r} is not supported (Kimi K2.5's text model is "
+                         "'kimi_k2' or 'deepseek_v3')")
+    text = {**DEFAULTS["deepseek_v3"], **text, "model_type": "deepseek_v3"}
+    v = {**KIMI_K25_VISION, **vision}
+    h, i, patch = _int(v, "hidden_size"), _int(v, "intermediate_size"), _int(v, "patch_size")
+    merge = v["merge_kernel_size"]
+    if not isinstance(merge, list) or len(merge) != 2 or patch <= 0:
+        raise ValueError(f"vision_config.merge_kernel_size must be two whole numbers and patch_size > 0, got "
+                         f"{merge!r} and {patch}")
+    per_layer = 4 * (h * h + h) + 2 * h * i + i + h + 4 * h  # q/k/v/proj with biases, the MLP's two layers, two norms
+    embeddings = 3 * patch * patch * h + h + _int(v, "pos_emb_height") * _int(v, "pos_emb_width") * h
+    grouped = h * _int({"m": merge[0]}, "m") * _int({"m": merge[1]}, "m")
+    projector = 2 * _int({"projection_hidden_size": h, **cfg}, "projection_hidden_size") + grouped * grouped + grouped \
+        + grouped * _int(text, "hidden_size") + _int(text, "hidden_size")
+    tower = _int(v, "num_hidden_layers") * per_layer + embeddings + 2 * h + projector
+    dtype = cfg.get("dtype") or cfg.get("torch_dtype") or text.get("dtype") or text.get("torch_dtype")
+    return {**text, "quantization_config": cfg.get("quantization_config") or text.get("quantization_config"),
+            "dtype": dtype}, tower
 
 
 # transformers' Llama4VisionConfig's defaults (Llama 4 Scout's and Maverick's tower)
@@ -1148,8 +1186,9 @@ def _router_tensor(key: str, tensor: torch.Tensor) -> tuple[str, torch.Tensor]:
 
 
 # where a multimodal checkpoint keeps its text model's weights (transformers 5's names, then 4's)
-TEXT_MODEL = (("model.language_model.", "model."), ("language_model.model.", "model."),
-              ("language_model.lm_head.", "lm_head."), ("lm_head.", "lm_head."))
+# (Kimi K2.5's as transformers 5 saves it: its text model's layers as blocks)
+TEXT_MODEL = (("model.language_model.", "model."), ("language_model.model.blocks.", "model.layers."),
+              ("language_model.model.", "model."), ("language_model.lm_head.", "lm_head."), ("lm_head.", "lm_head."))
 
 
 def _text_model(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
