@@ -103,6 +103,16 @@ ARCHITECTURES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral", "
                  "Dots1ForCausalLM": "dots1", "Mistral4ForCausalLM": "mistral4",
                  "Glm4MoeLiteForCausalLM": "glm4_moe_lite", "KimiK25ForConditionalGeneration": "kimi_k25",
                  "Kimi_K25ForConditionalGeneration": "kimi_k25"}
+# model types transformers and vLLM know that this engine neither runs nor sizes, and why: a paged cache of keys
+# and values a token is not all they hold
+_STATEFUL = ("its linear-attention or state-space layers hold a recurrent state for each request beside the paged "
+             "KV cache, which this engine does not model")
+_INDEXED = ("its sparse attention caches an indexer's keys beside the latent and attends to the tokens the indexer "
+            "picks, which this engine does not model")
+NOT_MODELLED = {**{t: _STATEFUL for t in ("qwen3_next", "qwen3_5", "qwen3_5_moe", "nemotron_h", "granitemoehybrid",
+                                          "falcon_h1", "jamba", "bamba", "zamba", "zamba2", "lfm2", "lfm2_moe",
+                                          "kimi_linear", "minimax", "mamba", "mamba2", "falcon_mamba", "recurrent_gemma")},
+                **{t: _INDEXED for t in ("deepseek_v32", "glm_moe_dsa", "mistral_large4")}}
 DEEPSEEK_TYPES = ("deepseek_v2", "deepseek_v3", "mistral4", "glm4_moe_lite")  # multi-head latent attention
 GROUPED_TYPES = (*DEEPSEEK_TYPES, "glm4_moe", "dots1")  # DeepSeek's mixture of experts, routed in groups
 # the model types whose transformers implementation rotates only the first partial_rotary_factor of each head
@@ -439,10 +449,13 @@ def _config(directory: str | Path, run: bool) -> tuple[Path, dict, int]:
 
 def _model_type(cfg: dict, path: Path) -> str:
     """``cfg``'s model_type where it is one of ``MODEL_TYPES``, else the one its architecture's class runs as
-    (``ARCHITECTURES``), as vLLM picks the class; refused naming both where neither is known."""
+    (``ARCHITECTURES``), as vLLM picks the class; refused saying why where it is one of ``NOT_MODELLED``, and naming
+    both where neither is known."""
     kind = cfg.get("model_type")
     if kind in MODEL_TYPES:
         return kind
+    if isinstance(kind, str) and kind in NOT_MODELLED:
+        raise CheckpointError(f"{path}: model_type {kind!r} is not supported: {NOT_MODELLED[kind]}")
     named = cfg.get("architectures")
     named = named[0] if isinstance(named, list) and len(named) == 1 else None
     if isinstance(named, str) and named in ARCHITECTURES:

@@ -484,3 +484,14 @@ def test_a_field_config_json_leaves_out_takes_transformers_default_or_is_refused
             assert read_sizes(tmp_path)[0] == whole, field
         except CheckpointError as exc:
             assert f"missing field {field!r}" in str(exc)
+
+
+@pytest.mark.parametrize("kind, why", [("qwen3_next", "recurrent state for each request"),
+                                       ("qwen3_5", "recurrent state for each request"),
+                                       ("nemotron_h", "recurrent state for each request"),
+                                       ("deepseek_v32", "caches an indexer's keys")])
+def test_a_model_this_engine_does_not_model_is_refused_saying_why(tmp_path, kind, why):
+    # a hybrid of linear attention or state-space layers, or DeepSeek's indexed sparse attention: run and sized alike
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": kind, "hidden_size": 64}))
+    with pytest.raises(ValueError, match=f"model_type '{kind}' is not supported: .*{why}"):
+        deployment(f"{tmp_path}@h100")
