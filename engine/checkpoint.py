@@ -14,7 +14,6 @@ from dataclasses import replace
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
 from safetensors.torch import load_file
 
 from engine.config import WEIGHT_BITS, ModelConfig, RopeScaling, is_positive, is_whole, torch_dtype
@@ -1573,32 +1572,12 @@ def _experts_as_held(state: dict[str, torch.Tensor], mc: ModelConfig) -> dict[st
     return out
 
 
-def kv_scales(directory: str | Path) -> str | None:
-    """What KV cache quantisation the checkpoint in ``directory`` declares (ModelOpt's ``kv_cache_quant_algo``,
-    compressed-tensors' ``kv_cache_scheme``) or stores scales for (``KV_SCALES``' tensors), which vLLM applies with
-    an 8-bit KV cache and this engine does not; None where it declares none."""
-    directory = Path(directory).expanduser()
-    q, path = _quantization_config(directory)
-    q = q or {}
-    fields = q.get("quantization", q)  # ModelOpt's own file writes its fields under quantization
-    for key in ("kv_cache_quant_algo", "kv_cache_scheme"):
-        if isinstance(fields, dict) and fields.get(key) or q.get(key):
-            return f"{path.name}'s {key}"
-    for f in _weight_files(directory):
-        with safe_open(str(f), "pt") as tensors:
-            scale = next((k for k in tensors.keys() if k.endswith(KV_SCALES)), None)
-        if scale is not None:
-            return f"tensor {scale!r}"
-    return None
-
-
 # tensors a checkpoint may hold beside its decoder's that vLLM's loaders skip too: RoPE's tables, which older
 # transformers saved, and a multimodal checkpoint's vision tower and projector under transformers 4's names
 ROPE_TABLES = ("rotary_emb.inv_freq", "rotary_emb.cos_cached", "rotary_emb.sin_cached")
-# a quantised KV cache's scales (compressed-tensors' kv_cache_scheme, ModelOpt's kv_cache_quant_algo), left unused:
-# this engine holds the KV in the model's dtype by default, as vLLM's default kv_cache_dtype (auto) does for most
-# checkpoints, or in 8 bits with a scale of 1 (ModelConfig.kv_cache_dtype), which a checkpoint with scales is refused
-# (kv_scales: vLLM would apply them)
+# a quantised KV cache's scales (compressed-tensors' kv_cache_scheme, ModelOpt's kv_cache_quant_algo): read by
+# _kv_scales, applied by an 8-bit KV cache (ModelConfig.kv_cache_dtype), unused with the model's dtype, as vLLM's
+# default kv_cache_dtype (auto) leaves them
 KV_SCALES = (".k_scale", ".v_scale", ".q_scale", ".prob_scale", ".kv_scale", "k_proj.output_scale", "v_proj.output_scale")
 VISION_PREFIXES = ("visual.", "vision_tower.", "multi_modal_projector.")
 
@@ -1714,4 +1693,27 @@ def load_checkpoint(directory: str | Path, device: str | torch.device = "cpu",
             raise CheckpointError(f"{directory}: tensor {name!r} has shape {tuple(state[name].shape)}, "
                                   f"config.json implies {tuple(t.shape)}")
     model.load_state_dict({k: state[k] for k in expected}, strict=True)
+    model.kv_scales = _kv_scales(state, mc, directory)
     return model.to(device=device, dtype=torch_dtype(mc.dtype)).eval()
+
+
+# where a checkpoint stores a layer's K and V scales (after its attention's prefix), as vLLM's loaders find them:
+# the names themselves, a projection's output scale, or one scale for both (older releases' kv_scale)
+KV_SCALE_NAMES = (("k_scale", "k_proj.output_scale", "kv_scale"), ("v_scale", "v_proj.output_scale", "kv_scale"))
+
+
+def _kv_scales(state: dict[str, torch.Tensor], mc: ModelConfig, directory) -> torch.Tensor | None:
+    """Each layer's K and V scales ([layers, 2], float32) where the checkpoint stores any (1 for a layer that has
+    none, as vLLM defaults them), which an 8-bit KV cache applies; None where it stores none."""
+    scales, found = torch.ones(mc.num_layers, 2), False
+    for layer in range(mc.num_layers):
+        for entry, names in enumerate(KV_SCALE_NAMES):
+            key = next((k for k in (f"model.layers.{layer}.self_attn.{n}" for n in names) if k in state), None)
+            if key is None:
+                continue
+            value = state[key]
+            if value.numel() != 1 or not value.is_floating_point() or not float(value) > 0:
+                raise CheckpointError(f"{directory}: tensor {key!r} must be one scale > 0 (a tensor's: vLLM's KV "
+                                      f"cache scales), got {value.dtype} {tuple(value.shape)}")
+            scales[layer, entry], found = float(value), True
+    return scales if found else None

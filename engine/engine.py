@@ -89,6 +89,8 @@ class Engine:
         self.device.charge("weights", self.memory.weights)
         self.pool = KVPool(mcfg, cfg.block_size, cfg.num_blocks, cfg.segment_blocks, self.device,
                            self.executor.materialize)
+        if self.pool.limit is not None and self.model is not None and self.model.kv_scales is not None:
+            self.pool.scales = self.model.kv_scales.to(self.pool.device.torch_device)  # an 8-bit KV's, as vLLM
         self.kv = KVCache(self.pool, cfg.host_bytes, lru=cfg.preempted_kv == "lru")
         self.sessions = Sessions(self.kv, self.counters, self.max_model_len)
         ratio = NewTokenRatio(cfg.sglang_init_new_token_ratio, cfg.sglang_min_new_token_ratio_factor,

@@ -29,6 +29,9 @@ class KVPool:
         # what the blocks hold (an 8-bit float with ``ModelConfig.kv_cache_dtype``) and what attention reads them as
         self.dtype, self.compute_dtype = model.kv_dtype, torch_dtype(model.dtype)
         self.limit = torch.finfo(self.dtype).max if self.dtype != self.compute_dtype else None
+        # each layer's K and V scales with an 8-bit KV cache ([layers, 2], float32: ``LlamaModel.kv_scales``),
+        # None for 1: a value is stored as itself over its scale and read back times it
+        self.scales: torch.Tensor | None = None
         entries, self.num_kv_heads, self.head_dim = model.kv_layout
         # [layers, K/V (or latent attention's one entry), blocks, block_size, kv_heads, head_dim]
         self.block_shape = (model.num_layers, entries, block_size, self.num_kv_heads, self.head_dim)
@@ -107,17 +110,25 @@ class KVPool:
         """One layer of a segment as [K/V, blocks, block_size, kv_heads, head_dim], a view."""
         return self.segments[segment][layer]
 
-    def _stored(self, x: torch.Tensor) -> torch.Tensor:
-        """``x`` as the blocks hold it: in an 8-bit float, saturated at its largest value (vLLM's conversion, with
-        a scale of 1), or as it is."""
+    def _stored(self, x: torch.Tensor, layer: int, entry: int) -> torch.Tensor:
+        """``x`` as the blocks hold it: in an 8-bit float over its layer's scale (``scales``; 1 where there are
+        none), in float32, saturated at the format's largest value (vLLM's conversion), or as it is."""
         if self.limit is None:
             return x
+        if self.scales is not None:
+            x = x.float() / self.scales[layer, entry]
         return x.clamp(-self.limit, self.limit).to(self.dtype)
+
+    def _read(self, kv: torch.Tensor, layer: int) -> torch.Tensor:
+        """Gathered K and V ([K/V, ...]) in the model's dtype: 8-bit values times their layer's scales."""
+        if self.scales is None:
+            return kv.to(self.compute_dtype)
+        return (kv.float() * self.scales[layer].view((-1,) + (1,) * (kv.dim() - 1))).to(self.compute_dtype)
 
     def write_slots(self, layer: int, slots: Located, k: torch.Tensor, v: torch.Tensor | None) -> None:
         """Store K and V of new tokens ([tokens, kv_heads, head_dim]) at slots ``locate``d with
         ``rows_per_block`` = block_size; ``v`` None where the pool holds one entry a token (latent attention's)."""
-        k, v = self._stored(k), None if v is None else self._stored(v)
+        k, v = self._stored(k, layer, 0), None if v is None else self._stored(v, layer, 1)
         for s, where, rows in slots:
             kv = self._layer(s, layer).flatten(1, 2)  # [K/V, slots, kv_heads, head_dim]
             _raw(kv[0]).index_copy_(0, rows, _raw(k if where is None else k[where]))
@@ -127,15 +138,15 @@ class KVPool:
     def gather_blocks(self, layer: int, blocks: Located, n: int) -> torch.Tensor:
         """K and V of ``n`` blocks ``locate``d with ``rows_per_block`` = 1, in their order, as
         [K/V, n, block_size, kv_heads, head_dim] in the model's dtype: one copy (index_select) per segment touched
-        (and one more where the blocks hold 8-bit floats, read back)."""
+        (and one more where the blocks hold 8-bit floats, read back times their scales)."""
         if len(blocks) == 1 and blocks[0][1] is None:
             s, _, rows = blocks[0]
-            return self._layer(s, layer).index_select(1, rows).to(self.compute_dtype)
+            return self._read(self._layer(s, layer).index_select(1, rows), layer)
         out = torch.empty((self.block_shape[1], n) + self.block_shape[2:], dtype=self.dtype,
                           device=self.device.torch_device)
         for s, where, rows in blocks:
             _raw(out).index_copy_(1, where, _raw(self._layer(s, layer).index_select(1, rows)))
-        return out.to(self.compute_dtype)
+        return self._read(out, layer)
 
     def write(self, layer: int, blocks: torch.Tensor, offsets: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Store K and V of new tokens ([tokens, kv_heads, head_dim]) at (block, offset) slots."""

@@ -578,6 +578,10 @@ class LlamaModel(nn.Module):
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
+        # each layer's K and V scales, [layers, 2] in float32, where the checkpoint gives them (k_scale, v_scale):
+        # what an 8-bit KV cache divides them by to store them and multiplies by to read them, as vLLM applies
+        # them; None: 1 (a KV cache in the model's dtype reads none)
+        self.kv_scales: torch.Tensor | None = None
 
     @classmethod
     def from_seed(cls, cfg: ModelConfig, seed: int, device: str | torch.device = "cpu") -> "LlamaModel":

@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-from engine.checkpoint import kv_scales, load_checkpoint
+from engine.checkpoint import load_checkpoint
 from engine.config import EngineConfig, ModelConfig
 from engine.engine import Engine
 from engine.executor import ProfiledExecutor
@@ -25,11 +25,6 @@ def build_engine(cfg: EngineConfig, overcommit: float, oom_mode: str, model_dir:
     admit it), ``oom_mode`` semantics, the tiny seeded model or the checkpoint in ``model_dir``, its KV
     held in ``kv_cache_dtype`` (``ModelConfig.kv_cache_dtype``), timed by ``executor`` (default: the torch
     executor's measured time)."""
-    if model_dir and kv_cache_dtype != "auto":
-        declared = kv_scales(model_dir)
-        if declared is not None:  # vLLM would scale the KV by them; this engine stores it with a scale of 1
-            raise ValueError(f"--kv-cache-dtype {kv_cache_dtype}: {model_dir} declares KV cache scales ({declared}), "
-                             "which vLLM applies and this engine does not: run it with --kv-cache-dtype auto")
     model = load_checkpoint(model_dir, device=device) if model_dir else None
     cfg = replace(cfg, oom_mode=oom_mode).pinned(overcommit)
     model_config = replace(model.config if model else ModelConfig(), kv_cache_dtype=kv_cache_dtype)

@@ -121,32 +121,50 @@ def test_replay_holds_the_kv_in_fp8_and_says_so(tmp_path, capsys):
     assert figures["model"]["kv_cache_dtype"] == "fp8" and figures["requests_completed"] > 0
 
 
-def test_a_checkpoint_with_kv_scales_is_refused_an_fp8_kv_cache(tmp_path, capsys):
-    # vLLM scales the KV by a checkpoint's k_scale and v_scale (or its declared KV quantisation) when it holds the
-    # KV in 8 bits; this engine stores it with a scale of 1, so such a checkpoint runs only with the model's dtype
-    from rlctl.cli import main
-    from rlctl.replay import build_engine
+def test_an_fp8_kv_cache_applies_the_checkpoints_kv_scales(tmp_path, monkeypatch, capsys):
+    # vLLM stores each layer's K and V over the scales a checkpoint gives (k_scale, v_scale, a projection's
+    # output_scale, or one kv_scale for both; 1 where a layer has none) and reads them back times them; with the
+    # KV in the model's dtype the scales are unused
+    import transformers.models.llama.modeling_llama as llama
     from safetensors.torch import load_file, save_file
 
-    hf_tiny("Llama", head_dim=8).save_pretrained(tmp_path / "plain")
-    cfg = EngineConfig(num_blocks=16, block_size=4)
-    assert build_engine(cfg, 1.0, "crash", str(tmp_path / "plain"), kv_cache_dtype="fp8").model_config.kv_cache_dtype == "fp8"
-    for name, change in (("scales", "tensors"), ("declared", "config")):
-        d = tmp_path / name
-        hf_tiny("Llama", head_dim=8).save_pretrained(d)
-        if change == "tensors":
-            state = load_file(str(d / "model.safetensors"))
-            save_file({**state, "model.layers.0.self_attn.k_scale": torch.tensor(0.01)}, str(d / "model.safetensors"))
-            match = "declares KV cache scales \\(tensor 'model.layers.0.self_attn.k_scale'\\)"
-        else:
-            fields = json.loads((d / "config.json").read_text())
-            (d / "config.json").write_text(json.dumps({**fields, "quantization_config": {
-                "quant_method": "modelopt", "kv_cache_quant_algo": "FP8"}}))
-            match = "declares KV cache scales \\(config.json's kv_cache_quant_algo\\)"
-        with pytest.raises(ValueError, match=match):
-            build_engine(cfg, 1.0, "crash", str(d), kv_cache_dtype="fp8")
-        assert build_engine(cfg, 1.0, "crash", str(d)).model_config.kv_cache_dtype == "auto"  # runs unscaled, as auto
+    hf = hf_tiny("Llama", head_dim=8, initializer_range=0.2)
+    hf.save_pretrained(tmp_path)
+    ps = prompts([13, 30, 21])
+    plain = load_checkpoint(tmp_path)
+    unscaled, auto = generate(plain, "fp8", ps), generate(plain, "auto", ps)
+    state = load_file(str(tmp_path / "model.safetensors"))
+    given = {"model.layers.0.self_attn.k_scale": 0.004, "model.layers.0.self_attn.v_scale": 0.05,
+             "model.layers.1.self_attn.kv_scale": 0.03}  # layer 0's keys saturate at 448 x 0.004; layer 2 has none
+    save_file({**state, **{k: torch.tensor(v) for k, v in given.items()}}, str(tmp_path / "model.safetensors"))
+    model = load_checkpoint(tmp_path)
+    scales = [[0.004, 0.05], [0.03, 0.03], [1.0, 1.0]]
+    assert torch.equal(model.kv_scales, torch.tensor(scales))
+    outputs = generate(model, "fp8", ps)
+    assert outputs != unscaled and generate(model, "auto", ps) == auto
+
+    limit, layer = torch.finfo(torch.float8_e4m3fn).max, [0]
+
+    def rounded(x: torch.Tensor, scale: float) -> torch.Tensor:
+        return ((x.float() / scale).clamp(-limit, limit).to(torch.float8_e4m3fn).float() * scale).to(x.dtype)
+
+    rotate = llama.apply_rotary_pos_emb
+    monkeypatch.setattr(llama, "apply_rotary_pos_emb", lambda q, k, cos, sin, *a, **kw: (
+        lambda qk: (qk[0], rounded(qk[1], scales[layer[0]][0])))(rotate(q, k, cos, sin, *a, **kw)))
+    for i, block in enumerate(hf.model.layers):
+        block.self_attn.register_forward_pre_hook(lambda m, args, i=i: layer.__setitem__(0, i))
+        block.self_attn.v_proj.register_forward_hook(lambda m, args, out, i=i: rounded(out, scales[i][1]))
+    assert outputs == [hf_greedy(hf, p, 12) for p in ps]
+    # a scale that is no scale is refused by name
+    save_file({**state, "model.layers.0.self_attn.k_scale": torch.tensor([0.1, 0.2])}, str(tmp_path / "model.safetensors"))
+    with pytest.raises(ValueError, match="'model.layers.0.self_attn.k_scale' must be one scale > 0"):
+        load_checkpoint(tmp_path)
+
+
+def test_replay_node_refuses_a_kv_cache_dtype(tmp_path, capsys):
     # a node's engines take their KV dtype from their deployments
+    from rlctl.cli import main
+
     assert main(["replay", "--node", "node_chat_pair", "--controller", f"unix://{tmp_path}/none.sock",
                  "--kv-cache-dtype", "fp8"]) == 2
     assert "--kv-cache-dtype applies to one engine's replay" in capsys.readouterr().err
