@@ -287,9 +287,11 @@ def test_a_yarn_checkpoint_loads_its_scaling_as_transformers_reads_it(checkpoint
 
 
 @pytest.mark.parametrize("fields, match", [
+    ({"model_type": "hunyuan_v1_dense", "architectures": ["HunYuanDenseV1ForCausalLM"]},
+     r"model_type 'hunyuan_v1_dense' is not one of llama, mistral, qwen2, qwen3, phi3, gemma.*, nor is its architectures "
+     r"\['HunYuanDenseV1ForCausalLM'\] one of LlamaForCausalLM, MistralForCausalLM"),
     ({"model_type": "qwen3_next", "architectures": ["Qwen3NextForCausalLM"]},
-     r"model_type 'qwen3_next' is not one of llama, mistral, qwen2, qwen3, phi3, gemma.*, nor is its architectures "
-     r"\['Qwen3NextForCausalLM'\] one of LlamaForCausalLM, MistralForCausalLM"),
+     r"model_type 'qwen3_next' is not supported: its linear-attention or state-space layers"),
     ({"model_type": "my_llama", "architectures": "LlamaForCausalLM"}, "model_type 'my_llama' is not one of"),
     ({"model_type": "gemma3_text", "attn_logit_softcapping": 50.0}, "attn_logit_softcapping 50.0 is not supported"),
     ({"model_type": "gemma3_text", "rope_parameters": {"full_attention": {"rope_type": "default"},
