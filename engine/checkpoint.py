@@ -108,10 +108,12 @@ _STATEFUL = ("its linear-attention or state-space layers hold a recurrent state 
              "KV cache, which this engine does not model")
 _INDEXED = ("its sparse attention caches an indexer's keys beside the latent and attends to the tokens the indexer "
             "picks, which this engine does not model")
-NOT_MODELLED = {**{t: _STATEFUL for t in ("qwen3_next", "qwen3_5", "qwen3_5_moe", "nemotron_h", "granitemoehybrid",
-                                          "falcon_h1", "jamba", "bamba", "zamba", "zamba2", "lfm2", "lfm2_moe",
-                                          "kimi_linear", "minimax", "mamba", "mamba2", "falcon_mamba", "recurrent_gemma")},
-                **{t: _INDEXED for t in ("deepseek_v32", "glm_moe_dsa", "mistral_large4")}}
+NOT_MODELLED = {**{t: _STATEFUL for t in ("qwen3_next", "qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text",
+                                          "nemotron_h", "granitemoehybrid", "falcon_h1", "jamba", "bamba", "zamba",
+                                          "zamba2", "lfm2", "lfm2_moe", "lfm3", "kimi_linear", "minimax", "olmo_hybrid",
+                                          "bailing_hybrid", "mamba", "mamba2", "falcon_mamba", "recurrent_gemma")},
+                **{t: _INDEXED for t in ("deepseek_v32", "deepseek_v4", "glm_moe_dsa", "mistral_large4",
+                                         "mistral_large4_text")}}
 DEEPSEEK_TYPES = ("deepseek_v2", "deepseek_v3", "mistral4", "glm4_moe_lite")  # multi-head latent attention
 GROUPED_TYPES = (*DEEPSEEK_TYPES, "glm4_moe", "dots1")  # DeepSeek's mixture of experts, routed in groups
 # the model types whose transformers implementation rotates only the first partial_rotary_factor of each head
@@ -453,7 +455,9 @@ def _model_type(cfg: dict, path: Path) -> str:
     kind = cfg.get("model_type")
     if kind in MODEL_TYPES:
         return kind
-    if isinstance(kind, str) and kind in NOT_MODELLED:
+    # Granite 4's hybrids (its dense models share the type with every layer attention: refused as unknown)
+    hybrid = kind != "granitemoehybrid" or "mamba" in (cfg.get("layer_types") or cfg.get("layers_block_type") or [])
+    if isinstance(kind, str) and kind in NOT_MODELLED and hybrid:
         raise CheckpointError(f"{path}: model_type {kind!r} is not supported: {NOT_MODELLED[kind]}")
     named = cfg.get("architectures")
     named = named[0] if isinstance(named, list) and len(named) == 1 else None
@@ -616,6 +620,10 @@ def _text_config(cfg: dict) -> tuple[dict, int]:
 # transformers' Kimi_K25VisionConfig's defaults (Kimi K2.5's MoonViT tower)
 KIMI_K25_VISION = {"patch_size": 14, "pos_emb_height": 64, "pos_emb_width": 64, "num_hidden_layers": 27,
                    "hidden_size": 1152, "intermediate_size": 4304, "merge_kernel_size": [2, 2]}
+# its published config.json's names for them -> transformers'
+KIMI_K25_VISION_NAMES = {"vt_hidden_size": "hidden_size", "vt_intermediate_size": "intermediate_size",
+                         "vt_num_hidden_layers": "num_hidden_layers", "init_pos_emb_height": "pos_emb_height",
+                         "init_pos_emb_width": "pos_emb_width"}
 
 
 def _kimi_k25(cfg: dict) -> tuple[dict, int]:
@@ -630,7 +638,11 @@ def _kimi_k25(cfg: dict) -> tuple[dict, int]:
         raise ValueError(f"text_config.model_type {text['model_type']!r} is not supported (Kimi K2.5's text model is "
                          "'kimi_k2' or 'deepseek_v3')")
     text = {**DEFAULTS["deepseek_v3"], **text, "model_type": "deepseek_v3"}
-    v = {**KIMI_K25_VISION, **vision}
+    # the published config.json's names for the tower's sizes (Moonshot's code), else transformers'
+    v = {**KIMI_K25_VISION, **vision, **{ours: vision[theirs] for theirs, ours in KIMI_K25_VISION_NAMES.items()
+                                         if theirs in vision}}
+    if "mm_hidden_size" in vision and "projection_hidden_size" not in cfg:
+        cfg = {**cfg, "projection_hidden_size": vision["mm_hidden_size"]}
     h, i, patch = _int(v, "hidden_size"), _int(v, "intermediate_size"), _int(v, "patch_size")
     merge = v["merge_kernel_size"]
     if not isinstance(merge, list) or len(merge) != 2 or patch <= 0:
@@ -1257,10 +1269,16 @@ MODELOPT_BITS = {"FP8": 8, "FP8_PER_CHANNEL_PER_TOKEN": 8, "FP8_BLOCK_SCALES": 8
 
 
 def _quantization_config(directory: str | Path) -> tuple[dict | None, Path]:
-    """A checkpoint's ``quantization_config`` (ModelOpt's ``hf_quant_config.json`` where config.json has
-    none, as ``quant_method: modelopt``) and the file it was read from; None where there is none."""
+    """A checkpoint's ``quantization_config`` (its text model's, under ``text_config``, where the top level gives
+    none, as transformers and vLLM read a multimodal checkpoint's such as Kimi K2.5's; ModelOpt's
+    ``hf_quant_config.json`` where config.json has none, as ``quant_method: modelopt``) and the file it was read
+    from; None where there is none."""
     path = Path(directory) / "config.json"
-    q = json.loads(path.read_text()).get("quantization_config")
+    raw = json.loads(path.read_text())
+    q = raw.get("quantization_config")
+    text = raw.get("text_config")
+    if not q and isinstance(text, dict):
+        q = text.get("quantization_config")
     modelopt = Path(directory) / "hf_quant_config.json"
     if not q and modelopt.is_file():  # ModelOpt's own file, beside a config.json without the block
         try:
@@ -1693,7 +1711,9 @@ def load_checkpoint(directory: str | Path, device: str | torch.device = "cpu",
             raise CheckpointError(f"{directory}: tensor {name!r} has shape {tuple(state[name].shape)}, "
                                   f"config.json implies {tuple(t.shape)}")
     model.load_state_dict({k: state[k] for k in expected}, strict=True)
-    model.kv_scales = _kv_scales(state, mc, directory)
+    # vLLM reads KV scales through a quantisation method (fp8's, ModelOpt's, compressed-tensors'): without one it
+    # skips them
+    model.kv_scales = _kv_scales(state, mc, directory) if _quantization_config(directory)[0] else None
     return model.to(device=device, dtype=torch_dtype(mc.dtype)).eval()
 
 

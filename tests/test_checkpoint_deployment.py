@@ -495,3 +495,14 @@ def test_a_model_this_engine_does_not_model_is_refused_saying_why(tmp_path, kind
     (tmp_path / "config.json").write_text(json.dumps({"model_type": kind, "hidden_size": 64}))
     with pytest.raises(ValueError, match=f"model_type '{kind}' is not supported: .*{why}"):
         deployment(f"{tmp_path}@h100")
+
+
+def test_granite_4s_dense_models_are_not_refused_as_hybrids(tmp_path):
+    # granitemoehybrid names Granite 4's hybrids and its dense models (every layer attention) alike: only a model
+    # with mamba layers is refused for its recurrent state; a dense one is refused as a type this engine does not know
+    base = {"model_type": "granitemoehybrid", "hidden_size": 64}
+    for layers, match in ((["mamba", "attention"], "recurrent state for each request"),
+                          (["attention", "attention"], "model_type 'granitemoehybrid' is not one of")):
+        (tmp_path / "config.json").write_text(json.dumps({**base, "layer_types": layers}))
+        with pytest.raises(ValueError, match=match):
+            deployment(f"{tmp_path}@h100")

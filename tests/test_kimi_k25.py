@@ -66,3 +66,33 @@ def test_kimi_k25_is_sized_as_transformers_builds_it(tmp_path):
     assert m.param_count() == built.num_parameters()
     assert m.encoder_params == sum(p.numel() for name, p in built.named_parameters()
                                    if "vision_tower" in name or "mm_projector" in name)
+
+
+def test_kimi_k25_reads_its_published_fields_its_quantisation_under_text_config(tmp_path):
+    # Kimi K2.5's release writes its tower's sizes under Moonshot's names (vt_*, init_pos_emb_*, mm_hidden_size) and
+    # its INT4 quantisation (compressed-tensors, groups of 32) under text_config, where transformers and vLLM read it
+    cfg = {k: v for k, v in transformers.Kimi_K25Config(tie_word_embeddings=False).to_dict().items()
+           if k != "projection_hidden_size"}  # the release gives it as vision_config's mm_hidden_size
+    names = {"hidden_size": "vt_hidden_size", "intermediate_size": "vt_intermediate_size",
+             "num_hidden_layers": "vt_num_hidden_layers", "pos_emb_height": "init_pos_emb_height",
+             "pos_emb_width": "init_pos_emb_width"}
+    vision = {names.get(k, k): v for k, v in cfg["vision_config"].items()}
+    vision = {**vision, "vt_hidden_size": 768, "mm_hidden_size": 768}
+    (tmp_path / "config.json").write_text(json.dumps({**cfg, "vision_config": vision, "torch_dtype": "bfloat16"}))
+    m, _ = read_sizes(tmp_path)
+    with torch.device("meta"):
+        built = transformers.Kimi_K25ForConditionalGeneration(transformers.Kimi_K25Config(
+            tie_word_embeddings=False, projection_hidden_size=768,
+            vision_config={**cfg["vision_config"], "hidden_size": 768}))
+    assert m.param_count() == built.num_parameters() and m.weight_bits is None
+    int4 = {"quant_method": "compressed-tensors", "format": "pack-quantized", "config_groups": {"group_0": {
+        "targets": ["Linear"], "weights": {"num_bits": 4, "type": "int", "group_size": 32, "strategy": "group"}}}}
+    text = {**cfg["text_config"], "quantization_config": int4}
+    (tmp_path / "config.json").write_text(json.dumps({**cfg, "text_config": text, "torch_dtype": "bfloat16"}))
+    assert deployment_bits(tmp_path) == 4
+
+
+def deployment_bits(directory) -> int | None:
+    from engine.checkpoint import weight_bits
+
+    return weight_bits(directory)

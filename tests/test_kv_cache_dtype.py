@@ -137,6 +137,11 @@ def test_an_fp8_kv_cache_applies_the_checkpoints_kv_scales(tmp_path, monkeypatch
     given = {"model.layers.0.self_attn.k_scale": 0.004, "model.layers.0.self_attn.v_scale": 0.05,
              "model.layers.1.self_attn.kv_scale": 0.03}  # layer 0's keys saturate at 448 x 0.004; layer 2 has none
     save_file({**state, **{k: torch.tensor(v) for k, v in given.items()}}, str(tmp_path / "model.safetensors"))
+    # without a quantisation method that reads them vLLM skips the scales, and so does the engine
+    assert load_checkpoint(tmp_path).kv_scales is None
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**cfg, "quantization_config": {
+        "quant_method": "modelopt", "kv_cache_quant_algo": "FP8"}}))  # ModelOpt's FP8 KV cache, the weights as they are
     model = load_checkpoint(tmp_path)
     scales = [[0.004, 0.05], [0.03, 0.03], [1.0, 1.0]]
     assert torch.equal(model.kv_scales, torch.tensor(scales))
