@@ -518,7 +518,6 @@ def _read_config(directory: str | Path, run: bool) -> tuple[ModelConfig, list[st
             mc = replace(mc, qk_norm=True, qk_norm_across_heads=True, sandwich_norms=True, pre_norms=False)
         if cfg["model_type"] in ("minimax_m2", "olmoe"):  # OLMo 2's q and k norms in Llama's layers (always)
             mc = replace(mc, qk_norm=True, qk_norm_across_heads=True)
-
         if cfg["model_type"] in ("ernie4_5", "ernie4_5_moe"):
             mc = replace(mc, rope_interleaved=True)
         if cfg["model_type"] == "glm4":
@@ -645,12 +644,12 @@ def _kimi_k25(cfg: dict) -> tuple[dict, int]:
         cfg = {**cfg, "projection_hidden_size": vision["mm_hidden_size"]}
     h, i, patch = _int(v, "hidden_size"), _int(v, "intermediate_size"), _int(v, "patch_size")
     merge = v["merge_kernel_size"]
-    if not isinstance(merge, list) or len(merge) != 2 or patch <= 0:
-        raise ValueError(f"vision_config.merge_kernel_size must be two whole numbers and patch_size > 0, got "
+    if not (isinstance(merge, list) and len(merge) == 2 and all(is_whole(m) and m > 0 for m in merge)) or patch <= 0:
+        raise ValueError(f"vision_config.merge_kernel_size must be two whole numbers > 0 and patch_size > 0, got "
                          f"{merge!r} and {patch}")
     per_layer = 4 * (h * h + h) + 2 * h * i + i + h + 4 * h  # q/k/v/proj with biases, the MLP's two layers, two norms
     embeddings = 3 * patch * patch * h + h + _int(v, "pos_emb_height") * _int(v, "pos_emb_width") * h
-    grouped = h * _int({"m": merge[0]}, "m") * _int({"m": merge[1]}, "m")
+    grouped = h * merge[0] * merge[1]  # each group of merged patches' features
     projector = 2 * _int({"projection_hidden_size": h, **cfg}, "projection_hidden_size") + grouped * grouped + grouped \
         + grouped * _int(text, "hidden_size") + _int(text, "hidden_size")
     tower = _int(v, "num_hidden_layers") * per_layer + embeddings + 2 * h + projector

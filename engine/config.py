@@ -20,8 +20,8 @@ def torch_dtype(name: str) -> torch.dtype:
 ROUTERS = ("softmax", "softmax_groups", "sigmoid_groups", "softmax_biased", "sigmoid_input")  # how a mixture of experts' router picks (ModelConfig)
 ACTIVATIONS = ("silu", "gelu_tanh")  # the MLP's gate: SwiGLU's, or GeGLU's with GELU's tanh approximation
 WEIGHT_BITS = (2, 3, 4, 8, 16, 32)  # the bits a weight may be stored in: quantised, or a float dtype's
-# the KV cache's dtype, as vLLM's --kv-cache-dtype names it: the model's ("auto"), or 8-bit floats with a scale of 1
-# (vLLM's default where the checkpoint gives no KV scales), "fp8" being E4M3
+# the KV cache's dtype, as vLLM's --kv-cache-dtype names it: the model's ("auto"), or 8-bit floats over the
+# checkpoint's KV scales (1 where it gives none, vLLM's default), "fp8" being E4M3
 KV_CACHE_DTYPES = {"auto": None, "fp8": torch.float8_e4m3fn, "fp8_e4m3": torch.float8_e4m3fn,
                    "fp8_e5m2": torch.float8_e5m2}
 
@@ -168,7 +168,8 @@ class ModelConfig:
     explicit_head_dim: int | None = None  # config.json's head_dim where it is not hidden_size / num_heads (Qwen3)
     dtype: str = "float32"  # activations, and KV where kv_cache_dtype is "auto"
     # the KV cache's dtype (KV_CACHE_DTYPES): "auto", the model's; "fp8" (E4M3) or "fp8_e5m2", each K and V value
-    # stored in 8 bits (saturated at the format's largest) and read back into the model's dtype to attend
+    # stored in 8 bits over its layer's scale (saturated at the format's largest) and read back into the model's
+    # dtype to attend (KVPool)
     kv_cache_dtype: str = "auto"
     weight_bits: int | None = None  # quantised weights (4, 8); None: ``dtype``. Only the ledger and cost models read it
     num_experts: int = 0  # 0: a dense model
