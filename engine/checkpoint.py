@@ -75,13 +75,14 @@ from engine.model import LlamaModel
 # router's softmax scores picking within groups (no bias), every layer's queries scaled by position as Ministral
 # 3's are. GLM-4.5's lite mixtures (``glm4_moe_lite``: GLM-4.7-Flash) attend through DeepSeek-V3's latent attention,
 # each layer dense or sparse as ``mlp_layer_types`` says. Kimi K2.5 (``kimi_k25``) holds Kimi K2's text model (DeepSeek-V3's)
-# beside a MoonViT tower and a projector.
+# beside a MoonViT tower and a projector. Hunyuan's dense models (``hunyuan_v1_dense``) are Llama's with each q and k
+# head normed after RoPE (``use_qk_norm``) and RoPE's base stretched by an NTK ``alpha``.
 MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma", "gemma2", "gemma3_text", "gemma3", "mixtral",
                "qwen2_moe", "qwen3_moe", "gpt_oss", "mistral3", "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe",
                "deepseek_v2", "deepseek_v3", "glm4_moe", "granite", "olmo2", "glm4", "smollm3", "llama4_text", "llama4",
                "olmo3", "ministral", "seed_oss", "ministral3", "minimax_m2", "ernie4_5", "ernie4_5_moe", "olmoe",
                "cohere", "cohere2", "exaone4", "granitemoe", "granitemoeshared", "dots1",
-               "mistral4", "glm4_moe_lite", "kimi_k25")
+               "mistral4", "glm4_moe_lite", "kimi_k25", "hunyuan_v1_dense")
 # the model classes vLLM picks by config.json's ``architectures`` (it runs a model by its class, not its
 # model_type), read where the model_type is not one of the above: Kimi K2's (``kimi_k2``, transformers has
 # no such type) is DeepSeek-V3's architecture. Its fields are then read as that family's are, its defaults too
@@ -101,7 +102,7 @@ ARCHITECTURES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral", "
                  "GraniteMoeForCausalLM": "granitemoe", "GraniteMoeSharedForCausalLM": "granitemoeshared",
                  "Dots1ForCausalLM": "dots1", "Mistral4ForCausalLM": "mistral4",
                  "Glm4MoeLiteForCausalLM": "glm4_moe_lite", "KimiK25ForConditionalGeneration": "kimi_k25",
-                 "Kimi_K25ForConditionalGeneration": "kimi_k25"}
+                 "Kimi_K25ForConditionalGeneration": "kimi_k25", "HunYuanDenseV1ForCausalLM": "hunyuan_v1_dense"}
 # model types transformers and vLLM know that this engine neither runs nor sizes, and why: a paged cache of keys
 # and values a token is not all they hold
 _STATEFUL = ("its linear-attention or state-space layers hold a recurrent state for each request beside the paged "
@@ -213,6 +214,10 @@ DEFAULTS = {**{t: {"sliding_window": 4096} for t in ("mistral", "ministral", "qw
             "exaone4": {"vocab_size": 102_400, "hidden_size": 4096, "intermediate_size": 16_384, "num_hidden_layers": 32,
                         "num_attention_heads": 32, "num_key_value_heads": 32, "max_position_embeddings": 2048,
                         "rms_norm_eps": 1e-5, "sliding_window": 4096, "sliding_window_pattern": 4},
+            # transformers' HunYuanDenseV1Config's
+            "hunyuan_v1_dense": {"vocab_size": 290_943, "hidden_size": 4096, "intermediate_size": 11_008,
+                                 "num_hidden_layers": 32, "num_attention_heads": 32, "max_position_embeddings": 2048,
+                                 "rms_norm_eps": 1e-5},
             # transformers' OlmoeConfig's
             "olmoe": {"vocab_size": 50_304, "hidden_size": 2048, "intermediate_size": 2048, "num_hidden_layers": 16,
                       "num_attention_heads": 16, "max_position_embeddings": 4096, "rms_norm_eps": 1e-5,
@@ -304,6 +309,8 @@ def _rope(cfg: dict, path: Path) -> tuple[float, RopeScaling | None]:
         kind = "default"
     if kind == "su":  # LongRoPE's first name, which early Phi-3 configs and vLLM still take
         kind = "longrope"
+    if kind == "dynamic" and params.get("alpha") is not None:  # Hunyuan's NTK-aware alpha: a fixed, stretched base
+        return _ntk_alpha_theta(params, cfg, path), None
     if kind not in ("default", None, *RopeScaling.KINDS):
         raise CheckpointError(f"{path}: rope type {kind!r} is not supported "
                               f"(the default rotary embedding, {', '.join(RopeScaling.KINDS)})")
@@ -323,6 +330,21 @@ def _rope(cfg: dict, path: Path) -> tuple[float, RopeScaling | None]:
         raise CheckpointError(f"{path}: rope type {kind!r} needs {exc.args[0]!r}") from exc
     except (TypeError, ValueError) as exc:
         raise CheckpointError(f"{path}: {exc}") from exc
+
+
+def _ntk_alpha_theta(params: dict, cfg: dict, path: Path) -> float:
+    """RoPE's base stretched by an NTK ``alpha``, base x alpha ** (d / (d - 2)) over a head's d features, as
+    transformers' and vLLM's Hunyuan compute it (fixed: it does not follow the sequence's length)."""
+    theta, alpha = params.get("rope_theta", cfg.get("rope_theta", 10000.0)), params["alpha"]
+    if not is_positive(theta) or not is_positive(alpha):
+        raise CheckpointError(f"{path}: rope_theta and alpha must be numbers > 0, got {theta!r} and {alpha!r}")
+    try:
+        dim = _int(cfg, "head_dim") if cfg.get("head_dim") else _int(cfg, "hidden_size") // _int(cfg, "num_attention_heads")
+    except (KeyError, ValueError, ZeroDivisionError) as exc:
+        raise CheckpointError(f"{path}: a RoPE alpha needs each head's width ({exc})") from None
+    if dim <= 2:
+        raise CheckpointError(f"{path}: a RoPE alpha needs heads wider than 2 features, got {dim}")
+    return float(theta) * float(alpha) ** (dim / (dim - 2))
 
 
 def _longrope(params: dict, cfg: dict) -> RopeScaling:
@@ -520,6 +542,8 @@ def _read_config(directory: str | Path, run: bool) -> tuple[ModelConfig, list[st
             mc = replace(mc, qk_norm=True, qk_norm_across_heads=True)
         if cfg["model_type"] in ("ernie4_5", "ernie4_5_moe"):
             mc = replace(mc, rope_interleaved=True)
+        if cfg["model_type"] == "hunyuan_v1_dense" and cfg.get("use_qk_norm", True):  # transformers' always norms
+            mc = replace(mc, qk_norm=True, qk_norm_after_rope=True)
         if cfg["model_type"] == "glm4":
             mc = replace(mc, sandwich_norms=True, rope_interleaved=True)
         if cfg["model_type"] == "smollm3":
@@ -581,6 +605,11 @@ def _read_config(directory: str | Path, run: bool) -> tuple[ModelConfig, list[st
         raise CheckpointError(f"{path}: MLP biases are not supported")
     if cfg["model_type"] in ("ernie4_5", "ernie4_5_moe") and cfg.get("use_bias"):  # every projection's, the MLPs' too
         raise CheckpointError(f"{path}: use_bias is not supported (biases on the MLPs)")
+    if cfg["model_type"] == "hunyuan_v1_dense" and cfg.get("use_cla"):  # layers reading another layer's KV
+        raise CheckpointError(f"{path}: use_cla is not supported (cross-layer attention shares one layer's KV with "
+                              "the next: a cache this engine does not hold)")
+    if cfg["model_type"] == "hunyuan_v1_dense" and _int(cfg, "num_experts", 1) > 1:
+        raise CheckpointError(f"{path}: num_experts {cfg['num_experts']!r} is not supported (Hunyuan's dense models)")
     if cfg["model_type"] == "olmoe" and cfg.get("clip_qkv") is not None:
         raise CheckpointError(f"{path}: clip_qkv {cfg['clip_qkv']!r} is not supported (q, k and v unclipped)")
     # transformers' own rotates the whole head (latent attention: its qk_rope_head_dim, whatever the share says)
@@ -1688,6 +1717,9 @@ def load_checkpoint(directory: str | Path, device: str | torch.device = "cpu",
         state = _llama4_names(state)
     if kind in ("granitemoe", "granitemoeshared"):
         state = _granite_moe_names(state, mc, directory)
+    if kind == "hunyuan_v1_dense":  # its q and k norms' names
+        state = {k.replace(".query_layernorm.", ".q_norm.").replace(".key_layernorm.", ".k_norm."): v
+                 for k, v in state.items()}
     if raw.get("model_type") == "qwen3_vl_moe":
         state = _experts_as_held(state, mc)
     if mc.swiglu_limit is not None:  # gpt-oss: its experts stored as transformers holds them, in MXFP4 or not

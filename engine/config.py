@@ -165,6 +165,7 @@ class ModelConfig:
     qkv_bias: bool = False  # biases on the q, k and v projections (Qwen2; Llama's attention_bias)
     o_bias: bool = False  # a bias on the output projection (Llama's attention_bias)
     qk_norm: bool = False  # RMSNorm over each q and k head before RoPE (Qwen3)
+    qk_norm_after_rope: bool = False  # qk_norm's after RoPE instead (Hunyuan's): the KV holds the normed keys
     explicit_head_dim: int | None = None  # config.json's head_dim where it is not hidden_size / num_heads (Qwen3)
     dtype: str = "float32"  # activations, and KV where kv_cache_dtype is "auto"
     # the KV cache's dtype (KV_CACHE_DTYPES): "auto", the model's; "fp8" (E4M3) or "fp8_e5m2", each K and V value
@@ -344,6 +345,9 @@ class ModelConfig:
         if self.parallel_block and (self.sandwich_norms or not self.pre_norms):
             raise ValueError("parallel_block reads one norm of each layer's input: it excludes sandwich_norms and "
                              "needs pre_norms")
+        if self.qk_norm_after_rope and (not self.qk_norm or self.qk_norm_across_heads):
+            raise ValueError("qk_norm_after_rope says when qk_norm norms each head: it needs qk_norm, not "
+                             "qk_norm_across_heads")
         if self.qk_norm_head_weights and (not self.qk_norm or self.qk_norm_across_heads):
             raise ValueError("qk_norm_head_weights says how qk_norm weighs each head: it needs qk_norm, not "
                              "qk_norm_across_heads")

@@ -217,7 +217,7 @@ class Attention(nn.Module):
         own = cfg.qk_norm_head_weights  # Command R+'s: each head normed over its features, with a weight of its own
         self.q_norm = norm(cfg, q if across else (cfg.num_heads, cfg.head_dim) if own else cfg.head_dim) if cfg.qk_norm else None
         self.k_norm = norm(cfg, kv if across else (cfg.num_kv_heads, cfg.head_dim) if own else cfg.head_dim) if cfg.qk_norm else None
-        self.across = across
+        self.across, self.norm_after_rope = across, cfg.qk_norm_after_rope
         self.scale, self.softcap = cfg.query_scale, cfg.attn_softcap
         self.windowed = layer in cfg.window_layers
         self.sinks = nn.Parameter(torch.zeros(cfg.num_heads)) if cfg.attn_sinks else None
@@ -235,13 +235,15 @@ class Attention(nn.Module):
         if self.q_norm is not None and self.across:
             qk = torch.cat((self.q_norm(qk[:, :h].reshape(n, -1)), self.k_norm(qk[:, h:].reshape(n, -1))),
                            dim=1).view(n, h + kvh, self.head_dim)
-        elif self.q_norm is not None:
+        elif self.q_norm is not None and not self.norm_after_rope:
             qk = torch.cat((self.q_norm(qk[:, :h]), self.k_norm(qk[:, h:])), dim=1)
         if self.rotates and self.rotary_dim == self.head_dim and not self.interleaved:
             qk = rotate(qk, *rope)  # q and k heads in one go
         elif self.rotates:  # the first rotary_dim features of each head rotated (pairs read apart), the rest passed through
             rotated = paired(qk[..., :self.rotary_dim]) if self.interleaved else qk[..., :self.rotary_dim]
             qk = torch.cat((rotate(rotated, *rope), qk[..., self.rotary_dim:]), dim=-1)
+        if self.q_norm is not None and self.norm_after_rope:  # Hunyuan's: each head normed after RoPE
+            qk = torch.cat((self.q_norm(qk[:, :h]), self.k_norm(qk[:, h:])), dim=1)
         if self.l2_norm is not None:  # each q and k head normed in float32, no weight
             qf = qk.float()
             qk = (qf * torch.rsqrt(qf.pow(2).mean(-1, keepdim=True) + self.l2_norm)).to(qk.dtype)

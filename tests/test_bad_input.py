@@ -287,9 +287,9 @@ def test_a_yarn_checkpoint_loads_its_scaling_as_transformers_reads_it(checkpoint
 
 
 @pytest.mark.parametrize("fields, match", [
-    ({"model_type": "hunyuan_v1_dense", "architectures": ["HunYuanDenseV1ForCausalLM"]},
-     r"model_type 'hunyuan_v1_dense' is not one of llama, mistral, qwen2, qwen3, phi3, gemma.*, nor is its architectures "
-     r"\['HunYuanDenseV1ForCausalLM'\] one of LlamaForCausalLM, MistralForCausalLM"),
+    ({"model_type": "hunyuan_v1_moe", "architectures": ["HunYuanMoEV1ForCausalLM"]},
+     r"model_type 'hunyuan_v1_moe' is not one of llama, mistral, qwen2, qwen3, phi3, gemma.*, nor is its architectures "
+     r"\['HunYuanMoEV1ForCausalLM'\] one of LlamaForCausalLM, MistralForCausalLM"),
     ({"model_type": "qwen3_next", "architectures": ["Qwen3NextForCausalLM"]},
      r"model_type 'qwen3_next' is not supported: its linear-attention or state-space layers"),
     ({"model_type": "my_llama", "architectures": "LlamaForCausalLM"}, "model_type 'my_llama' is not one of"),

@@ -296,8 +296,8 @@ def test_quantised_weights_leave_the_kv_more_room(tmp_path):
      r"the weights take 102\.3 GB and the workspace \(a full batch's activations, a sequence's KV for one layer\) 4\.0 GB of the 21\.6 GB usable \(0\.9 of NVIDIA A10 24GB\), so nothing is left for KV, "
      r"where one 32768-token sequence needs"),  # a 72B-sized model on a 24 GB GPU
     ({**QWEN25_7B, "quantization_config": {"quant_method": "hqq"}}, "h100", "quant_method 'hqq' and no 'bits'"),
-    ({**QWEN25_7B, "model_type": "hunyuan_v1_dense", "architectures": ["HunYuanDenseV1ForCausalLM"]}, "h100",
-     "model_type 'hunyuan_v1_dense' is not one of"),
+    ({**QWEN25_7B, "model_type": "hunyuan_v1_moe", "architectures": ["HunYuanMoEV1ForCausalLM"]}, "h100",
+     "model_type 'hunyuan_v1_moe' is not one of"),
     # a field's type or value the config.json holds wrongly is named, never cut to a whole number or
     # taken for absent, and never a traceback (a review found each)
     ({**QWEN25_7B, "quantization_config": "awq"}, "h100", "quantization_config must be an object, got 'awq'"),
