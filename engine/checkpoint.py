@@ -309,7 +309,8 @@ def _rope(cfg: dict, path: Path) -> tuple[float, RopeScaling | None]:
         kind = "default"
     if kind == "su":  # LongRoPE's first name, which early Phi-3 configs and vLLM still take
         kind = "longrope"
-    if kind == "dynamic" and params.get("alpha") is not None:  # Hunyuan's NTK-aware alpha: a fixed, stretched base
+    # Hunyuan's NTK-aware alpha: a fixed, stretched base (for other families transformers and vLLM read it apart)
+    if kind == "dynamic" and params.get("alpha") is not None and cfg.get("model_type") == "hunyuan_v1_dense":
         return _ntk_alpha_theta(params, cfg, path), None
     if kind not in ("default", None, *RopeScaling.KINDS):
         raise CheckpointError(f"{path}: rope type {kind!r} is not supported "
@@ -330,6 +331,24 @@ def _rope(cfg: dict, path: Path) -> tuple[float, RopeScaling | None]:
         raise CheckpointError(f"{path}: rope type {kind!r} needs {exc.args[0]!r}") from exc
     except (TypeError, ValueError) as exc:
         raise CheckpointError(f"{path}: {exc}") from exc
+
+
+def _hunyuan_dense(cfg: dict, path: Path) -> None:
+    """Refuse what a Hunyuan config describes beyond its dense models, as vLLM reads it: cross-layer attention
+    (``use_cla`` with a ``cla_share_factor`` > 1: one layer's KV read by the next ones, a cache this engine does not
+    hold) and experts (``num_experts`` > 1, or a list of them with one > 1)."""
+    try:
+        share = _int(cfg, "cla_share_factor", 1) if cfg.get("use_cla") else 1
+        experts = cfg.get("num_experts", 1)
+        most = max((_int({"num_experts": e}, "num_experts") for e in experts), default=1) if isinstance(experts, list) \
+            else _int(cfg, "num_experts", 1)
+    except ValueError as exc:
+        raise CheckpointError(f"{path}: {exc}") from None
+    if share > 1:
+        raise CheckpointError(f"{path}: use_cla is not supported (cross-layer attention: every {share} layers share one "
+                              "layer's KV, a cache this engine does not hold)")
+    if most > 1:
+        raise CheckpointError(f"{path}: num_experts {experts!r} is not supported (Hunyuan's dense models: one expert)")
 
 
 def _ntk_alpha_theta(params: dict, cfg: dict, path: Path) -> float:
@@ -605,11 +624,8 @@ def _read_config(directory: str | Path, run: bool) -> tuple[ModelConfig, list[st
         raise CheckpointError(f"{path}: MLP biases are not supported")
     if cfg["model_type"] in ("ernie4_5", "ernie4_5_moe") and cfg.get("use_bias"):  # every projection's, the MLPs' too
         raise CheckpointError(f"{path}: use_bias is not supported (biases on the MLPs)")
-    if cfg["model_type"] == "hunyuan_v1_dense" and cfg.get("use_cla"):  # layers reading another layer's KV
-        raise CheckpointError(f"{path}: use_cla is not supported (cross-layer attention shares one layer's KV with "
-                              "the next: a cache this engine does not hold)")
-    if cfg["model_type"] == "hunyuan_v1_dense" and _int(cfg, "num_experts", 1) > 1:
-        raise CheckpointError(f"{path}: num_experts {cfg['num_experts']!r} is not supported (Hunyuan's dense models)")
+    if cfg["model_type"] == "hunyuan_v1_dense":
+        _hunyuan_dense(cfg, path)
     if cfg["model_type"] == "olmoe" and cfg.get("clip_qkv") is not None:
         raise CheckpointError(f"{path}: clip_qkv {cfg['clip_qkv']!r} is not supported (q, k and v unclipped)")
     # transformers' own rotates the whole head (latent attention: its qk_rope_head_dim, whatever the share says)
@@ -673,9 +689,12 @@ def _kimi_k25(cfg: dict) -> tuple[dict, int]:
         cfg = {**cfg, "projection_hidden_size": vision["mm_hidden_size"]}
     h, i, patch = _int(v, "hidden_size"), _int(v, "intermediate_size"), _int(v, "patch_size")
     merge = v["merge_kernel_size"]
-    if not (isinstance(merge, list) and len(merge) == 2 and all(is_whole(m) and m > 0 for m in merge)) or patch <= 0:
+    if not isinstance(merge, list) or len(merge) != 2 or patch <= 0:
         raise ValueError(f"vision_config.merge_kernel_size must be two whole numbers > 0 and patch_size > 0, got "
                          f"{merge!r} and {patch}")
+    merge = [_int({"merge_kernel_size": m}, "merge_kernel_size") for m in merge]  # 2.0 reads as 2, as _int reads it
+    if min(merge) <= 0:
+        raise ValueError(f"vision_config.merge_kernel_size must be two whole numbers > 0, got {merge!r}")
     per_layer = 4 * (h * h + h) + 2 * h * i + i + h + 4 * h  # q/k/v/proj with biases, the MLP's two layers, two norms
     embeddings = 3 * patch * patch * h + h + _int(v, "pos_emb_height") * _int(v, "pos_emb_width") * h
     grouped = h * merge[0] * merge[1]  # each group of merged patches' features

@@ -52,10 +52,21 @@ def test_hunyuans_cross_layer_attention_and_experts_are_refused(tmp_path):
     base = transformers.HunYuanDenseV1Config(num_hidden_layers=4).to_dict()
     for fields, match in (({"use_cla": True, "cla_share_factor": 2}, "use_cla is not supported"),
                           ({"num_experts": 8}, "num_experts 8 is not supported"),
+                          ({"num_experts": [1, 8, 1, 1]}, r"num_experts \[1, 8, 1, 1\] is not supported"),
+                          ({"num_experts": "1"}, "config.json: num_experts must be a whole number"),
                           ({"rope_parameters": {**ALPHA, "alpha": 0}}, "rope_theta and alpha must be numbers > 0")):
         (tmp_path / "config.json").write_text(json.dumps({**base, **fields}))
         with pytest.raises(CheckpointError, match=match):
             read_config(tmp_path)
+    # as vLLM reads them: cross-layer attention sharing nothing (a factor of 1) and one expert a layer are dense
+    for fields in ({"use_cla": True, "cla_share_factor": 1}, {"num_experts": [1, 1, 1, 1]}, {"num_experts": 1}):
+        (tmp_path / "config.json").write_text(json.dumps({**base, **fields}))
+        assert read_config(tmp_path).num_experts == 0
+    # another family's dynamic RoPE with an alpha is refused, as before (transformers and vLLM read it apart)
+    llama = transformers.LlamaConfig(num_hidden_layers=2).to_dict()
+    (tmp_path / "config.json").write_text(json.dumps({**llama, "rope_parameters": ALPHA}))
+    with pytest.raises(CheckpointError, match="rope type 'dynamic' is not supported"):
+        read_config(tmp_path)
 
 
 def test_hunyuan_is_sized_as_transformers_builds_it(tmp_path):
