@@ -644,6 +644,12 @@ def _gemma_activation(cfg: dict) -> tuple[str, str]:
     return "hidden_act", "gelu_pytorch_tanh" if cfg["hidden_act"] == "gelu" else cfg["hidden_act"]
 
 
+def _top_dtype(cfg: dict, text: dict) -> str | None:
+    """A multimodal checkpoint's dtype: its top level's, as vLLM reads it, else its text model's (its quantisation
+    is read from the file: ``_quantization_config``)."""
+    return cfg.get("dtype") or cfg.get("torch_dtype") or text.get("dtype") or text.get("torch_dtype")
+
+
 def _text_config(cfg: dict) -> tuple[dict, int]:
     """The decoder's fields and the parameters held beside it: a multimodal Gemma 3's, Mistral 3's or
     Qwen-VL's text model and its vision tower's and projector's parameters, counted from its
@@ -701,9 +707,8 @@ def _kimi_k25(cfg: dict) -> tuple[dict, int]:
     projector = 2 * _int({"projection_hidden_size": h, **cfg}, "projection_hidden_size") + grouped * grouped + grouped \
         + grouped * _int(text, "hidden_size") + _int(text, "hidden_size")
     tower = _int(v, "num_hidden_layers") * per_layer + embeddings + 2 * h + projector
-    dtype = cfg.get("dtype") or cfg.get("torch_dtype") or text.get("dtype") or text.get("torch_dtype")
-    return {**text, "quantization_config": cfg.get("quantization_config") or text.get("quantization_config"),
-            "dtype": dtype}, tower
+    dtype = _top_dtype(cfg, text)
+    return {**text, "dtype": dtype}, tower
 
 
 # transformers' Llama4VisionConfig's defaults (Llama 4 Scout's and Maverick's tower)
@@ -733,9 +738,8 @@ def _llama4_multimodal(cfg: dict) -> tuple[dict, int]:
     adapter = i * _int(v, "projector_input_dim") + _int(v, "projector_output_dim") ** 2
     projector = _int(v, "vision_output_dim") * _int({**DEFAULTS["llama4_text"], **text}, "hidden_size")
     tower = _int(v, "num_hidden_layers") * per_layer + embeddings + 4 * h + adapter + projector
-    dtype = cfg.get("dtype") or cfg.get("torch_dtype") or text.get("dtype") or text.get("torch_dtype")
-    return {**text, "model_type": "llama4_text", "quantization_config": cfg.get("quantization_config"),
-            "dtype": dtype}, tower
+    dtype = _top_dtype(cfg, text)
+    return {**text, "model_type": "llama4_text", "dtype": dtype}, tower
 
 
 def _gemma3(cfg: dict) -> tuple[dict, int]:
@@ -743,7 +747,7 @@ def _gemma3(cfg: dict) -> tuple[dict, int]:
     text, v = cfg.get("text_config") or {}, {**SIGLIP, **(cfg.get("vision_config") or {})}
     if not isinstance(text, dict) or not isinstance(cfg.get("vision_config") or {}, dict):
         raise ValueError("text_config and vision_config must be objects")
-    dtype = cfg.get("dtype") or cfg.get("torch_dtype") or text.get("dtype") or text.get("torch_dtype")
+    dtype = _top_dtype(cfg, text)
     h, i, patch = _int(v, "hidden_size"), _int(v, "intermediate_size"), _int(v, "patch_size")
     if patch <= 0:
         raise ValueError(f"vision_config.patch_size must be > 0, got {patch}")
@@ -753,8 +757,7 @@ def _gemma3(cfg: dict) -> tuple[dict, int]:
     head = h + 4 * h * h + 4 * h + 2 * h + mlp if v["vision_use_head"] else 0  # a probe attending over the patches
     projector = h * _int({**GEMMA3_TEXT, **text}, "hidden_size") + h  # and its norm
     vision = _int(v, "num_hidden_layers") * per_layer + embeddings + 2 * h + head + projector
-    return {**text, "model_type": "gemma3_text", "quantization_config": cfg.get("quantization_config"),
-            "dtype": dtype}, vision
+    return {**text, "model_type": "gemma3_text", "dtype": dtype}, vision
 
 
 def _mistral3(cfg: dict) -> tuple[dict, int]:
@@ -774,14 +777,14 @@ def _mistral3(cfg: dict) -> tuple[dict, int]:
         raise ValueError(f"text_config.model_type {text.get('model_type')!r} is not supported (Mistral 3's text "
                          "model is 'mistral', 'ministral3' or 'mistral4')")
     top = {**MISTRAL3, **cfg}
-    dtype = cfg.get("dtype") or cfg.get("torch_dtype") or text.get("dtype") or text.get("torch_dtype")
+    dtype = _top_dtype(cfg, text)
     h, i, patch = _int(v, "hidden_size"), _int(v, "intermediate_size"), _int(v, "patch_size")
     layers = top["vision_feature_layer"]
     feature_layers = len(layers) if isinstance(layers, list) else 1
     t, bias = _int(text, "hidden_size"), bool(top["multimodal_projector_bias"])
     tower = _int(v, "num_channels") * patch * patch * h + h + _int(v, "num_hidden_layers") * (4 * h * h + 3 * h * i + 2 * h)
     projector = h + _int(top, "spatial_merge_size") ** 2 * h * h + h * feature_layers * t + t * t + 2 * t * bias
-    return {**text, "quantization_config": cfg.get("quantization_config"), "dtype": dtype}, tower + projector
+    return {**text, "dtype": dtype}, tower + projector
 
 
 def _qwen_vl(cfg: dict) -> tuple[dict, int]:
@@ -803,7 +806,7 @@ def _qwen_vl(cfg: dict) -> tuple[dict, int]:
                          f"model is {QWEN_VL_TEXT_TYPE[kind]!r})")
     text = {**QWEN_VL_TEXT_DEFAULTS[kind], **text}
     v = {**(QWEN3_VL_VISION if qwen3 else QWEN2_VL_VISION if kind == "qwen2_vl" else QWEN25_VL_VISION), **(v or {})}
-    dtype = cfg.get("dtype") or cfg.get("torch_dtype") or text.get("dtype") or text.get("torch_dtype")
+    dtype = _top_dtype(cfg, text)
     # tied as transformers ties them: by the top level's field, or (Qwen2-VL's and Qwen2.5-VL's) the text
     # model's (transformers 5 writes Qwen3-VL-MoE's text_config's default, true, beside an untied model)
     tie = bool(cfg.get("tie_word_embeddings", False)
@@ -833,8 +836,7 @@ def _qwen_vl(cfg: dict) -> tuple[dict, int]:
         tower = patch + h + merger
     tower += _int(v, "depth") * block
     moe = {"norm_topk_prob": True} if kind == "qwen3_vl_moe" else {}
-    return {**text, **moe, "model_type": QWEN_VL_TEXT[kind], "tie_word_embeddings": tie, "dtype": dtype,
-            "quantization_config": cfg.get("quantization_config")}, tower
+    return {**text, **moe, "model_type": QWEN_VL_TEXT[kind], "tie_word_embeddings": tie, "dtype": dtype}, tower
 
 
 def _partial_rotary(cfg: dict) -> float:
@@ -1469,7 +1471,7 @@ def expert_bits(directory: str | Path) -> float | None:
     """The bits of a checkpoint's routed experts' matrices where they alone are quantised: gpt-oss's
     MXFP4 (``quant_method: mxfp4``; its attention, router, embeddings and biases stay in 16 bits);
     None otherwise."""
-    q = json.loads((Path(directory) / "config.json").read_text()).get("quantization_config")
+    q = _quantization_config(directory)[0]
     return MXFP4_BITS if isinstance(q, dict) and q.get("quant_method") == "mxfp4" else None
 
 

@@ -236,14 +236,14 @@ class Attention(nn.Module):
             qk = torch.cat((self.q_norm(qk[:, :h].reshape(n, -1)), self.k_norm(qk[:, h:].reshape(n, -1))),
                            dim=1).view(n, h + kvh, self.head_dim)
         elif self.q_norm is not None and not self.norm_after_rope:
-            qk = torch.cat((self.q_norm(qk[:, :h]), self.k_norm(qk[:, h:])), dim=1)
+            qk = self._per_head_norms(qk, h)
         if self.rotates and self.rotary_dim == self.head_dim and not self.interleaved:
             qk = rotate(qk, *rope)  # q and k heads in one go
         elif self.rotates:  # the first rotary_dim features of each head rotated (pairs read apart), the rest passed through
             rotated = paired(qk[..., :self.rotary_dim]) if self.interleaved else qk[..., :self.rotary_dim]
             qk = torch.cat((rotate(rotated, *rope), qk[..., self.rotary_dim:]), dim=-1)
         if self.q_norm is not None and self.norm_after_rope:  # Hunyuan's: each head normed after RoPE
-            qk = torch.cat((self.q_norm(qk[:, :h]), self.k_norm(qk[:, h:])), dim=1)
+            qk = self._per_head_norms(qk, h)
         if self.l2_norm is not None:  # each q and k head normed in float32, no weight
             qf = qk.float()
             qk = (qf * torch.rsqrt(qf.pow(2).mean(-1, keepdim=True) + self.l2_norm)).to(qk.dtype)
@@ -254,6 +254,11 @@ class Attention(nn.Module):
         out = paged_attention(q, self.layer, batch, pool, scale=self.scale, cap=self.softcap, windowed=self.windowed,
                               sinks=self.sinks)
         return self.o_proj(out.reshape(n, self.num_heads * self.head_dim))
+
+
+    def _per_head_norms(self, qk: torch.Tensor, h: int) -> torch.Tensor:
+        """Each of the ``h`` query heads and the key heads after them normed by their own norm."""
+        return torch.cat((self.q_norm(qk[:, :h]), self.k_norm(qk[:, h:])), dim=1)
 
 
 class LatentAttention(nn.Module):

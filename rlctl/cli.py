@@ -210,6 +210,11 @@ def _spec(a: argparse.Namespace, max_model_len: int) -> ReplaySpec:
                           max_model_len=max_model_len, rate_rps=a.rate, seed=a.seed, limit=a.limit)
 
 
+def _kv_dtype(a: argparse.Namespace) -> str:
+    """What the engine line says of --kv-cache-dtype: nothing for the model's dtype."""
+    return "" if a.kv_cache_dtype == "auto" else f" in {a.kv_cache_dtype}"
+
+
 def _replay_runs(a: argparse.Namespace, trace, factors: list[float]) -> dict[str, dict]:
     cfg = _engine_config(a)
     engines = [build_engine(cfg, f, a.oom, a.model_dir, a.device, kv_cache_dtype=a.kv_cache_dtype) for f in factors]
@@ -217,8 +222,7 @@ def _replay_runs(a: argparse.Namespace, trace, factors: list[float]) -> dict[str
     with _flags_named():
         requests = load_requests(trace, spec)
     print(f"replay: {trace}: {len(requests)} requests; {spec.describe()}")
-    kv = "" if a.kv_cache_dtype == "auto" else f" in {a.kv_cache_dtype}"
-    print(f"engine: {cfg.num_blocks} KV blocks x {cfg.block_size} tokens{kv}, context {engines[0].max_model_len} tokens "
+    print(f"engine: {cfg.num_blocks} KV blocks x {cfg.block_size} tokens{_kv_dtype(a)}, context {engines[0].max_model_len} tokens "
           f"(the least of --max-model-len, the model's max_position_embeddings and the KV), "
           f"oom={a.oom}, device={a.device}")
     runs = {}
@@ -287,8 +291,7 @@ def _live_run(a: argparse.Namespace) -> dict[str, dict]:
     spec = _spec(a, engine.max_model_len)
     requests = load_requests(a.trace, spec)
     print(f"replay: {a.trace}: {len(requests)} requests; {spec.describe()}")
-    kv = "" if a.kv_cache_dtype == "auto" else f" in {a.kv_cache_dtype}"
-    print(f"engine: {cfg.num_blocks} KV blocks x {cfg.block_size} tokens{kv}, oom={a.oom}, device={a.device}; "
+    print(f"engine: {cfg.num_blocks} KV blocks x {cfg.block_size} tokens{_kv_dtype(a)}, oom={a.oom}, device={a.device}; "
           f"controller {a.controller} every {a.decision_interval:g} s (deadline {a.deadline_ms:g} ms, "
           f"safe factor {factor:g})")
     tls = ClientTLS(a.controller_ca, a.controller_cert, a.controller_key) if a.controller_ca else None
