@@ -2,10 +2,22 @@
 
 Free blocks are handed out lowest id first so that data packs at the bottom of the pool and the
 tail can be released. The block manager knows nothing of tensors; ``KVPool`` holds those.
+
+With ``caching`` (``EngineConfig.prefix_caching``) it also keeps a prefix cache's books, as vLLM's
+and SGLang's: a full block whose KV was computed may carry a key (``Sequence.block_key``: what
+its tokens and every token before them are), by which a later request with the same prefix takes
+it (``claim``) instead of computing it again. A keyed block whose last holder frees it stays
+cached while free: it counts as free, and is handed out (its key forgotten) only when no unkeyed
+free block is left, least recently freed first (SGLang's radix cache evicts only when it must;
+vLLM's one queue of free blocks evicts the least recently freed whatever it holds). Where the
+device cannot grow the pool (``KVCache.allocate``), cached blocks go before the blocks above the
+pool's held segments.
 """
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
+from typing import Hashable
 
 import numpy as np
 
@@ -15,11 +27,15 @@ class OutOfBlocks(RuntimeError):
 
 
 class BlockManager:
-    def __init__(self, num_blocks: int) -> None:
+    def __init__(self, num_blocks: int, caching: bool = False) -> None:
         self.num_blocks = num_blocks
         self.ref_counts = np.zeros(num_blocks, dtype=np.int32)
-        self._free = list(range(num_blocks - 1, -1, -1))  # descending: the lowest free id is last
+        self._free = list(range(num_blocks - 1, -1, -1))  # descending: the lowest free id is last; unkeyed
         self.num_used = 0
+        self.caching = caching
+        self.key_of: dict[int, Hashable] = {}  # a cached block's key, whether in use or free
+        self.block_of: dict[Hashable, int] = {}
+        self.evictable: OrderedDict[int, None] = OrderedDict()  # free keyed blocks, least recently freed first
 
     @property
     def num_free(self) -> int:
@@ -28,11 +44,15 @@ class BlockManager:
     def usage(self) -> float:
         return self.num_used / self.num_blocks
 
-    def allocate(self, n: int) -> list[int]:
-        """The ``n`` lowest free block ids, each with reference count 1; all or nothing."""
+    def allocate(self, n: int, held: int | None = None) -> list[int]:
+        """The ``n`` lowest free block ids, each with reference count 1; all or nothing. Free blocks
+        that hold a prefix cache's keys come after the unkeyed ones (with ``held``: after those below
+        it, the blocks the pool's segments hold now), least recently freed first, and lose their keys."""
         if n > self.num_free:
             raise OutOfBlocks(f"{n} blocks needed, {self.num_free} free")
         free = self._free
+        if self.evictable:
+            return self._allocate_evicting(n, self.num_blocks if held is None else held)
         if n == 1:  # a decode crossing into a new block: most allocations
             ids = [free.pop()]
             self.ref_counts[ids[0]] = 1
@@ -42,6 +62,51 @@ class BlockManager:
             self.ref_counts[ids] = 1
         self.num_used += n
         return ids
+
+    def _allocate_evicting(self, n: int, held: int) -> list[int]:
+        free, ids = self._free, []
+        while len(ids) < n and free and free[-1] < held:
+            ids.append(free.pop())
+        while len(ids) < n and self.evictable:
+            block, _ = self.evictable.popitem(last=False)
+            del self.block_of[self.key_of.pop(block)]
+            ids.append(block)
+        while len(ids) < n:
+            ids.append(free.pop())
+        self.ref_counts[ids] = 1
+        self.num_used += n
+        return ids
+
+    # ---- the prefix cache (``caching``) ----------------------------------------------------------
+    def unkeyed_top(self, n: int) -> int | None:
+        """The highest id ``allocate(n)`` would take of the unkeyed free blocks (None: there are none)."""
+        return self._free[-min(n, len(self._free))] if self._free else None
+
+    def lookup(self, key: Hashable) -> int | None:
+        """The block cached under ``key``, or None."""
+        return self.block_of.get(key)
+
+    def cache(self, block: int, key: Hashable) -> None:
+        """Cache a block in use under ``key``; a key already cached (another block computed the same
+        prefix first) keeps its block, and a block keeps its first key."""
+        if key not in self.block_of and block not in self.key_of:
+            self.key_of[block], self.block_of[key] = key, block
+
+    def claim(self, ids: list[int]) -> None:
+        """Another holder takes cached blocks, in use or free (those leave the free list)."""
+        for b in ids:
+            if self.ref_counts[b] == 0:
+                del self.evictable[b]
+                self.num_used += 1
+            self.ref_counts[b] += 1
+
+    def drop_cached(self) -> None:
+        """Forget every free cached block (they stay free); cached blocks in use keep their keys."""
+        for b in self.evictable:
+            del self.block_of[self.key_of.pop(b)]
+        if self.evictable:
+            self._free = np.flatnonzero(self.ref_counts == 0)[::-1].tolist()
+            self.evictable.clear()
 
     def share(self, ids: list[int]) -> None:
         """Another holder takes a reference to blocks already in use."""
@@ -64,6 +129,14 @@ class BlockManager:
         if not released.size:
             return
         self.num_used -= released.size
+        if self.key_of:  # keyed blocks stay cached, the last of a table first to go (vLLM's order)
+            gone = set(released.tolist())
+            keyed = [b for b in reversed(ids) if b in gone and b in self.key_of]
+            if keyed:
+                self.evictable.update(dict.fromkeys(keyed))
+                released = released[~np.isin(released, keyed)]
+                if not released.size:
+                    return
         released = np.sort(released)[::-1].tolist()
         free = self._free
         if not free or released[0] < free[-1]:  # all below the lowest free id: they go last
@@ -121,5 +194,13 @@ class BlockManager:
             raise AssertionError(f"bad move {src[bad[0]]} -> {dst[bad[0]]}")
         if len(np.unique(np.concatenate((src, dst)))) != 2 * len(moves):
             raise AssertionError("bad moves: a block is moved, or moved to, more than once")
+        if self.key_of:  # a cached free block moved onto is forgotten; a moved block keeps its key
+            for d in dst.tolist():
+                if d in self.evictable:
+                    del self.evictable[d]
+                    del self.block_of[self.key_of.pop(d)]
+            keys = [(d, self.key_of.pop(b)) for b, d in zip(src.tolist(), dst.tolist()) if b in self.key_of]
+            for d, key in keys:
+                self.key_of[d], self.block_of[key] = key, d
         rc[dst], rc[src] = rc[src], 0
-        self._free = np.flatnonzero(rc == 0)[::-1].tolist()
+        self._free = [b for b in np.flatnonzero(rc == 0)[::-1].tolist() if b not in self.evictable]

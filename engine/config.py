@@ -606,6 +606,10 @@ class EngineConfig:
     # readmitted it computes from the end of the prefix still cached: engine/kv_cache.py ``FreeOrder``);
     # both tensor-free only, and a crash loses it all
     preempted_kv: str = "recomputed"
+    # a prefix cache, as vLLM's (on by default there) and SGLang's radix cache: a new request takes the full
+    # blocks another request (or itself, before a preemption) computed of the same first tokens, shared
+    # while both run and kept while free until the memory is needed (engine/block_manager.py)
+    prefix_caching: bool = False
 
     def __post_init__(self) -> None:
         for name in ("block_size", "num_blocks", "segment_blocks", "max_num_seqs",
@@ -644,6 +648,11 @@ class EngineConfig:
             raise ValueError(f"prompt_blocks must be 'whole' or 'chunk', got {self.prompt_blocks!r}")
         if self.preempted_kv not in ("recomputed", "cached", "lru"):
             raise ValueError(f"preempted_kv must be 'recomputed', 'cached' or 'lru', got {self.preempted_kv!r}")
+        if not isinstance(self.prefix_caching, bool):
+            raise ValueError(f"prefix_caching must be true or false, got {self.prefix_caching!r}")
+        if self.prefix_caching and self.preempted_kv != "recomputed":
+            raise ValueError(f"preempted_kv {self.preempted_kv!r} models what a prefix cache keeps of a preempted "
+                             f"request; with prefix_caching the cache keeps it itself: leave preempted_kv 'recomputed'")
         if self.sglang_retract_decode_steps < 0:
             raise ValueError(f"sglang_retract_decode_steps must be >= 0, got {self.sglang_retract_decode_steps}")
 

@@ -52,11 +52,14 @@ def _admission_held(engine) -> int | None:
     need, headroom = head.blocks_for(len(head)), engine.headroom_blocks()
     # the blocks admission takes now: the whole prompt's, or (vLLM v1) its first chunk's in what the decodes
     # leave, after what a prefix cache kept of a preempted head
+    hits = kv.cached_prefix(head)  # a prefix cache's blocks it would take: those free come off the free count
     if s.prompt_chunks:
-        start = s.admission_start(head)
+        start = max(s.admission_start(head), len(hits) * head.block_size)
         need_now = head.blocks_for(start + min(len(head) - start, s.max_num_batched_tokens - len(s.running)))
     else:
         need_now = need
+    if hits:
+        need_now += int(np.count_nonzero(kv.blocks.ref_counts[hits] == 0)) - len(hits)
     short = need_now > kv.blocks.num_free
 
     def below_headroom() -> bool:  # counting reclaimable blocks is the dearer test: asked last
@@ -178,9 +181,10 @@ def decode_run(engine, until: float | None) -> int:
             needs += [(jj, i) for jj in range(max(f, 1), k + 1, bs)]
     needs.sort()
     # blocks come lowest id first: the free ones below the pool's held segments, then (the pool
-    # growing a segment at a time) the ones above, in order
+    # growing a segment at a time) the ones above, in order, and a prefix cache's free blocks last
     free_blocks, held, free_bytes = kv.blocks.num_free, pool.held_blocks, dev.free
-    below, grown, segment = held - kv.blocks.num_used, 0, pool.segment_blocks  # grown: blocks the pool adds
+    below = held - kv.blocks.num_used - len(kv.blocks.evictable)
+    grown, segment = 0, pool.segment_blocks  # grown: blocks the pool adds
     growth = np.zeros(k, dtype=np.int64)  # device bytes the pool grows by, by iteration
     for n, (jj, _) in enumerate(needs):
         if jj > k:

@@ -40,6 +40,7 @@ from engine.sessions import Sessions
 from engine.snapshot import LENGTH_WINDOW_S, OUT_RATIO_WINDOW, OUTPUT_LENGTH_WINDOW, Snapshot, take_snapshot
 
 IDLE_TICK_S = 0.01  # how far the clock moves when work waits but nothing can run
+HASHED_TOKENS = 0x68617368  # the seed stream of the tokens a trace's hash id covers ("hash")
 
 
 def _oom_source(exc: BaseException) -> tuple[str, str]:
@@ -91,7 +92,7 @@ class Engine:
                            self.executor.materialize)
         if self.pool.limit is not None and self.model is not None and self.model.kv_scales is not None:
             self.pool.scales = self.model.kv_scales.to(self.pool.device.torch_device)  # an 8-bit KV's, as vLLM
-        self.kv = KVCache(self.pool, cfg.host_bytes, lru=cfg.preempted_kv == "lru")
+        self.kv = KVCache(self.pool, cfg.host_bytes, lru=cfg.preempted_kv == "lru", prefix=cfg.prefix_caching)
         self.sessions = Sessions(self.kv, self.counters, self.max_model_len)
         ratio = NewTokenRatio(cfg.sglang_init_new_token_ratio, cfg.sglang_min_new_token_ratio_factor,
                               cfg.sglang_new_token_ratio_decay_steps, cfg.sglang_clip_max_new_tokens,
@@ -126,7 +127,15 @@ class Engine:
         if not self.executor.materialize:  # no tensors, no model: only the lengths matter
             return [0] * req.prompt_len
         rng = np.random.default_rng([self.config.seed, zlib.crc32(req.request_id.encode())])
-        return rng.integers(0, self.model_config.vocab_size, req.prompt_len).tolist()
+        ids = rng.integers(0, self.model_config.vocab_size, req.prompt_len).tolist()
+        # the tokens a trace's hash id covers are drawn from the id, so that requests sharing it share them
+        # (hash ids are chained: one names its block and every block before it)
+        size = req.hash_block_tokens
+        for k, h in enumerate(req.hash_ids[:math.ceil(req.prompt_len / size)] if req.hash_ids else ()):
+            block = np.random.default_rng([self.config.seed, HASHED_TOKENS, h % 2**64])
+            end = min((k + 1) * size, req.prompt_len)
+            ids[k * size:end] = block.integers(0, self.model_config.vocab_size, end - k * size).tolist()
+        return ids
 
     def validate(self, req: Request) -> None:
         """Raise ``RequestError`` naming what is wrong with ``req``; changes nothing."""
@@ -319,7 +328,7 @@ class Engine:
         sessions' kept contexts are lost, and the engine is down for its restart time."""
         s = self.scheduler
         self.counters.recomputed_tokens += (sum(q.num_computed for q in s.running) + sum(q.num_computed for q in s.swapped)
-                                            + sum(q.cached for q in s.waiting))  # a prefix cache's KV goes too
+                                            + sum(q.cached + q.preempted_tokens for q in s.waiting))  # a prefix cache's KV goes too
         for seq in self.scheduler.lose_all():
             seq.record.restarts += 1
         self.sessions.lose_all()
@@ -393,9 +402,12 @@ class Engine:
         return True
 
     def _apply(self, work: list[Work], next_tokens: dict[str, int]) -> None:
+        caching = self.kv.blocks.caching
         for w in work:
             seq = w.seq
             seq.num_computed += w.num_tokens
+            if caching and seq.num_computed >= (seq.keyed + 1) * seq.block_size:
+                self.kv.cache(seq)  # a block filled: later requests may take it
             token = next_tokens.get(seq.id)
             if token is None:
                 continue

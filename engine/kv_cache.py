@@ -119,12 +119,19 @@ class FreeOrder:
 
 
 class KVCache:
-    def __init__(self, pool: KVPool, host_bytes: int, lru: bool = False) -> None:
+    """With ``prefix``, a prefix cache (``EngineConfig.prefix_caching``): the books in
+    ``BlockManager``, the keys from ``Sequence.block_key``; ``match`` takes a new request's cached
+    prefix, ``cache`` keys what a sequence has computed. ``prefix_hit_tokens`` over
+    ``prefix_query_tokens`` is its hit rate, as vLLM reports it (prompt tokens found cached over
+    prompt tokens looked up, at admission)."""
+
+    def __init__(self, pool: KVPool, host_bytes: int, lru: bool = False, prefix: bool = False) -> None:
         self.pool = pool
         self.traffic = SwapTraffic()
-        self.blocks = BlockManager(pool.num_blocks)
+        self.blocks = BlockManager(pool.num_blocks, caching=prefix)
         self.host = HostPool(host_bytes, pin=pool.device.torch_device.type == "cuda")
         self.order = FreeOrder(pool.num_blocks) if lru else None
+        self.prefix_hit_tokens = self.prefix_query_tokens = 0
 
     @property
     def num_blocks(self) -> int:
@@ -135,8 +142,16 @@ class KVCache:
         ``FreeOrder`` is kept, the blocks still cached for ``owner`` are the first taken."""
         if n <= 0:
             return []
+        held = None
+        if self.blocks.evictable:  # a prefix cache's free blocks go last: the pool grows first, where the device lets it
+            top = self.blocks.unkeyed_top(n)
+            try:
+                if top is not None:
+                    self.pool.ensure(top)
+            except DeviceOOM:
+                held = self.pool.held_blocks  # it does not: the cached blocks go before those above the pool
         try:
-            ids = self.blocks.allocate(n)
+            ids = self.blocks.allocate(n, held)
         except OutOfBlocks as exc:
             raise NeedBlocks(n, exc) from exc
         try:
@@ -157,6 +172,36 @@ class KVCache:
         used = self.blocks.num_used
         self.blocks.free(ids)
         self.order.freed(used - self.blocks.num_used, owner, kept)
+
+    def match(self, seq) -> list[int]:
+        """The longest run of ``seq``'s first full blocks the prefix cache holds, short of its last
+        token (computed again to produce the next, as vLLM and SGLang do), taken for it."""
+        ids = self.cached_prefix(seq)
+        self.blocks.claim(ids)
+        return ids
+
+    def cached_prefix(self, seq) -> list[int]:
+        """The blocks ``match`` would take for ``seq``, left where they are."""
+        if not (self.blocks.caching and seq.cacheable):
+            return []
+        ids = []
+        for j in range((len(seq.token_ids) - 1) // seq.block_size):
+            block = self.blocks.lookup(seq.block_key(j))
+            if block is None:
+                break
+            ids.append(block)
+        return ids
+
+    def cache(self, seq) -> None:
+        """Key ``seq``'s full blocks computed since the last call, so that later requests find them."""
+        if not (self.blocks.caching and seq.cacheable):
+            return
+        full = min(seq.num_computed // seq.block_size, len(seq.block_table))
+        if seq.keyed > full:  # its table was replaced since (a swap-in, a requeue)
+            seq.keyed = 0
+        for j in range(seq.keyed, full):
+            self.blocks.cache(seq.block_table[j], seq.block_key(j))
+        seq.keyed = full
 
     def swap_out(self, ids: list[int]) -> torch.Tensor:
         """Copy blocks to the host and free them on the device; ``HostFull`` or ``DeviceOOM`` (the
@@ -188,6 +233,7 @@ class KVCache:
         """Move the highest blocks in use into the lowest holes, rewrite the block table of every
         holder (anything with a ``block_table``: this is the one place block ids change) and
         release the freed tail. Returns the moves as {old id: new id}."""
+        self.blocks.drop_cached()  # cached free blocks are free memory: compaction packs and releases them
         moves = dict(self.blocks.compaction_plan())
         if moves:
             with self.pool.device.allocating("compaction"):  # a failed copy changes no book: sources are intact
@@ -205,7 +251,7 @@ class KVCache:
         self.pool.release_all()
         if num_blocks is not None:
             self.pool.resize(num_blocks)
-        self.blocks = BlockManager(self.pool.num_blocks)
+        self.blocks = BlockManager(self.pool.num_blocks, caching=self.blocks.caching)
         self.host.used = 0
         if self.order is not None:
             self.order = FreeOrder(self.pool.num_blocks)

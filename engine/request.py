@@ -31,6 +31,9 @@ class Request:
     session_id: str | None = None
     prompt_ids: tuple[int, ...] | None = None  # None: the engine draws ids from its seed
     hash_ids: tuple[int, ...] = field(default=(), repr=False)  # prefix-block hashes, where a trace has them
+    # prompt tokens each hash id covers (Mooncake's 512): hash id k names the prompt's first (k + 1) x this many
+    # tokens (the last, its rest), so that requests sharing one share those tokens (``EngineConfig.prefix_caching``)
+    hash_block_tokens: int | None = None
 
 
 class RequestError(ValueError):
@@ -60,6 +63,13 @@ def check_request(req: Request, max_model_len: int, vocab_size: int) -> None:
         raise RequestError(f"request {rid!r}: output_len must be > 0, got {req.output_len}")
     if not math.isfinite(req.arrival_s) or req.arrival_s < 0:
         raise RequestError(f"request {rid!r}: arrival_s must be a finite time >= 0, got {req.arrival_s}")
+    if req.hash_ids:
+        if not is_whole(req.hash_block_tokens) or req.hash_block_tokens <= 0:
+            raise RequestError(f"request {rid!r}: hash_ids need hash_block_tokens, the prompt tokens each covers "
+                               f"(a whole number > 0), got {req.hash_block_tokens!r}")
+        bad = [h for h in req.hash_ids if not is_whole(h)]
+        if bad:
+            raise RequestError(f"request {rid!r}: hash id {bad[0]!r} is not a whole number")
     if req.prompt_ids is not None:
         if len(req.prompt_ids) != req.prompt_len:
             raise RequestError(f"request {rid!r}: {len(req.prompt_ids)} prompt ids but prompt_len {req.prompt_len}")

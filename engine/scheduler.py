@@ -173,6 +173,7 @@ class Scheduler:
                         self._shrunk()
                     break
             if seq.block_table:
+                self.kv.cache(seq)
                 self.kv.free(seq.block_table)
             if seq.host_kv is not None:
                 self.kv.host.drop(seq.host_kv)
@@ -267,7 +268,7 @@ class Scheduler:
                 seq.block_table = self.kv.swap_in(seq.host_kv)
             except NeedBlocks:
                 break
-            seq.host_kv = None
+            seq.host_kv, seq.keyed = None, 0  # new blocks: keyed again as they are freed
             self.swapped.popleft()
             seq.status = Status.RUNNING
             self.running.append(seq)
@@ -342,8 +343,13 @@ class Scheduler:
                         available = self.kv.blocks.num_free + self.reclaimable_blocks()
                     if available - seq.blocks_for(len(seq)) < headroom:
                         break
+            hits = 0
             try:
                 self._attach(seq)
+                if not seq.block_table:  # what a prefix cache holds of its first tokens (``KVCache.match``)
+                    seq.block_table = self.kv.match(seq)
+                    hits = seq.keyed = len(seq.block_table)
+                    seq.num_computed = hits * seq.block_size
                 attached = seq.num_computed
                 start = self.admission_start(seq)
                 n = min(len(seq) - start, budget)
@@ -352,13 +358,23 @@ class Scheduler:
                 if seq.num_computed != attached:  # reclaiming took the context it had attached: all is computed
                     start = seq.num_computed       # again (the blocks grown cover it: it starts no later)
                     n = min(len(seq) - start, budget)
+                    hits = 0
             except NeedBlocks:
+                if hits and seq.block_table:  # the cached blocks it took go back, still cached
+                    self.kv.free(seq.block_table)
+                    seq.block_table, seq.num_computed = [], 0
                 if self.ratio is not None:
                     self.ratio.batch_full = marks
                 break
+            if self.kv.blocks.caching and seq.cacheable:
+                self.kv.prefix_query_tokens += len(seq)
+                self.kv.prefix_hit_tokens += hits * seq.block_size
             if seq.cached:  # readmitted after a preemption: what the cache no longer holds is computed again
                 self._recomputed += max(seq.cached - start, 0)
                 seq.cached = 0
+            if seq.preempted_tokens:  # the same, past what a prefix cache held of it (``KVCache.match``)
+                self._recomputed += max(seq.preempted_tokens - start, 0)
+                seq.preempted_tokens = 0
             seq.num_computed = start
             self._admit(seq)
             reserved += seq.peak_blocks
@@ -414,7 +430,7 @@ class Scheduler:
     # ---- leaving the running queue ---------------------------------------------------------------
     def requeue(self, seq: Sequence, front: bool = True) -> None:
         """Put a sequence whose KV is gone back in the queue, at the front (or the back), to be recomputed."""
-        seq.num_computed = 0
+        seq.num_computed = seq.keyed = 0
         seq.block_table = []
         seq.host_kv = None
         seq.status = Status.WAITING
@@ -446,9 +462,12 @@ class Scheduler:
         lost = seq.num_computed
         if self.cache_preempted:  # a cache keeps it: what is recomputed is counted at the readmission
             seq.cached, lost = lost, 0
+        elif self.kv.blocks.caching and seq.cacheable:  # likewise, past what the prefix cache gives back
+            seq.preempted_tokens, lost = lost, 0
         self.running.remove(seq)
         self._shrunk()
         # where a prefix cache is kept (``KVCache.free``), its full blocks stay cached while no one takes them
+        self.kv.cache(seq)
         self.kv.free(seq.block_table, owner=seq, kept=seq.cached // seq.block_size)
         self.requeue(seq, front)
         seq.record.preemptions += 1
@@ -463,9 +482,10 @@ class Scheduler:
         self._shrunk()
         for seq in self.waiting:
             seq.block_table, seq.num_computed, seq.cached = [], 0, 0  # the process's prefix cache goes with it
+            seq.preempted_tokens = 0
         for seq in reversed(held):
             self.requeue(seq)
-            seq.cached = 0
+            seq.cached = seq.preempted_tokens = 0
         return held
 
     def finish(self, seq: Sequence, now: float) -> None:
@@ -474,6 +494,7 @@ class Scheduler:
         self.running.remove(seq)
         self._shrunk()
         if seq.request.session_id is None:
+            self.kv.cache(seq)
             self.kv.free(seq.block_table)
         else:
             self.sessions.keep(seq, now)
@@ -489,6 +510,8 @@ class Scheduler:
             if self.kv.blocks.num_free >= target_free:
                 break
             n = len(v.block_table)
+            if isinstance(v, Sequence):
+                self.kv.cache(v)  # its blocks stay cached on the device while free
             try:
                 host = self.kv.swap_out(v.block_table)
             except HostFull:

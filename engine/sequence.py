@@ -43,6 +43,12 @@ class Sequence:
         # cached``): readmitted, it starts computing after them
         self.cached = 0
         self.block_table: list[int] = []
+        # a prefix cache's: whether its blocks may be shared (a session's turns hold their context in the
+        # session store instead), and how many of its first blocks are cached under its keys
+        self.cacheable = request.session_id is None
+        self.keyed = 0
+        self.preempted_tokens = 0  # tokens it had computed when preempted: recomputed at readmission past the hits
+        self._content_keys: list[int] | None = None
         self.host_kv: torch.Tensor | None = None  # KV blocks on the host while swapped
         self.status = Status.WAITING
         self.admit_order = -1
@@ -75,6 +81,30 @@ class Sequence:
     def blocks_for(self, num_tokens: int) -> int:
         """Blocks needed to hold KV for the first ``num_tokens`` tokens."""
         return math.ceil(num_tokens / self.block_size)
+
+    def block_key(self, j: int) -> tuple:
+        """What the ``j``-th full block holds, as a prefix cache keys it: equal keys, equal tokens in
+        the block and in every block before it. A prompt's blocks are keyed by their content where
+        the client gave the tokens (a chained hash, as vLLM's), else by the trace's hash ids that
+        cover them (``Request.hash_ids``); the rest, generated tokens among them, by the request
+        itself (its own KV again, after a preemption)."""
+        req, end = self.request, (j + 1) * self.block_size
+        if self.context_len == 0 and end <= req.prompt_len:
+            if req.prompt_ids is not None:
+                return ("t", self._content_key(j))
+            if req.hash_ids and end <= len(req.hash_ids) * req.hash_block_tokens:
+                return ("h", req.hash_ids[(end - 1) // req.hash_block_tokens], j)
+        return ("r", self.id, j)
+
+    def _content_key(self, j: int) -> int:
+        keys = self._content_keys
+        if keys is None:
+            keys = self._content_keys = []
+        bs, ids = self.block_size, self.token_ids
+        while len(keys) <= j:
+            n = len(keys)
+            keys.append(hash((keys[-1] if keys else None, tuple(ids[n * bs:(n + 1) * bs]))))
+        return keys[j]
 
     @property
     def done(self) -> bool:

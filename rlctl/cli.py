@@ -18,7 +18,7 @@ from rlctl import __version__
 from env.workloads import ReplaySpec, TraceError
 from engine.config import KV_CACHE_DTYPES, EngineConfig
 from rlctl.replay import DEFAULT_ENGINE, build_engine, load_requests, replay
-from rlctl.report import ABANDONED_ROW, EVAL_ROWS, LIVE_ROWS, backlog_note, compare, format_actuators, format_table, slo_note
+from rlctl.report import ABANDONED_ROW, EVAL_ROWS, LIVE_ROWS, PREFIX_ROW, backlog_note, compare, format_actuators, format_table, slo_note
 
 
 MAX_POLICY_MIB = 4096  # --max-policy-mib's ceiling: the default network's file is ~160 kB
@@ -160,6 +160,10 @@ def _add_deployment(p: argparse.ArgumentParser) -> None:
     g.add_argument("--kv-cache-dtype", choices=list(KV_CACHE_DTYPES), default="auto",
                    help="what the KV cache holds: the model's dtype (auto), or 8-bit floats read back to attend, as "
                         "vLLM's --kv-cache-dtype (default %(default)s)")
+    g.add_argument("--prefix-caching", action="store_true",
+                   help="keep a prefix cache, as vLLM's (on by default there) and SGLang's radix cache: a request takes "
+                        "the KV blocks of its first tokens that another computed (a trace's hash_ids, or the same "
+                        "prompt ids) instead of computing them again")
     g.add_argument("--device", type=_device, default="cpu", help="cpu or cuda[:N]")
     g.add_argument("--seed", type=_seed, default=d.seed)
 
@@ -201,7 +205,7 @@ def _engine_config(a: argparse.Namespace) -> EngineConfig:
         return EngineConfig(num_blocks=a.blocks, block_size=a.block_size, max_num_seqs=a.max_num_seqs,
                             max_num_batched_tokens=a.max_batched_tokens, max_model_len=a.max_model_len,
                             restart_downtime_s=a.downtime, ttft_slo_s=a.ttft_slo, tpot_slo_s=a.tpot_slo, seed=a.seed,
-                            client_timeout_s=a.client_timeout)
+                            client_timeout_s=a.client_timeout, prefix_caching=a.prefix_caching)
 
 
 def _spec(a: argparse.Namespace, max_model_len: int) -> ReplaySpec:
@@ -215,6 +219,11 @@ def _kv_dtype(a: argparse.Namespace) -> str:
     return "" if a.kv_cache_dtype == "auto" else f" in {a.kv_cache_dtype}"
 
 
+def _prefix(a: argparse.Namespace) -> str:
+    """What the engine line says of --prefix-caching."""
+    return ", a prefix cache" if a.prefix_caching else ""
+
+
 def _replay_runs(a: argparse.Namespace, trace, factors: list[float]) -> dict[str, dict]:
     cfg = _engine_config(a)
     engines = [build_engine(cfg, f, a.oom, a.model_dir, a.device, kv_cache_dtype=a.kv_cache_dtype) for f in factors]
@@ -222,7 +231,7 @@ def _replay_runs(a: argparse.Namespace, trace, factors: list[float]) -> dict[str
     with _flags_named():
         requests = load_requests(trace, spec)
     print(f"replay: {trace}: {len(requests)} requests; {spec.describe()}")
-    print(f"engine: {cfg.num_blocks} KV blocks x {cfg.block_size} tokens{_kv_dtype(a)}, context {engines[0].max_model_len} tokens "
+    print(f"engine: {cfg.num_blocks} KV blocks x {cfg.block_size} tokens{_kv_dtype(a)}{_prefix(a)}, context {engines[0].max_model_len} tokens "
           f"(the least of --max-model-len, the model's max_position_embeddings and the KV), "
           f"oom={a.oom}, device={a.device}")
     runs = {}
@@ -291,7 +300,7 @@ def _live_run(a: argparse.Namespace) -> dict[str, dict]:
     spec = _spec(a, engine.max_model_len)
     requests = load_requests(a.trace, spec)
     print(f"replay: {a.trace}: {len(requests)} requests; {spec.describe()}")
-    print(f"engine: {cfg.num_blocks} KV blocks x {cfg.block_size} tokens{_kv_dtype(a)}, oom={a.oom}, device={a.device}; "
+    print(f"engine: {cfg.num_blocks} KV blocks x {cfg.block_size} tokens{_kv_dtype(a)}{_prefix(a)}, oom={a.oom}, device={a.device}; "
           f"controller {a.controller} every {a.decision_interval:g} s (deadline {a.deadline_ms:g} ms, "
           f"safe factor {factor:g})")
     tls = ClientTLS(a.controller_ca, a.controller_cert, a.controller_key) if a.controller_ca else None
@@ -393,7 +402,8 @@ def cmd_replay(a: argparse.Namespace) -> int:
                                  "(a replay at fixed factors has no sidecar, metrics endpoint or actuators)")
     runs = _live_run(a) if a.controller else _replay_runs(a, a.trace, a.overcommit)
     print(format_table(runs, extra_rows=(LIVE_ROWS if a.controller else [])
-                       + ([ABANDONED_ROW] if a.client_timeout is not None else [])))
+                       + ([ABANDONED_ROW] if a.client_timeout is not None else [])
+                       + ([PREFIX_ROW] if a.prefix_caching else [])))
     if a.controller:
         print(format_actuators(runs["controller"]))
     if a.json:

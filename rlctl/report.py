@@ -100,6 +100,7 @@ EVAL_ROWS = [
 ]
 # where clients give up (EngineConfig.client_timeout_s): the requests they gave up before a first token
 ABANDONED_ROW = ("given up by clients", "requests_abandoned", "{:.0f}")
+PREFIX_ROW = ("prefix cache hit rate", "prefix_cache_hit_rate", "{:.1%}")  # rlctl replay --prefix-caching
 
 # rows rlctl replay adds to its table when a sidecar steers the engine
 LIVE_ROWS = [("controller decisions", "controller_decisions", "{:.0f}")] + [

@@ -67,15 +67,19 @@ COST = CostModel(fixed_s=2e-3, per_token_s=3e-5, per_context_token_s=4e-8, per_a
 @given(st.integers(0, 2**31), st.sampled_from(["crash", "preempt"]), st.sampled_from([1.0, 1.5, 2.5]),
        st.integers(8, 96), st.floats(0.0, 0.9), st.sampled_from(["overcommit", "sglang", "sglang:code"]),
        st.sampled_from([0.0, 0.15]),
-       st.sampled_from([None, 0.4, 1.5]), st.sampled_from(["whole", "chunk"]), st.sampled_from(["recomputed", "cached", "lru"]),
-       st.sampled_from([None, 48]))
+       st.sampled_from([None, 0.4, 1.5]), st.sampled_from(["whole", "chunk"]),
+       st.sampled_from(["recomputed", "cached", "lru", "prefix cache"]), st.sampled_from([None, 48]))
 def test_random_engines_keep_the_same_books(seed, mode, factor, num_blocks, tenant_share, admission, headroom, timeout,
                                             prompt_blocks, preempted_kv, window):
     rng = np.random.default_rng(seed)
     sessions = [None, None, "a", "b"]  # idle contexts: blocks the headroom counts as free
-    reqs = [Request(f"r{i}", float(rng.uniform(0, 3)), int(rng.integers(1, 200)), int(rng.integers(1, 300)),
-                    int(rng.integers(300, 600)), session_id=sessions[int(rng.integers(4))])
-            for i in range(int(rng.integers(1, 30)))]
+    prompts = rng.integers(1, 200, size=30)
+    # prompts from three chains of hash ids (32 tokens each): a prefix cache's hits
+    reqs = [Request(f"r{i}", float(rng.uniform(0, 3)), int(prompts[i]), int(rng.integers(1, 300)),
+                    int(rng.integers(300, 600)), session_id=sessions[int(rng.integers(4))],
+                    hash_ids=tuple(range(c, c + -(-int(prompts[i]) // 32))), hash_block_tokens=32)
+            for i, c in zip(range(int(rng.integers(1, 30))), rng.integers(3, size=30) * 100)]
+    prefix = preempted_kv == "prefix cache"
     actions = rng.integers(len(ACTIONS), size=40).tolist()
 
     def books(fast: bool):
@@ -84,7 +88,7 @@ def test_random_engines_keep_the_same_books(seed, mode, factor, num_blocks, tena
                            overcommit_max=3.0, overcommit=factor, admission=admission.split(":")[0],
                            sglang_rule="code" if admission == "sglang:code" else "spec",
                            sglang_new_token_ratio_decay_steps=40, client_timeout_s=timeout, prompt_blocks=prompt_blocks,
-                           preempted_kv=preempted_kv)
+                           preempted_kv="recomputed" if prefix else preempted_kv, prefix_caching=prefix)
         # a roofline clock whose second layer attends through a 48-token window, or a profile's
         cost = COST if window is None else RooflineCostModel(L40S_48GB, ModelConfig(sliding_window=window,
                                                                                   window_layers=(1,)))

@@ -117,6 +117,7 @@ def build_requests(trace: Trace, spec: ReplaySpec) -> list[Request]:
             rule,
             spec.max_model_len,
             hash_ids=record.hash_ids,
+            hash_block_tokens=trace.hash_block_tokens,
         )
         if trace.hash_block_tokens and request.prompt_len < record.prompt_len:
             kept = math.ceil(request.prompt_len / trace.hash_block_tokens)

@@ -87,6 +87,7 @@ def sized_request(
     max_model_len: int | None,
     session_id: str | None = None,
     hash_ids: tuple[int, ...] = (),
+    hash_block_tokens: int | None = None,
 ) -> Request:
     """A Request with clipped lengths and the max_tokens that ``rule`` declares for them."""
     prompt_len, output_len = clip_lengths(int(prompt_len), int(output_len), max_model_len)
@@ -98,4 +99,5 @@ def sized_request(
         max_tokens=rule.declare(prompt_len, output_len, max_model_len),
         session_id=session_id,
         hash_ids=tuple(hash_ids),
+        hash_block_tokens=hash_block_tokens if hash_ids else None,
     )
