@@ -546,7 +546,7 @@ def _eval_node(a: argparse.Namespace) -> int:
 
     for value, option in ((a.trace, "--trace"), (a.time_scale, "--time-scale"), (a.load, "--load"),
                           (a.deployment, "--deployment"), (a.max_tokens, "--max-tokens"), (a.rate_scale, "--rate-scale"),
-                          (a.client_timeout, "--client-timeout")):
+                          (a.client_timeout, "--client-timeout"), (a.prefix_caching or None, "--prefix-caching")):
         if value is not None:
             raise ValueError(f"{option} applies to one engine's scenarios, not to node scenario {a.scenario}")
     if a.static_sweep:
@@ -578,12 +578,17 @@ def cmd_eval(a: argparse.Namespace) -> int:
         return _eval_node(a)
 
     sc = eval_scenario(a.scenario, a.trace, a.time_scale, a.max_tokens, a.steps, a.load, a.deployment,
-                       rate_scale=a.rate_scale, client_timeout=a.client_timeout)
+                       rate_scale=a.rate_scale, client_timeout=a.client_timeout, prefix_caching=a.prefix_caching)
     sweep = static_sweep(sc.engine_config().overcommit_max) if a.static_sweep else []
     specs = list(dict.fromkeys(canonical(s) for s in a.policy + (baselines(sc.best_static) if a.baselines else []) + sweep))
     if not specs:
         raise ValueError("give --policy SPEC (one or more), --baselines or --static-sweep")
     policies = label_policies({spec: make_policy(spec) for spec in specs})  # every spec is checked before anything runs
+    for spec, policy in policies.items():  # and the engine settings each pins, on this scenario's engine
+        try:
+            sc.engine_config(**getattr(policy, "engine_overrides", {}))
+        except ValueError as exc:
+            raise ValueError(f"--policy {spec} cannot run on scenario {sc.name}: {exc}") from None
     print(f"eval: scenario {sc.name} ({sc.deployment}), {a.episodes} episode(s) of {sc.max_steps} x "
           f"{sc.decision_interval_s:g} s, seeds {a.seed}..{a.seed + a.episodes - 1}")
     print(deployment_line(sc))
@@ -593,7 +598,8 @@ def cmd_eval(a: argparse.Namespace) -> int:
     first = next(iter(results.values()))
     print(f"workload (episode 1): {first['workload']}\nclock: {first['clock']}")
     cfg = sc.engine_config()
-    print(format_table(results, extra_rows=EVAL_ROWS + ([ABANDONED_ROW] if cfg.client_timeout_s is not None else [])))
+    print(format_table(results, extra_rows=EVAL_ROWS + ([ABANDONED_ROW] if cfg.client_timeout_s is not None else [])
+                       + ([PREFIX_ROW] if cfg.prefix_caching else [])))
     for note in (slo_note(results, cfg.ttft_slo_s, cfg.tpot_slo_s), backlog_note(results),
                  thin_windows_note(sc, results, a.seed)):
         if note:
@@ -841,6 +847,10 @@ def parser() -> argparse.ArgumentParser:
                    help="clients give up a request still without its first token this many seconds after it arrived, "
                         "and the engine drops it, as vLLM aborts the request of a client that disconnected (default: "
                         "the scenario's client_timeout_s; none: they wait for ever); the table counts them")
+    e.add_argument("--prefix-caching", action="store_true",
+                   help="the engine keeps a prefix cache, as vLLM's (on by default there) and SGLang's radix cache: a "
+                        "request takes the KV blocks of its first tokens another computed (a trace's hash_ids) "
+                        "(default: the scenario's prefix_caching; none: every prompt computed whole)")
     e.add_argument("--episodes", type=_count, default=1)
     e.add_argument("--steps", type=int, default=None, help="decisions per episode (default: the scenario's)")
     e.add_argument("--seed", type=_seed, default=0, help="episode k uses seed + k, the same for every policy")

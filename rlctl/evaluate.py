@@ -59,13 +59,14 @@ TRACE_BASE = "trace"  # the bundled scenario a bare --trace replays on: its depl
 
 def eval_scenario(scenario: str | None, trace: str | None, time_scale: float | None, max_tokens: str | None,
                   steps: int | None, load: float | None = None, deployment: str | None = None, say=print,
-                  rate_scale: float | None = None, client_timeout: float | None = None):
+                  rate_scale: float | None = None, client_timeout: float | None = None, prefix_caching: bool = False):
     """The scenario ``rlctl eval`` runs: a scenario file (or bundled name), or a trace replayed on
     a scenario's deployment and settings (``--scenario``, default the bundled ``trace`` scenario),
     at a time scale given, or computed for ``--load`` (rlctl/load.py) on ``--deployment``; a
     scenario's own workload with its arrivals ``rate_scale`` times as frequent (``Scenario.at_load``,
     as training's ``loads``); with ``client_timeout``, clients that give up a request still without its
-    first token that many seconds after its arrival (``EngineConfig.client_timeout_s``)."""
+    first token that many seconds after its arrival (``EngineConfig.client_timeout_s``); with
+    ``prefix_caching``, the engine keeps a prefix cache (``EngineConfig.prefix_caching``)."""
     import math
 
     from engine.roofline import deployment as find_deployment
@@ -106,6 +107,12 @@ def eval_scenario(scenario: str | None, trace: str | None, time_scale: float | N
         sc = sc.at_load(rate_scale)
     if client_timeout is not None:
         sc = with_client_timeout(sc, client_timeout)
+    if prefix_caching:
+        sc = dataclasses.replace(sc, engine={**sc.engine, "prefix_caching": True})
+        try:
+            sc.engine_config()
+        except ValueError as exc:
+            raise ValueError(f"--prefix-caching on scenario {sc.name}: {exc}") from None
     if steps is not None:
         if steps <= 0:
             raise ValueError(f"--steps must be > 0, got {steps}")

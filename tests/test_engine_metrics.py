@@ -2,6 +2,8 @@
 ones for the rest), scraped as Prometheus would; counters never go down."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -19,7 +21,8 @@ COST = CostModel(fixed_s=1.5e-3, per_token_s=2e-5, per_context_token_s=2e-7, cop
 LABELS = {"model_name": "tiny", "engine": "0"}
 COUNTERS = ("vllm:num_preemptions_total", "vllm:prompt_tokens_total", "vllm:generation_tokens_total",
             "rlctl_oom_events_total", "rlctl_swap_out_bytes_total", "rlctl_swap_in_bytes_total",
-            "rlctl_compactions_total", "rlctl_compaction_bytes_total")
+            "rlctl_compactions_total", "rlctl_compaction_bytes_total", "vllm:prefix_cache_queries_total",
+            "vllm:prefix_cache_hits_total")
 
 
 def scrape(text: str) -> dict:
@@ -37,10 +40,10 @@ def value(samples: dict, name: str, **labels) -> float:
     return samples[(name, frozenset(labels.items()))]
 
 
-def burst_engine(factor: float = 3.0, oom: str = "crash"):
+def burst_engine(factor: float = 3.0, oom: str = "crash", deployment: EngineConfig = DEPLOYMENT):
     spec = ReplaySpec(max_tokens="fixed:1024", time_scale=1000.0, duration_s=30.0, max_model_len=2048)
     requests = load_requests(bundled_trace("azure2023_conv.csv"), spec)
-    engine = build_engine(DEPLOYMENT, factor, oom, executor=ProfiledExecutor(COST, materialize=False))
+    engine = build_engine(deployment, factor, oom, executor=ProfiledExecutor(COST, materialize=False))
     for r in requests:
         engine.submit(r)
     return engine, requests
@@ -97,6 +100,21 @@ def test_vllm_style_preemptions_are_counted():
     assert value(last, "vllm:num_preemptions_total") == engine.counters.preemptions > 0
     assert value(last, "rlctl_oom_events_total") == 0
     assert value(last, "rlctl_overcommit_factor") == float("inf")
+    assert value(last, "vllm:prefix_cache_queries_total") == value(last, "vllm:prefix_cache_hits_total") == 0
+
+
+def test_a_prefix_caches_queries_and_hits_are_counted_in_tokens():
+    # preempted requests take back the blocks the cache still holds of their own KV when readmitted
+    engine, requests = burst_engine(float("inf"), "preempt", replace(DEPLOYMENT, prefix_caching=True))
+    metrics = EngineMetrics(model_name="tiny")
+    while engine.has_work():
+        engine.run(until=engine.clock + 2.0)
+        metrics.update(engine)
+    last = scrape(metrics.exposition().decode())
+    assert engine.counters.preemptions > 0
+    assert value(last, "vllm:prefix_cache_hits_total") == engine.kv.prefix_hit_tokens > 0
+    assert value(last, "vllm:prefix_cache_queries_total") == engine.kv.prefix_query_tokens
+    assert engine.kv.prefix_query_tokens >= sum(r.prompt_len for r in requests)  # readmissions look up again
 
 
 def test_every_finished_request_is_observed_once(replay):

@@ -225,3 +225,35 @@ def test_mooncakes_hash_ids_share_prompts_and_the_cache_computes_less_and_serves
     assert big.counters.prefill_tokens == off.counters.prefill_tokens - big.kv.prefix_hit_tokens
     assert summarize(big)["ttft_p50_s"] < summarize(off)["ttft_p50_s"]
     assert len(big.completed) == len(off.completed) == len(requests)
+
+
+def test_replay_and_eval_keep_a_prefix_cache_on_request_and_refuse_what_it_cannot_run_with(tmp_path, capsys):
+    import json
+
+    from rlctl.cli import main
+
+    # a Mooncake-format trace of five requests, four of them sharing their first hash id (512 tokens)
+    trace = tmp_path / "shared.jsonl"
+    rows = [{"timestamp": 300 * i, "input_length": 600, "output_length": 8, "hash_ids": [7, 100 + i]}
+            for i in range(4)] + [{"timestamp": 1200, "input_length": 590, "output_length": 8, "hash_ids": [8, 9]}]
+    trace.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    trace_text = trace.read_text()
+    figures = {}
+    for on in (False, True):
+        js = tmp_path / f"{on}.json"
+        assert main(["replay", "--trace", str(trace), "--duration", "5", "--max-tokens", "fixed:8", "--json", str(js)]
+                    + (["--prefix-caching"] if on else [])) == 0
+        out = capsys.readouterr().out
+        assert ("prefix cache hit rate" in out) == on and ("a prefix cache" in out) == on
+        figures[on] = json.loads(js.read_text())
+    # the three later requests take the first's 512 tokens (32 blocks of 16)
+    assert figures[True]["prefix_cache_hit_rate"] == pytest.approx(3 * 512 / (4 * 600 + 590))
+    assert figures[False]["prefix_cache_hit_rate"] == 0 and figures[True]["engine"]["prefix_caching"]
+    assert figures[True]["requests_completed"] == figures[False]["requests_completed"] == 5
+    assert trace.read_text() == trace_text
+
+    assert main(["eval", "--policy", "vllm_v1", "--policy", "vllm", "--prefix-caching",
+                 "--scenario", "long_outputs_preempt"]) == 2
+    assert "--policy vllm_v1 cannot run on scenario long_outputs_preempt: preempted_kv 'lru'" in capsys.readouterr().err
+    assert main(["eval", "--policy", "vllm", "--prefix-caching", "--scenario", "node_chat_pair"]) == 2
+    assert "--prefix-caching applies to one engine's scenarios" in capsys.readouterr().err

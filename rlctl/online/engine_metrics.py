@@ -8,7 +8,9 @@ and cumulative counters into a ``CollectorRegistry`` of its own:
   ``vllm:prompt_tokens_total`` (prefill tokens processed, recomputation included),
   ``vllm:generation_tokens_total``, ``vllm:request_success_total`` (``finished_reason``: "length" when
   a request reached ``max_tokens`` or the model length, "abort" when its client gave up before its
-  first token (``client_timeout_s``), else "stop"), and the histograms, with
+  first token (``client_timeout_s``), else "stop"), ``vllm:prefix_cache_queries_total`` and
+  ``vllm:prefix_cache_hits_total`` (prompt tokens looked up in the prefix cache at admission, and
+  found: ``EngineConfig.prefix_caching``; both stay 0 without it), and the histograms, with
   vLLM's buckets:
   - ``vllm:time_to_first_token_seconds``, ``vllm:e2e_request_latency_seconds``, and
     ``vllm:request_time_per_output_token_seconds`` (each request's mean time per output token),
@@ -71,7 +73,8 @@ def _counters(engine) -> dict[str, int]:
         "preemptions": c.preemptions, "prompt_tokens": c.prefill_tokens, "generation_tokens": c.tokens_generated,
         "oom_events": c.oom_events, "swap_out_bytes": traffic.out_blocks * block,
         "swap_in_bytes": traffic.in_blocks * block, "compactions": c.compactions,
-        "compaction_bytes": c.compaction_bytes,
+        "compaction_bytes": c.compaction_bytes, "prefix_cache_queries": engine.kv.prefix_query_tokens,
+        "prefix_cache_hits": engine.kv.prefix_hit_tokens,
     }
 
 
@@ -106,6 +109,10 @@ class EngineMetrics:
                                      "KV bytes moved from host memory back to the device."),
             "compactions": counter("rlctl_compactions_total", "KV pool compactions."),
             "compaction_bytes": counter("rlctl_compaction_bytes_total", "KV bytes moved by compactions."),
+            "prefix_cache_queries": counter("vllm:prefix_cache_queries_total",
+                                            "Prefix cache queries, in terms of number of queried tokens."),
+            "prefix_cache_hits": counter("vllm:prefix_cache_hits_total",
+                                         "Prefix cache hits, in terms of number of cached tokens."),
         }
         self.success = Counter("vllm:request_success_total", "Count of successfully processed requests.",
                                LABELS + ("finished_reason",), registry=r)
