@@ -73,7 +73,7 @@ def eval_scenario(scenario: str | None, trace: str | None, time_scale: float | N
     from env.scenario import TraceWorkload
     from env.scenario_yaml import load_scenario
     from env.workload_builder import check_workload, load_trace
-    from rlctl.load import lengths_note, trace_load
+    from rlctl.load import lengths_note, prefix_note, trace_load
 
     if rate_scale is not None:
         if trace is not None:
@@ -119,6 +119,7 @@ def eval_scenario(scenario: str | None, trace: str | None, time_scale: float | N
         sc = dataclasses.replace(sc, max_steps=steps)
     if isinstance(sc.workload, TraceWorkload):  # a trace given or the scenario's own: what its replay changes
         for note in (lengths_note(sc.workload.trace, find_deployment(sc.deployment), sc.engine_config()),
+                     prefix_note(sc.workload.trace, find_deployment(sc.deployment), sc.engine_config()),
                      trace_outlasted(sc, sc.workload.trace, load)):
             if note:
                 say(note)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from pathlib import Path
 
 from engine.config import EngineConfig, max_model_len
 from engine.roofline import Deployment
@@ -111,6 +112,26 @@ def lengths_note(trace: str, deployment: Deployment, cfg: EngineConfig | None = 
     if zero:
         parts.append(" and ".join(zero) + ", replayed as 1 token")
     return f"lengths: {'; '.join(parts)}" if parts else ""
+
+
+def prefix_note(trace: str, deployment: Deployment, cfg: EngineConfig | None = None) -> str:
+    """With a prefix cache (``cfg.prefix_caching``) and a trace that gives its prompts' hash ids
+    (Mooncake's), the share of its prompt tokens (cut to the context) that open with hash ids an
+    earlier prompt had, in file order: what a cache that kept everything would serve, a bound on
+    what one engine's KV serves; empty otherwise."""
+    cfg = cfg or deployment.engine_config()
+    t = load_trace(trace)
+    if not cfg.prefix_caching or t.hash_ids is None:
+        return ""
+    prompts, _ = clip_length_arrays(t.prompt_lens, t.output_lens, max_model_len(deployment.model, cfg))
+    size, seen, shared = t.hash_block_tokens, set(), 0
+    for ids, n in zip(t.hash_ids, prompts.tolist()):
+        ids = ids[:-(-n // size)]
+        k = next((k for k, h in enumerate(ids) if h not in seen), len(ids))
+        shared += min(k * size, n)
+        seen.update(ids)
+    return (f"prefix cache: {shared / max(int(prompts.sum()), 1):.1%} of {Path(trace).name}'s prompt tokens open with "
+            f"hash ids an earlier prompt had, what a cache keeping everything would serve (one engine's KV keeps less)")
 
 
 def _verb(n: int, one: str, many: str) -> str:

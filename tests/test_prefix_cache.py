@@ -252,6 +252,12 @@ def test_replay_and_eval_keep_a_prefix_cache_on_request_and_refuse_what_it_canno
     assert figures[True]["requests_completed"] == figures[False]["requests_completed"] == 5
     assert trace.read_text() == trace_text
 
+    assert main(["eval", "--trace", str(trace), "--time-scale", "1", "--policy", "static:1", "--steps", "3",
+                 "--prefix-caching"]) == 0
+    out = capsys.readouterr().out
+    assert "prefix cache: 51.4% of shared.jsonl's prompt tokens open with hash ids an earlier prompt had" in out
+    assert "prefix cache hit rate" in out
+
     assert main(["eval", "--policy", "vllm_v1", "--policy", "vllm", "--prefix-caching",
                  "--scenario", "long_outputs_preempt"]) == 2
     assert "--policy vllm_v1 cannot run on scenario long_outputs_preempt: preempted_kv 'lru'" in capsys.readouterr().err
