@@ -78,9 +78,14 @@ class BlockManager:
         return ids
 
     # ---- the prefix cache (``caching``) ----------------------------------------------------------
-    def unkeyed_top(self, n: int) -> int | None:
-        """The highest id ``allocate(n)`` would take of the unkeyed free blocks (None: there are none)."""
-        return self._free[-min(n, len(self._free))] if self._free else None
+    def top_taken(self, n: int, held: int | None = None) -> int:
+        """The highest id ``allocate(n, held)`` would take of the unkeyed free blocks (-1: none), so
+        that the pool can hold it before anything changes. ``held`` must be the pool's held blocks:
+        every id below it is in use, cached or unkeyed free."""
+        unkeyed = n if held is None else n - len(self.evictable)
+        if held is not None and unkeyed <= held - self.num_used - len(self.evictable):
+            return -1  # the unkeyed blocks below the pool and the cached ones suffice
+        return self._free[-min(unkeyed, len(self._free))] if self._free and unkeyed > 0 else -1
 
     def lookup(self, key: Hashable) -> int | None:
         """The block cached under ``key``, or None."""
@@ -91,6 +96,10 @@ class BlockManager:
         prefix first) keeps its block, and a block keeps its first key."""
         if key not in self.block_of and block not in self.key_of:
             self.key_of[block], self.block_of[key] = key, block
+
+    def num_free_among(self, ids: list[int]) -> int:
+        """How many of ``ids`` are free (cached): what claiming them takes from the free blocks."""
+        return int(np.count_nonzero(self.ref_counts[ids] == 0)) if ids else 0
 
     def claim(self, ids: list[int]) -> None:
         """Another holder takes cached blocks, in use or free (those leave the free list)."""

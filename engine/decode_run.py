@@ -58,8 +58,7 @@ def _admission_held(engine) -> int | None:
         need_now = head.blocks_for(start + min(len(head) - start, s.max_num_batched_tokens - len(s.running)))
     else:
         need_now = need
-    if hits:
-        need_now += int(np.count_nonzero(kv.blocks.ref_counts[hits] == 0)) - len(hits)
+    need_now += kv.blocks.num_free_among(hits) - len(hits)
     short = need_now > kv.blocks.num_free
 
     def below_headroom() -> bool:  # counting reclaimable blocks is the dearer test: asked last

@@ -120,10 +120,10 @@ class FreeOrder:
 
 class KVCache:
     """With ``prefix``, a prefix cache (``EngineConfig.prefix_caching``): the books in
-    ``BlockManager``, the keys from ``Sequence.block_key``; ``match`` takes a new request's cached
-    prefix, ``cache`` keys what a sequence has computed. ``prefix_hit_tokens`` over
-    ``prefix_query_tokens`` is its hit rate, as vLLM reports it (prompt tokens found cached over
-    prompt tokens looked up, at admission)."""
+    ``BlockManager``, the keys from ``Sequence.block_key``; ``cached_prefix`` finds a new request's
+    cached prefix, ``cache`` keys what a sequence has computed. ``prefix_hit_tokens`` over
+    ``prefix_query_tokens`` is its hit rate, as vLLM reports it (tokens found cached over tokens
+    looked up at admission, a readmitted request's generated tokens included)."""
 
     def __init__(self, pool: KVPool, host_bytes: int, lru: bool = False, prefix: bool = False) -> None:
         self.pool = pool
@@ -142,16 +142,20 @@ class KVCache:
         ``FreeOrder`` is kept, the blocks still cached for ``owner`` are the first taken."""
         if n <= 0:
             return []
-        held = None
-        if self.blocks.evictable:  # a prefix cache's free blocks go last: the pool grows first, where the device lets it
-            top = self.blocks.unkeyed_top(n)
+        blocks, held = self.blocks, None
+        if n > blocks.num_free:
+            raise NeedBlocks(n, OutOfBlocks(f"{n} blocks needed, {blocks.num_free} free"))
+        if blocks.evictable:  # a prefix cache's free blocks go last: the pool grows first, where the device lets it
             try:
-                if top is not None:
-                    self.pool.ensure(top)
-            except DeviceOOM:
-                held = self.pool.held_blocks  # it does not: the cached blocks go before those above the pool
+                self.pool.ensure(blocks.top_taken(n))
+            except DeviceOOM:  # it does not: the cached blocks go before those above the pool, and if they are
+                held = self.pool.held_blocks  # not enough, a refusal takes none of them
+                try:
+                    self.pool.ensure(blocks.top_taken(n, held))
+                except DeviceOOM as exc:
+                    raise NeedBlocks(n, exc) from exc
         try:
-            ids = self.blocks.allocate(n, held)
+            ids = blocks.allocate(n, held)
         except OutOfBlocks as exc:
             raise NeedBlocks(n, exc) from exc
         try:
@@ -173,15 +177,9 @@ class KVCache:
         self.blocks.free(ids)
         self.order.freed(used - self.blocks.num_used, owner, kept)
 
-    def match(self, seq) -> list[int]:
-        """The longest run of ``seq``'s first full blocks the prefix cache holds, short of its last
-        token (computed again to produce the next, as vLLM and SGLang do), taken for it."""
-        ids = self.cached_prefix(seq)
-        self.blocks.claim(ids)
-        return ids
-
     def cached_prefix(self, seq) -> list[int]:
-        """The blocks ``match`` would take for ``seq``, left where they are."""
+        """The longest run of ``seq``'s first full blocks the prefix cache holds, short of its last
+        token (computed again to produce the next, as vLLM and SGLang do); ``blocks.claim`` takes them."""
         if not (self.blocks.caching and seq.cacheable):
             return []
         ids = []
@@ -233,11 +231,11 @@ class KVCache:
         """Move the highest blocks in use into the lowest holes, rewrite the block table of every
         holder (anything with a ``block_table``: this is the one place block ids change) and
         release the freed tail. Returns the moves as {old id: new id}."""
-        self.blocks.drop_cached()  # cached free blocks are free memory: compaction packs and releases them
-        moves = dict(self.blocks.compaction_plan())
+        moves = dict(self.blocks.compaction_plan())  # a prefix cache's free blocks are holes like any free one
         if moves:
             with self.pool.device.allocating("compaction"):  # a failed copy changes no book: sources are intact
                 self.pool.copy_blocks(list(moves.items()))
+        self.blocks.drop_cached()  # cached free blocks are free memory: compaction packs and releases them
         self.blocks.apply_moves(list(moves.items()))
         self.pool.release_tail(self.blocks.highest_used())
         if moves:

@@ -130,7 +130,7 @@ def summarize(engine, start_s: float = 0.0, end_s: float | None = None) -> dict:
         "swap_in_blocks": traffic.in_blocks,
         "swap_bytes": traffic.bytes,
         "compactions": engine.counters.compactions,
-        # prompt tokens a prefix cache held at admission over those looked up (EngineConfig.prefix_caching)
+        # tokens a prefix cache held at admission over those looked up (EngineConfig.prefix_caching)
         "prefix_cache_hit_rate": engine.kv.prefix_hit_tokens / max(engine.kv.prefix_query_tokens, 1),
         **{k: figures[k] for k in ("ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s")},
     }

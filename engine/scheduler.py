@@ -15,6 +15,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Iterator, NamedTuple
 
+from engine.block_manager import OutOfBlocks
 from engine.kv_cache import CopyReport, HostFull, KVCache, NeedBlocks
 from engine.sequence import Sequence, Status
 from engine.sessions import Sessions
@@ -346,9 +347,17 @@ class Scheduler:
             hits = 0
             try:
                 self._attach(seq)
-                if not seq.block_table:  # what a prefix cache holds of its first tokens (``KVCache.match``)
-                    seq.block_table = self.kv.match(seq)
-                    hits = seq.keyed = len(seq.block_table)
+                if not seq.block_table:  # what a prefix cache holds of its first tokens (``KVCache.cached_prefix``)
+                    found = self.kv.cached_prefix(seq)
+                    if found:  # taken only if the rest fits (or reclaiming may make it fit), as vLLM checks first
+                        start = len(found) * seq.block_size
+                        end = start + min(len(seq) - start, budget) if self.prompt_chunks else len(seq)
+                        take = seq.blocks_for(end) - len(found) + self.kv.blocks.num_free_among(found)
+                        if take > self.kv.blocks.num_free and not self.reclaimable_blocks():
+                            raise NeedBlocks(take, OutOfBlocks(f"{take} blocks needed, {self.kv.blocks.num_free} free"))
+                        self.kv.blocks.claim(found)
+                    seq.block_table = found
+                    hits = seq.keyed = len(found)
                     seq.num_computed = hits * seq.block_size
                 attached = seq.num_computed
                 start = self.admission_start(seq)

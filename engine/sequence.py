@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import enum
+import hashlib
 import math
 
 import torch
@@ -48,7 +49,7 @@ class Sequence:
         self.cacheable = request.session_id is None
         self.keyed = 0
         self.preempted_tokens = 0  # tokens it had computed when preempted: recomputed at readmission past the hits
-        self._content_keys: list[int] | None = None
+        self._chain: list[bytes] | None = None  # ``_chained``'s digests
         self.host_kv: torch.Tensor | None = None  # KV blocks on the host while swapped
         self.status = Status.WAITING
         self.admit_order = -1
@@ -85,26 +86,26 @@ class Sequence:
     def block_key(self, j: int) -> tuple:
         """What the ``j``-th full block holds, as a prefix cache keys it: equal keys, equal tokens in
         the block and in every block before it. A prompt's blocks are keyed by their content where
-        the client gave the tokens (a chained hash, as vLLM's), else by the trace's hash ids that
-        cover them (``Request.hash_ids``); the rest, generated tokens among them, by the request
-        itself (its own KV again, after a preemption)."""
-        req, end = self.request, (j + 1) * self.block_size
+        the client gave the tokens, else by the trace's hash ids that cover them (``Request.hash_ids``),
+        each chained to those before it (SHA-256, as vLLM's); the rest, generated tokens among them,
+        by the request itself (its own KV again, after a preemption)."""
+        req, size, end = self.request, self.block_size, (j + 1) * self.block_size
         if self.context_len == 0 and end <= req.prompt_len:
             if req.prompt_ids is not None:
-                return ("t", self._content_key(j))
+                return ("t", self._chained(j, lambda n: self.token_ids[n * size:(n + 1) * size]))
             if req.hash_ids and end <= len(req.hash_ids) * req.hash_block_tokens:
-                return ("h", req.hash_ids[(end - 1) // req.hash_block_tokens], j)
+                return ("h", self._chained((end - 1) // req.hash_block_tokens, lambda k: (req.hash_ids[k],)), j)
         return ("r", self.id, j)
 
-    def _content_key(self, j: int) -> int:
-        keys = self._content_keys
-        if keys is None:
-            keys = self._content_keys = []
-        bs, ids = self.block_size, self.token_ids
-        while len(keys) <= j:
-            n = len(keys)
-            keys.append(hash((keys[-1] if keys else None, tuple(ids[n * bs:(n + 1) * bs]))))
-        return keys[j]
+    def _chained(self, i: int, part) -> bytes:
+        """The digest of ``part(0)`` .. ``part(i)``, each chained to the one before (a request's
+        prompt is keyed one way: by its ids or by its hash ids)."""
+        chain = self._chain
+        if chain is None:
+            chain = self._chain = []
+        while len(chain) <= i:
+            chain.append(hashlib.sha256((chain[-1] if chain else b"") + repr(tuple(part(len(chain)))).encode()).digest())
+        return chain[i]
 
     @property
     def done(self) -> bool:

@@ -334,6 +334,9 @@ def _node_live_run(a: argparse.Namespace) -> int:
     if a.kv_cache_dtype != "auto":
         raise ValueError("--kv-cache-dtype applies to one engine's replay; a node scenario's engines take theirs from "
                          "their deployments (CHECKPOINT_DIR@GPU:fp8)")
+    if a.prefix_caching:
+        raise ValueError("--prefix-caching applies to one engine's replay; a node scenario's engines take theirs from "
+                         "its engine: settings (prefix_caching)")
     if len(a.overcommit) != 1 or not math.isfinite(a.overcommit[0]):
         raise ValueError("--node: give one finite --overcommit, the safe factor every engine falls back to")
     for given, option in ((a.metrics_port is not None, "--metrics-port"), (a.mps_next_limit is not None,
@@ -585,8 +588,10 @@ def cmd_eval(a: argparse.Namespace) -> int:
         raise ValueError("give --policy SPEC (one or more), --baselines or --static-sweep")
     policies = label_policies({spec: make_policy(spec) for spec in specs})  # every spec is checked before anything runs
     for spec, policy in policies.items():  # and the engine settings each pins, on this scenario's engine
+        overrides = dict(getattr(policy, "engine_overrides", {}))
+        overrides.pop("overcommit", None)  # a pinned factor is in range by definition, as the environment pins it
         try:
-            sc.engine_config(**getattr(policy, "engine_overrides", {}))
+            sc.engine_config(**overrides)
         except ValueError as exc:
             raise ValueError(f"--policy {spec} cannot run on scenario {sc.name}: {exc}") from None
     print(f"eval: scenario {sc.name} ({sc.deployment}), {a.episodes} episode(s) of {sc.max_steps} x "
@@ -850,7 +855,7 @@ def parser() -> argparse.ArgumentParser:
     e.add_argument("--prefix-caching", action="store_true",
                    help="the engine keeps a prefix cache, as vLLM's (on by default there) and SGLang's radix cache: a "
                         "request takes the KV blocks of its first tokens another computed (a trace's hash_ids) "
-                        "(default: the scenario's prefix_caching; none: every prompt computed whole)")
+                        "(default: as the scenario sets prefix_caching, off in every bundled one)")
     e.add_argument("--episodes", type=_count, default=1)
     e.add_argument("--steps", type=int, default=None, help="decisions per episode (default: the scenario's)")
     e.add_argument("--seed", type=_seed, default=0, help="episode k uses seed + k, the same for every policy")

@@ -16,11 +16,12 @@ from engine.block_manager import BlockManager
 from engine.config import EngineConfig, ModelConfig
 from engine.engine import Engine
 from engine.executor import ProfiledExecutor
+from engine.kv_cache import NeedBlocks
 from engine.metrics import summarize
 from engine.request import Request, RequestError
 from env.workloads.replay import ReplaySpec, build_requests
 from env.workloads.traces import bundled_trace, read_trace
-from test_decode_run import COST
+from test_decode_run import COST, log
 
 
 # ---- the books ---------------------------------------------------------------------------------
@@ -58,6 +59,48 @@ def test_a_cached_block_is_claimed_in_use_or_free_and_compaction_keeps_the_keys_
     bm.apply_moves(bm.compaction_plan())
     assert bm.key_of == {0: "k2"} and bm.lookup("k2") == 0 and bm.ref_counts[0] == 1
     assert bm.allocate(7) == [1, 2, 3, 4, 5, 6, 7]
+
+
+def test_an_allocation_the_device_cannot_hold_takes_nothing_neither_cached_blocks_nor_pool_growth():
+    # found by review: a refused allocation grew the pool, and one the device could not hold emptied the cache
+    eng = Engine(ModelConfig(), EngineConfig(num_blocks=64, block_size=16, segment_blocks=4, prefix_caching=True),
+                 executor=ProfiledExecutor(COST))
+    kv = eng.kv
+    ids = kv.allocate(8)  # the pool holds two segments
+    for j, b in enumerate(ids[:4]):
+        kv.blocks.cache(b, ("k", j))
+    kv.free(ids)  # 0..3 cached and free, 4..7 plain free
+    assert kv.allocate(4) == [4, 5, 6, 7] and eng.pool.held_blocks == 8  # unkeyed blocks first: no growth
+    eng.device.set_tenants(eng.device.free)  # the device cannot grow the pool
+    with pytest.raises(NeedBlocks):
+        kv.allocate(8)  # the four cached blocks and four above the pool: cannot be had
+    with pytest.raises(NeedBlocks):
+        kv.allocate(70)  # more than the pool's blocks
+    assert list(kv.blocks.evictable) == [3, 2, 1, 0] and len(kv.blocks.block_of) == 4 and eng.pool.held_blocks == 8
+    assert kv.allocate(2) == [3, 2] and kv.blocks.lookup(("k", 3)) is None  # cached ones go, least recently freed
+    eng.device.set_tenants(0)
+    assert kv.allocate(3) == [8, 9, 10] and list(kv.blocks.evictable) == [1, 0]  # the pool grows before they go
+
+
+def test_a_head_short_of_blocks_with_cached_blocks_keeps_the_same_books_fast_and_stepped():
+    # found by review: stepping claimed and freed the head's cached blocks each iteration it was refused,
+    # which the fast path does not, and the two then evicted different blocks
+    prompt = tuple(i % 500 for i in range(7, 167))  # 10 blocks
+
+    def run(fast: bool) -> Engine:
+        cfg = EngineConfig(num_blocks=40, block_size=16, segment_blocks=4, max_model_len=640, max_num_batched_tokens=2048,
+                           overcommit=math.inf, overcommit_max=math.inf, prefix_caching=True)
+        eng = Engine(ModelConfig(), cfg, executor=ProfiledExecutor(COST), fast_forward=fast)
+        eng.submit(Request("X", 0.0, 160, 1, 1, prompt_ids=prompt))
+        eng.submit(Request("R2", 1.0, 320, 200, 200))
+        eng.submit(Request("R1", 1.0, 80, 60, 60))
+        eng.submit(Request("H", 1.05, 360, 5, 5, prompt_ids=prompt + tuple((i * 7) % 500 for i in range(200))))
+        eng.run()
+        return eng
+
+    stepped, fast = run(False), run(True)
+    assert summarize(stepped) == summarize(fast) and stepped.counters == fast.counters
+    assert log(stepped) == log(fast) and stepped.kv.prefix_hit_tokens == fast.kv.prefix_hit_tokens
 
 
 def test_prefix_caching_is_refused_beside_the_preempted_kv_models_and_hash_ids_need_their_block_size():
@@ -122,6 +165,14 @@ def test_requests_sharing_their_first_tokens_take_the_blocks_computed_and_genera
     on.submit(Request("A2", on.clock, requests[0].prompt_len, 3, 3, prompt_ids=requests[0].prompt_ids))
     on.step()
     assert on.kv.prefix_hit_tokens == 36 + 24 and on.scheduler.running[0].num_computed == 27
+    # a hash id names its block and those before it: one repeated after another first id shares nothing past it
+    # (found by review: keyed by its own id alone, F's second block was taken for E's, after other tokens)
+    on.run()
+    on.submit(Request("F", on.clock, 20, 2, 2, hash_ids=(5, 6, 7), hash_block_tokens=8))
+    on.run()
+    on.submit(Request("E", on.clock, 20, 2, 2, hash_ids=(1, 6, 7), hash_block_tokens=8))
+    on.step()
+    assert on.kv.prefix_hit_tokens == 36 + 24 + 8  # C's first 8 tokens, not F's next 8
 
 
 def test_a_preempted_request_takes_back_what_the_cache_still_holds_and_counts_only_the_rest_recomputed():
@@ -263,3 +314,8 @@ def test_replay_and_eval_keep_a_prefix_cache_on_request_and_refuse_what_it_canno
     assert "--policy vllm_v1 cannot run on scenario long_outputs_preempt: preempted_kv 'lru'" in capsys.readouterr().err
     assert main(["eval", "--policy", "vllm", "--prefix-caching", "--scenario", "node_chat_pair"]) == 2
     assert "--prefix-caching applies to one engine's scenarios" in capsys.readouterr().err
+    assert main(["replay", "--node", "node_chat_pair", "--controller", f"unix://{tmp_path}/none.sock",
+                 "--prefix-caching"]) == 2
+    assert "--prefix-caching applies to one engine's replay" in capsys.readouterr().err
+    # the check of what a policy pins leaves a static factor outside the scenario's range to run, as before
+    assert main(["eval", "--policy", "static:6", "--scenario", "burst", "--steps", "2"]) == 0
