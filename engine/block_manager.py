@@ -101,6 +101,14 @@ class BlockManager:
         """How many of ``ids`` are free (cached): what claiming them takes from the free blocks."""
         return int(np.count_nonzero(self.ref_counts[ids] == 0)) if ids else 0
 
+    def forget(self, block: int) -> None:
+        """A block in use is no longer cached under its key (if it had one)."""
+        if self.ref_counts[block] <= 0:
+            raise AssertionError(f"block {block} is free: a free cached block is forgotten only when handed out")
+        key = self.key_of.pop(block, None)
+        if key is not None:
+            del self.block_of[key]
+
     def claim(self, ids: list[int]) -> None:
         """Another holder takes cached blocks, in use or free (those leave the free list)."""
         for b in ids:

@@ -179,6 +179,13 @@ def decode_run(engine, until: float | None) -> int:
         if f <= k:
             needs += [(jj, i) for jj in range(max(f, 1), k + 1, bs)]
     needs.sort()
+    # with a prefix cache, a head taking its prompt chunk by chunk needs its chunk's blocks and the cached free
+    # ones it would take: one eviction may drop several of those and let it in, so the run ends before it
+    if s.prompt_chunks and s.waiting and kv.blocks.evictable:
+        unkeyed = kv.blocks.num_free - len(kv.blocks.evictable)  # allocations before the first eviction
+        head_free_hits = kv.blocks.num_free_among(kv.cached_prefix(s.waiting[0]))
+        if unkeyed < len(needs) and needs[unkeyed][0] <= k and head_free_hits > 1:
+            k = needs[unkeyed][0] - 1
     # blocks come lowest id first: the free ones below the pool's held segments, then (the pool
     # growing a segment at a time) the ones above, in order, and a prefix cache's free blocks last
     free_blocks, held, free_bytes = kv.blocks.num_free, pool.held_blocks, dev.free

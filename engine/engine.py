@@ -406,7 +406,7 @@ class Engine:
         for w in work:
             seq = w.seq
             seq.num_computed += w.num_tokens
-            if caching and seq.num_computed >= (seq.keyed + 1) * seq.block_size:
+            if caching and seq.keyed < seq.shareable and seq.num_computed >= (seq.keyed + 1) * seq.block_size:
                 self.kv.cache(seq)  # a block filled: later requests may take it
             token = next_tokens.get(seq.id)
             if token is None:

@@ -179,7 +179,7 @@ class KVCache:
 
     def cached_prefix(self, seq) -> list[int]:
         """The longest run of ``seq``'s first full blocks the prefix cache holds, short of its last
-        token (computed again to produce the next, as vLLM and SGLang do); ``blocks.claim`` takes them."""
+        token (computed again to produce the next, as vLLM and SGLang do); ``claim`` takes them."""
         if not (self.blocks.caching and seq.cacheable):
             return []
         ids = []
@@ -190,16 +190,26 @@ class KVCache:
             ids.append(block)
         return ids
 
-    def cache(self, seq) -> None:
-        """Key ``seq``'s full blocks computed since the last call, so that later requests find them."""
+    def claim(self, seq, ids: list[int]) -> None:
+        """``seq`` takes the cached blocks ``cached_prefix`` found; those keyed by ``seq`` itself (its
+        own KV, kept from a preemption) are its alone again, and unkeyed."""
+        self.blocks.claim(ids)
+        for b in ids[seq.shareable:]:
+            self.blocks.forget(b)
+
+    def cache(self, seq, own: bool = False) -> None:
+        """Key ``seq``'s full blocks computed since the last call that another request may share, so
+        that later requests find them; with ``own`` (a preemption) the rest too, keyed by ``seq``
+        itself, for its readmission (nothing else could find them)."""
         if not (self.blocks.caching and seq.cacheable):
             return
         full = min(seq.num_computed // seq.block_size, len(seq.block_table))
         if seq.keyed > full:  # its table was replaced since (a swap-in, a requeue)
             seq.keyed = 0
-        for j in range(seq.keyed, full):
+        top = full if own else min(full, seq.shareable)
+        for j in range(seq.keyed, top):
             self.blocks.cache(seq.block_table[j], seq.block_key(j))
-        seq.keyed = full
+        seq.keyed = max(seq.keyed, top)
 
     def swap_out(self, ids: list[int]) -> torch.Tensor:
         """Copy blocks to the host and free them on the device; ``HostFull`` or ``DeviceOOM`` (the

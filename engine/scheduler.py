@@ -210,11 +210,12 @@ class Scheduler:
         yield from self.sessions.holders()
 
     # ---- the next iteration ----------------------------------------------------------------------
-    def reclaim(self) -> bool:
-        """Free blocks nobody is running on: a waiting turn gives back what it took, else the least
-        recently used idle context is dropped (and recomputed later). Whether anything was freed."""
+    def reclaim(self, keep: Sequence | None = None) -> bool:
+        """Free blocks nobody is running on: a waiting turn gives back what it took (``keep`` aside:
+        the cached blocks a request being admitted took), else the least recently used idle context
+        is dropped (and recomputed later). Whether anything was freed."""
         for seq in self.waiting:
-            if seq.block_table:
+            if seq.block_table and seq is not keep:
                 self.kv.free(seq.block_table)
                 seq.block_table, seq.num_computed = [], 0
                 return True
@@ -231,9 +232,9 @@ class Scheduler:
                 seq.block_table += self.kv.allocate(need, seq if readmit else None)
                 return
             except NeedBlocks:
-                if not self.reclaim():
+                if not self.reclaim(keep=seq if seq.cacheable else None):
                     raise
-                need = seq.blocks_for(num_tokens) - len(seq.block_table)  # reclaim may take seq's own
+                need = seq.blocks_for(num_tokens) - len(seq.block_table)  # reclaim may take a turn's own context
 
     def _attach(self, seq: Sequence) -> None:
         """``sessions.attach``: hand ``seq`` its session's KV. When its context must come back from
@@ -353,9 +354,10 @@ class Scheduler:
                         start = len(found) * seq.block_size
                         end = start + min(len(seq) - start, budget) if self.prompt_chunks else len(seq)
                         take = seq.blocks_for(end) - len(found) + self.kv.blocks.num_free_among(found)
-                        if take > self.kv.blocks.num_free and not self.reclaimable_blocks():
-                            raise NeedBlocks(take, OutOfBlocks(f"{take} blocks needed, {self.kv.blocks.num_free} free"))
-                        self.kv.blocks.claim(found)
+                        free = self.kv.blocks.num_free + self.reclaimable_blocks()
+                        if take > free:
+                            raise NeedBlocks(take, OutOfBlocks(f"{take} blocks needed, {free} free or reclaimable"))
+                        self.kv.claim(seq, found)
                     seq.block_table = found
                     hits = seq.keyed = len(found)
                     seq.num_computed = hits * seq.block_size
@@ -476,7 +478,7 @@ class Scheduler:
         self.running.remove(seq)
         self._shrunk()
         # where a prefix cache is kept (``KVCache.free``), its full blocks stay cached while no one takes them
-        self.kv.cache(seq)
+        self.kv.cache(seq, own=True)
         self.kv.free(seq.block_table, owner=seq, kept=seq.cached // seq.block_size)
         self.requeue(seq, front)
         seq.record.preemptions += 1

@@ -48,6 +48,7 @@ class Sequence:
         # session store instead), and how many of its first blocks are cached under its keys
         self.cacheable = request.session_id is None
         self.keyed = 0
+        self.shareable = self._shareable()  # blocks past these are keyed by the request itself (``block_key``)
         self.preempted_tokens = 0  # tokens it had computed when preempted: recomputed at readmission past the hits
         self._chain: list[bytes] | None = None  # ``_chained``'s digests
         self.host_kv: torch.Tensor | None = None  # KV blocks on the host while swapped
@@ -88,14 +89,26 @@ class Sequence:
         the block and in every block before it. A prompt's blocks are keyed by their content where
         the client gave the tokens, else by the trace's hash ids that cover them (``Request.hash_ids``),
         each chained to those before it (SHA-256, as vLLM's); the rest, generated tokens among them,
-        by the request itself (its own KV again, after a preemption)."""
+        by the request itself (its own KV again, after a preemption: ``KVCache.cache``'s ``own``)."""
         req, size, end = self.request, self.block_size, (j + 1) * self.block_size
-        if self.context_len == 0 and end <= req.prompt_len:
+        if j < self.shareable:
             if req.prompt_ids is not None:
                 return ("t", self._chained(j, lambda n: self.token_ids[n * size:(n + 1) * size]))
-            if req.hash_ids and end <= len(req.hash_ids) * req.hash_block_tokens:
-                return ("h", self._chained((end - 1) // req.hash_block_tokens, lambda k: (req.hash_ids[k],)), j)
+            hbt = req.hash_block_tokens  # a hash id names that many tokens: part of what it keys
+            return ("h", hbt, self._chained((end - 1) // hbt, lambda k: (req.hash_ids[k],)), j)
         return ("r", self.id, j)
+
+    def _shareable(self) -> int:
+        """The first full blocks whose keys another request may share: the prompt's, where its ids
+        or a trace's hash ids say what they hold (none for a session's turn)."""
+        req = self.request
+        if not self.cacheable or self.context_len:
+            return 0
+        if req.prompt_ids is not None:
+            return req.prompt_len // self.block_size
+        if req.hash_ids:
+            return min(req.prompt_len, len(req.hash_ids) * req.hash_block_tokens) // self.block_size
+        return 0
 
     def _chained(self, i: int, part) -> bytes:
         """The digest of ``part(0)`` .. ``part(i)``, each chained to the one before (a request's

@@ -103,6 +103,59 @@ def test_a_head_short_of_blocks_with_cached_blocks_keeps_the_same_books_fast_and
     assert log(stepped) == log(fast) and stepped.kv.prefix_hit_tokens == fast.kv.prefix_hit_tokens
 
 
+def test_a_head_taking_its_prompt_by_chunks_keeps_the_same_books_fast_and_stepped_when_an_eviction_lets_it_in():
+    # found by review: its need counts the free cached blocks it would take, and one eviction dropped two of
+    # them (the first of its chain was the least recently freed), letting it in where the fast path held it
+    prompt = tuple(range(1, 33))
+
+    def run(fast: bool) -> Engine:
+        cfg = EngineConfig(num_blocks=24, block_size=16, segment_blocks=4, max_model_len=384, max_num_batched_tokens=64,
+                           prompt_blocks="chunk", oom_mode="preempt", overcommit=math.inf, overcommit_max=math.inf,
+                           prefix_caching=True)
+        eng = Engine(ModelConfig(), cfg, executor=ProfiledExecutor(COST), fast_forward=fast)
+        eng.submit(Request("X", 0.0, 17, 1, 1, prompt_ids=prompt[:16] + (99,)))
+        eng.submit(Request("Y", 0.0, 33, 2, 2, prompt_ids=prompt + (98,)))  # its first block computed again, unkeyed
+        eng.submit(Request("Z", 0.0, 49, 1, 1, prompt_ids=tuple(range(200, 249))))
+        while eng.has_work():
+            eng.step()
+        eng.submit(Request("R", eng.clock, 299, 60, 60))  # takes every unkeyed block
+        while not eng.scheduler.running or eng.scheduler.running[0].num_generated < 1:
+            eng.step()
+        eng.submit(Request("H", eng.clock, 200, 5, 5, prompt_ids=prompt + tuple(range(300, 468))))
+        eng.step()
+        assert [q.id for q in eng.scheduler.waiting] == ["H"]
+        eng.run()
+        return eng
+
+    stepped, fast = run(False), run(True)
+    assert summarize(stepped) == summarize(fast) and stepped.counters == fast.counters and log(stepped) == log(fast)
+
+
+def test_a_request_taking_cached_blocks_reclaims_idle_contexts_not_them_and_its_own_keys_are_kept_for_a_preemption():
+    # found by review: a head reclaimed the cached blocks it had just taken, computing them again, and every
+    # finished request's blocks were kept cached under its own keys, which nothing could ever find
+    prompt = tuple(range(1, 65))  # 4 blocks
+    cfg = EngineConfig(num_blocks=16, block_size=16, segment_blocks=4, max_model_len=256, max_num_batched_tokens=512,
+                       overcommit=math.inf, overcommit_max=math.inf, prefix_caching=True)
+    eng = Engine(ModelConfig(), cfg, executor=ProfiledExecutor(COST), fast_forward=False)
+    eng.submit(Request("X", 0.0, 65, 1, 1, prompt_ids=prompt + (99,)))
+    eng.submit(Request("S", 0.0, 127, 1, 1, session_id="s"))  # its context stays, idle: 8 blocks
+    eng.run()
+    assert len(eng.kv.blocks.evictable) == 4 and eng.kv.blocks.num_free == 8
+    eng.submit(Request("H", eng.clock, 160, 1, 1, prompt_ids=prompt + tuple(range(200, 296))))  # 10 blocks
+    before = eng.counters.prefill_tokens
+    eng.step()
+    assert eng.kv.prefix_hit_tokens == 64 and eng.counters.prefill_tokens - before == 96
+    assert eng.counters.contexts_dropped == 1
+
+    plain = Engine(ModelConfig(), EngineConfig(num_blocks=64, block_size=16, segment_blocks=4, prefix_caching=True),
+                   executor=ProfiledExecutor(COST))
+    for i in range(12):
+        plain.submit(Request(f"q{i}", float(i), 60, 4, 4))  # one at a time: nothing they hold can be shared
+    plain.run()
+    assert not plain.kv.blocks.key_of and plain.pool.held_blocks == 4
+
+
 def test_prefix_caching_is_refused_beside_the_preempted_kv_models_and_hash_ids_need_their_block_size():
     with pytest.raises(ValueError, match="preempted_kv 'lru'.*leave preempted_kv 'recomputed'"):
         EngineConfig(prefix_caching=True, preempted_kv="lru")
@@ -173,6 +226,11 @@ def test_requests_sharing_their_first_tokens_take_the_blocks_computed_and_genera
     on.submit(Request("E", on.clock, 20, 2, 2, hash_ids=(1, 6, 7), hash_block_tokens=8))
     on.step()
     assert on.kv.prefix_hit_tokens == 36 + 24 + 8  # C's first 8 tokens, not F's next 8
+    # hash ids with another block size name other tokens (found by review: they shared keys)
+    on.run()
+    on.submit(Request("G", on.clock, 20, 2, 2, hash_ids=(1, 2, 3), hash_block_tokens=10))
+    on.step()
+    assert on.kv.prefix_hit_tokens == 36 + 24 + 8
 
 
 def test_a_preempted_request_takes_back_what_the_cache_still_holds_and_counts_only_the_rest_recomputed():
