@@ -211,13 +211,11 @@ class BlockManager:
             raise AssertionError(f"bad move {src[bad[0]]} -> {dst[bad[0]]}")
         if len(np.unique(np.concatenate((src, dst)))) != 2 * len(moves):
             raise AssertionError("bad moves: a block is moved, or moved to, more than once")
-        if self.key_of:  # a cached free block moved onto is forgotten; a moved block keeps its key
-            for d in dst.tolist():
-                if d in self.evictable:
-                    del self.evictable[d]
-                    del self.block_of[self.key_of.pop(d)]
+        if self.evictable:
+            raise AssertionError("cached free blocks are dropped (drop_cached) before blocks move")
+        if self.key_of:  # a moved block keeps its key
             keys = [(d, self.key_of.pop(b)) for b, d in zip(src.tolist(), dst.tolist()) if b in self.key_of]
             for d, key in keys:
                 self.key_of[d], self.block_of[key] = key, d
         rc[dst], rc[src] = rc[src], 0
-        self._free = [b for b in np.flatnonzero(rc == 0)[::-1].tolist() if b not in self.evictable]
+        self._free = np.flatnonzero(rc == 0)[::-1].tolist()

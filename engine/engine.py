@@ -129,7 +129,7 @@ class Engine:
         rng = np.random.default_rng([self.config.seed, zlib.crc32(req.request_id.encode())])
         ids = rng.integers(0, self.model_config.vocab_size, req.prompt_len).tolist()
         # the tokens a trace's hash id covers are drawn from the id, so that requests sharing it share them
-        # (hash ids are chained: one names its block and every block before it)
+        # (a prefix cache keys a block by the ids up to its own, chained: ``Sequence.block_key``)
         size = req.hash_block_tokens
         for k, h in enumerate(req.hash_ids[:math.ceil(req.prompt_len / size)] if req.hash_ids else ()):
             block = np.random.default_rng([self.config.seed, HASHED_TOKENS, h % 2**64])
@@ -327,8 +327,9 @@ class Engine:
         """The process ends: requests held go back to the queue, the KV (device and host) and the
         sessions' kept contexts are lost, and the engine is down for its restart time."""
         s = self.scheduler
-        self.counters.recomputed_tokens += (sum(q.num_computed for q in s.running) + sum(q.num_computed for q in s.swapped)
-                                            + sum(q.cached + q.preempted_tokens for q in s.waiting))  # a prefix cache's KV goes too
+        self.counters.recomputed_tokens += (  # a prefix cache's KV goes too
+            sum(q.num_computed for q in s.running) + sum(q.num_computed for q in s.swapped)
+            + sum(q.cached + q.preempted_tokens for q in s.waiting))
         for seq in self.scheduler.lose_all():
             seq.record.restarts += 1
         self.sessions.lose_all()

@@ -31,7 +31,7 @@ class Request:
     session_id: str | None = None
     prompt_ids: tuple[int, ...] | None = None  # None: the engine draws ids from its seed
     hash_ids: tuple[int, ...] = field(default=(), repr=False)  # prefix-block hashes, where a trace has them
-    # prompt tokens each hash id covers (Mooncake's 512): hash id k names the prompt's first (k + 1) x this many
+    # prompt tokens each hash id covers (Mooncake's 512): hash id k names the prompt's k-th run of this many
     # tokens (the last, its rest), so that requests sharing one share those tokens (``EngineConfig.prefix_caching``)
     hash_block_tokens: int | None = None
 

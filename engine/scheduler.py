@@ -270,7 +270,7 @@ class Scheduler:
                 seq.block_table = self.kv.swap_in(seq.host_kv)
             except NeedBlocks:
                 break
-            seq.host_kv, seq.keyed = None, 0  # new blocks: keyed again as they are freed
+            seq.host_kv, seq.keyed = None, 0  # new blocks, unkeyed: keyed when they are freed
             self.swapped.popleft()
             seq.status = Status.RUNNING
             self.running.append(seq)
@@ -383,7 +383,7 @@ class Scheduler:
             if seq.cached:  # readmitted after a preemption: what the cache no longer holds is computed again
                 self._recomputed += max(seq.cached - start, 0)
                 seq.cached = 0
-            if seq.preempted_tokens:  # the same, past what a prefix cache held of it (``KVCache.match``)
+            if seq.preempted_tokens:  # the same, past what a prefix cache held of it (``KVCache.cached_prefix``)
                 self._recomputed += max(seq.preempted_tokens - start, 0)
                 seq.preempted_tokens = 0
             seq.num_computed = start

@@ -117,7 +117,8 @@ class Sequence:
         if chain is None:
             chain = self._chain = []
         while len(chain) <= i:
-            chain.append(hashlib.sha256((chain[-1] if chain else b"") + repr(tuple(part(len(chain)))).encode()).digest())
+            before = chain[-1] if chain else b""
+            chain.append(hashlib.sha256(before + repr(tuple(part(len(chain)))).encode()).digest())
         return chain[i]
 
     @property
