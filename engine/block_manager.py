@@ -32,6 +32,7 @@ class BlockManager:
         self.ref_counts = np.zeros(num_blocks, dtype=np.int32)
         self._free = list(range(num_blocks - 1, -1, -1))  # descending: the lowest free id is last; unkeyed
         self.num_used = 0
+        self.num_shared = 0  # references past each block's first: what counting a shared block once subtracts
         self.caching = caching
         self.key_of: dict[int, Hashable] = {}  # a cached block's key, whether in use or free
         self.block_of: dict[Hashable, int] = {}
@@ -115,6 +116,8 @@ class BlockManager:
             if self.ref_counts[b] == 0:
                 del self.evictable[b]
                 self.num_used += 1
+            else:
+                self.num_shared += 1
             self.ref_counts[b] += 1
 
     def drop_cached(self) -> None:
@@ -131,6 +134,7 @@ class BlockManager:
             if self.ref_counts[b] <= 0:
                 raise AssertionError(f"block {b} is free and cannot be shared")
             self.ref_counts[b] += 1
+            self.num_shared += 1
 
     def free(self, ids: list[int]) -> None:
         """Drop one reference to each block; a block whose count reaches zero is free again."""
@@ -140,6 +144,8 @@ class BlockManager:
         counts = self.ref_counts[idx]
         if (counts <= 0).any():
             raise AssertionError(f"block {int(idx[np.argmax(counts <= 0)])} freed twice")
+        if self.num_shared:
+            self.num_shared -= int(np.count_nonzero(counts > 1))
         counts -= 1
         self.ref_counts[idx] = counts
         released = idx[counts == 0]

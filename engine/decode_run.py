@@ -58,16 +58,17 @@ def _admission_held(engine) -> int | None:
         need_now = head.blocks_for(start + min(len(head) - start, s.max_num_batched_tokens - len(s.running)))
     else:
         need_now = need
-    need_now += kv.blocks.num_free_among(hits) - len(hits)
+    shared = len(hits) - kv.blocks.num_free_among(hits)  # ``Scheduler.shared_blocks``: no rule charges them
+    need_now -= shared
     short = need_now > kv.blocks.num_free
 
     def below_headroom() -> bool:  # counting reclaimable blocks is the dearer test: asked last
-        return bool(headroom) and kv.blocks.num_free + s.reclaimable_blocks() - need < headroom
+        return bool(headroom) and kv.blocks.num_free + s.reclaimable_blocks() - need + shared < headroom
 
     if s.ratio is not None and s.ratio.full_new:  # the scheduler's order: budget, the rule, the headroom, the blocks
         if s.max_num_batched_tokens <= len(s.running):
             return None
-        if s.sglang_over(s.sglang_books(), head, s.ratio.value):
+        if s.sglang_over(s.sglang_books(), head, s.ratio.value, shared):
             return LATCH
         if not nothing_to_reclaim:
             return 0
@@ -76,7 +77,7 @@ def _admission_held(engine) -> int | None:
         return RULE_LATER if short or below_headroom() else 0
     if nothing_to_reclaim and short:
         return None  # free blocks only fall during the run
-    if s.ratio is None and s.reserved_blocks() + head.peak_blocks > engine.overcommit * kv.num_blocks:
+    if s.ratio is None and s.reserved_blocks() + head.peak_blocks - shared > engine.overcommit * kv.num_blocks:
         return None
     if below_headroom():  # idle contexts only go when reclaimed, which a run never does
         return None
@@ -95,16 +96,27 @@ def _sglang_first(engine, k: int, over: bool) -> int:
     arithmetic, as the scheduler's)."""
     s = engine.scheduler
     ratio, head = s.ratio, s.waiting[0]
+    shared = s.shared_blocks(head)  # running sequences hold the same blocks through the run
     held, _, _ = s.sglang_books()
     nd = len(s.running)
     remaining = np.array([q.request.max_tokens - q.num_generated for q in s.running], dtype=np.int64)
     value = ratio.value
     for j in range(k):
         future = int(np.minimum(remaining - j, ratio.clip).sum())
-        if s.sglang_over((held + nd * j, future, 0), head, value) == over:
+        if s.sglang_over((held + nd * j, future, 0), head, value, shared) == over:
             return j
         value = max(value - ratio.step, ratio.min)
     return k
+
+
+def _eviction_matters(s, hits: list[int]) -> bool:
+    """Whether evicting a cached free block of the head's prefix ``hits`` could change its admission:
+    with prompt chunks, when more than one is free; and when a block running requests hold comes after
+    a free one (``Scheduler.shared_blocks`` would count fewer once the free one is gone)."""
+    free = np.flatnonzero(s.kv.blocks.ref_counts[hits] == 0) if hits else np.empty(0, dtype=np.int64)
+    if s.prompt_chunks and free.size > 1:
+        return True
+    return bool(free.size) and len(hits) - free.size > free[0]  # a block in use past the first free one
 
 
 def _decode_books(running, block_size: int, max_model_len: int) -> tuple[list[int], list[int], int] | None:
@@ -179,12 +191,13 @@ def decode_run(engine, until: float | None) -> int:
         if f <= k:
             needs += [(jj, i) for jj in range(max(f, 1), k + 1, bs)]
     needs.sort()
-    # with a prefix cache, a head taking its prompt chunk by chunk needs its chunk's blocks and the cached free
-    # ones it would take: one eviction may drop several of those and let it in, so the run ends before it
-    if s.prompt_chunks and s.waiting and kv.blocks.evictable:
+    # with a prefix cache, an eviction that cuts the head's cached prefix short may change what it is charged,
+    # so the run ends before it: a head taking its prompt chunk by chunk needs its chunk's blocks and the
+    # cached free ones it would take (one eviction may drop several of those and let it in), and the blocks
+    # of its prefix running requests hold past a free one go uncharged only while that one stays cached
+    if s.waiting and kv.blocks.evictable:
         unkeyed = kv.blocks.num_free - len(kv.blocks.evictable)  # allocations before the first eviction
-        head_free_hits = kv.blocks.num_free_among(kv.cached_prefix(s.waiting[0]))
-        if unkeyed < len(needs) and needs[unkeyed][0] <= k and head_free_hits > 1:
+        if unkeyed < len(needs) and needs[unkeyed][0] <= k and _eviction_matters(s, kv.cached_prefix(s.waiting[0])):
             k = needs[unkeyed][0] - 1
     # blocks come lowest id first: the free ones below the pool's held segments, then (the pool
     # growing a segment at a time) the ones above, in order, and a prefix cache's free blocks last

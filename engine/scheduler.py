@@ -201,8 +201,18 @@ class Scheduler:
         return [*self.waiting, *self.running, *self.swapped]
 
     def reserved_blocks(self) -> int:
-        """Admitted peak demand in blocks: the overcommit rule's left-hand side."""
-        return sum(s.peak_blocks for s in self.running) + sum(s.peak_blocks for s in self.swapped)
+        """Admitted peak demand in blocks: the overcommit rule's left-hand side. A block that running
+        requests share (a prefix cache's) counts once, as the memory it is."""
+        return (sum(s.peak_blocks for s in self.running) + sum(s.peak_blocks for s in self.swapped)
+                - self.kv.blocks.num_shared)
+
+    def shared_blocks(self, seq: Sequence) -> int:
+        """Blocks of ``seq``'s cached prefix that running requests hold: admitting it takes no more
+        memory for them, so no admission rule charges them again (0 without a prefix cache)."""
+        if not self.kv.blocks.caching:
+            return 0
+        found = self.kv.cached_prefix(seq)
+        return len(found) - self.kv.blocks.num_free_among(found)
 
     def holders(self) -> Iterator:
         """Every holder of a block table that points into the pool (sequences, session contexts)."""
@@ -333,17 +343,18 @@ class Scheduler:
                 break
             if not self.sessions.admissible(seq):
                 continue
+            shared = self.shared_blocks(seq)
             # with nothing held the head is admitted whatever the rule, so the engine never stalls
             if self.running or self.swapped:
-                if self.ratio is None and reserved + seq.peak_blocks > limit:
+                if self.ratio is None and reserved + seq.peak_blocks - shared > limit:
                     break
-                if self.ratio is not None and self.sglang_over(books, seq, self.ratio.value):
+                if self.ratio is not None and self.sglang_over(books, seq, self.ratio.value, shared):
                     self.ratio.batch_full = marks
                     break
                 if headroom:
                     if available is None:
                         available = self.kv.blocks.num_free + self.reclaimable_blocks()
-                    if available - seq.blocks_for(len(seq)) < headroom:
+                    if available - seq.blocks_for(len(seq)) + shared < headroom:
                         break
             hits = 0
             try:
@@ -388,11 +399,11 @@ class Scheduler:
                 seq.preempted_tokens = 0
             seq.num_computed = start
             self._admit(seq)
-            reserved += seq.peak_blocks
+            reserved += seq.peak_blocks - shared
             if available is not None:
-                available -= seq.blocks_for(len(seq))
+                available -= seq.blocks_for(len(seq)) - shared
             if self.ratio is not None:
-                books = self.sglang_with(books, seq)
+                books = self.sglang_with(books, seq, shared)
             work.append(Work(seq, n))
             budget -= n
         return work
@@ -413,30 +424,37 @@ class Scheduler:
         return n
 
     def sglang_books(self) -> tuple[int, int, int]:
-        """SGLang's admission books over the running sequences: the tokens they hold, the tokens
-        they may still generate (clipped), both weighed by the ratio, and the tokens charged in
-        full (none yet: only a request admitted in this iteration is, under SGLang's code)."""
-        return sum(len(q) for q in self.running), sum(self.ratio.future(q) for q in self.running), 0
+        """SGLang's admission books over the running sequences: the tokens they hold (a prefix
+        cache's shared blocks once: SGLang's tree holds them once), the tokens they may still
+        generate (clipped), both weighed by the ratio, and the tokens charged in full (none yet:
+        only a request admitted in this iteration is, under SGLang's code)."""
+        held = sum(len(q) for q in self.running) - self.kv.blocks.num_shared * self.kv.pool.block_size
+        return held, sum(self.ratio.future(q) for q in self.running), 0
 
-    def sglang_over(self, books: tuple[int, int, int], seq: Sequence, ratio: float) -> bool:
+    def sglang_over(self, books: tuple[int, int, int], seq: Sequence, ratio: float, shared: int = 0) -> bool:
         """Whether admitting ``seq`` on top of ``books`` breaks SGLang's rule at ``ratio``. Issue 9's
         rule weighs its future at the ratio and admits while the sum fits the KV capacity; SGLang's
         code (``NewTokenRatio.full_new``, ``PrefillAdder.add_one_req``) charges its prompt and the
-        tokens it may still generate (clipped) in full, and refuses a sum that reaches the capacity."""
+        tokens it may still generate (clipped) in full, and refuses a sum that reaches the capacity.
+        Its prompt is charged but for the ``shared`` blocks of it running requests hold (``shared_blocks``:
+        SGLang charges what it must compute and what it locks of the cache's free tokens)."""
         held, future, full = books
         capacity = self.kv.num_blocks * self.kv.pool.block_size
+        prompt = len(seq) - shared * seq.block_size
         if self.ratio.full_new:
-            return held + ratio * future + full + len(seq) + self.ratio.future(seq) >= capacity
-        return held + len(seq) + ratio * (future + self.ratio.future(seq)) > capacity  # ``full`` stays 0 here
+            return held + ratio * future + full + prompt + self.ratio.future(seq) >= capacity
+        return held + prompt + ratio * (future + self.ratio.future(seq)) > capacity  # ``full`` stays 0 here
 
-    def sglang_with(self, books: tuple[int, int, int], seq: Sequence) -> tuple[int, int, int]:
+    def sglang_with(self, books: tuple[int, int, int], seq: Sequence, shared: int = 0) -> tuple[int, int, int]:
         """The books with ``seq`` admitted: its future at the ratio (issue 9's rule) or, with its
         prompt, in full (SGLang's code, which books its declared ``max_tokens``, clipped, for the
-        rest of the iteration; from the next one on it runs and is weighed at the ratio)."""
+        rest of the iteration; from the next one on it runs and is weighed at the ratio); its prompt
+        but for the ``shared`` blocks, as ``sglang_over`` charges it."""
         held, future, full = books
+        prompt = len(seq) - shared * seq.block_size
         if self.ratio.full_new:
-            return held, future, full + len(seq) + min(seq.request.max_tokens, self.ratio.clip)
-        return held + len(seq), future + self.ratio.future(seq), full
+            return held, future, full + prompt + min(seq.request.max_tokens, self.ratio.clip)
+        return held + prompt, future + self.ratio.future(seq), full
 
     # ---- leaving the running queue ---------------------------------------------------------------
     def requeue(self, seq: Sequence, front: bool = True) -> None:

@@ -336,6 +336,7 @@ def check_engine_books(eng: Engine) -> None:
     counts = Counter(b for t in holders for b in t)
     rc = eng.kv.blocks.ref_counts
     assert {int(b): int(rc[b]) for b in np.flatnonzero(rc)} == dict(counts)
+    assert eng.kv.blocks.num_shared == sum(c - 1 for c in counts.values())
     assert all(b < eng.pool.held_blocks for b in counts)
     assert all(not q.block_table for q in s.swapped)
     assert eng.device.charged["kv"] == eng.pool.footprint_bytes()

@@ -156,6 +156,34 @@ def test_a_request_taking_cached_blocks_reclaims_idle_contexts_not_them_and_its_
     assert not plain.kv.blocks.key_of and plain.pool.held_blocks == 4
 
 
+@pytest.mark.parametrize("rule", ["overcommit", "sglang", "sglang:code"])
+def test_every_admission_rule_counts_a_block_running_requests_share_once(rule):
+    # 64 blocks of 16 = 1,024 tokens. A holds 481 tokens (30 full blocks) and may generate 100; B's first
+    # 480 tokens are A's. Counted per request, B would not fit: at factor 1 A's and B's peaks are 37 + 38 > 64
+    # blocks; under SGLang's rule 482 + 496 + 0.7 x (98 + 100) > 1,024 tokens (its code: 482 + 0.7 x 98 + 496
+    # + 100). A shared block is memory held once, as SGLang's radix tree holds it: B is charged its 16 own tokens
+    stem = tuple(i % 500 for i in range(1, 481))
+    admitted = {}
+    for prefix in (False, True):
+        cfg = EngineConfig(num_blocks=64, block_size=16, max_model_len=1024, max_num_batched_tokens=1024,
+                           overcommit=1.0, prefix_caching=prefix, oom_mode="preempt",
+                           admission="overcommit" if rule == "overcommit" else "sglang",
+                           sglang_rule="code" if rule == "sglang:code" else "spec")
+        eng = Engine(ModelConfig(), cfg, executor=ProfiledExecutor(COST))
+        eng.submit(Request("A", 0.0, 481, 100, 100, prompt_ids=stem + (7,)))
+        eng.step()
+        eng.submit(Request("B", eng.clock, 496, 100, 100, prompt_ids=stem + tuple(range(300, 316))))
+        eng.step()
+        s = eng.scheduler
+        admitted[prefix] = [q.id for q in s.running]
+        if prefix:
+            assert s.running[1].block_table[:30] == s.running[0].block_table[:30] and eng.kv.blocks.num_shared == 30
+            assert s.reserved_blocks() == 37 + 38 - 30
+            if rule != "overcommit":
+                assert s.sglang_books()[0] == 483 + 497 - 480
+    assert admitted == {False: ["A"], True: ["A", "B"]}
+
+
 def test_prefix_caching_is_refused_beside_the_preempted_kv_models_and_hash_ids_need_their_block_size():
     with pytest.raises(ValueError, match="preempted_kv 'lru'.*leave preempted_kv 'recomputed'"):
         EngineConfig(prefix_caching=True, preempted_kv="lru")
@@ -282,6 +310,9 @@ def check_cache_books(eng: Engine) -> None:
     assert all(bm.block_of[k] == b for b, k in bm.key_of.items()) and len(bm.block_of) == len(bm.key_of)
     assert all(bm.ref_counts[b] == 0 and b in bm.key_of and b < eng.pool.held_blocks for b in bm.evictable)
     assert not set(bm.evictable) & set(bm._free) and len(bm._free) + len(bm.evictable) == bm.num_free
+    # only running requests share blocks, so that the admission rules count each once (``num_shared``)
+    running = [b for q in eng.scheduler.running for b in q.block_table]
+    assert bm.num_shared == int(np.maximum(bm.ref_counts - 1, 0).sum()) == len(running) - len(set(running))
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
