@@ -44,12 +44,15 @@ def mib(value):
 def show(limit, whole_gib):
     return f"{{limit // 1024}}G" if whole_gib and limit >= 1024 else f"{{limit}}M"
 
+setting = False
 for line in data.decode().splitlines():
     cmd = line.split()
     if not cmd:
         continue
     name, args = cmd[0], cmd[1:]
-    if name == "get_server_list":
+    if name.startswith("get_") and name != "get_server_list" and state.get("gets_broken"):
+        print("Error: lost the connection to the MPS server")
+    elif name == "get_server_list":
         print("\n".join(str(p) for p in state["servers"]))
     elif name == "set_default_device_pinned_mem_limit" and len(args) == 2:
         dev, value = args
@@ -59,6 +62,8 @@ for line in data.decode().splitlines():
             print(f"Invalid memory limit {{value}}: an integer followed by G or M")
         else:
             state["defaults"][dev] = mib(value)
+            setting = True
+            state["gets_broken"] = state.get("after_set") == "garbage"
     elif name == "get_default_device_pinned_mem_limit" and len(args) == 1:
         dev = args[0]
         print(show(state["defaults"][dev], True) if dev in state["defaults"] else f"Invalid device {{dev}}")
@@ -78,6 +83,8 @@ for line in data.decode().splitlines():
         print(f"Unrecognized command: {{line}}")
 with open(os.path.join(HERE, "state.json"), "w") as f:
     json.dump(state, f)
+if setting and state.get("after_set") == "hang":  # the daemon took the set, its answer never comes
+    import time; time.sleep(30)
 '''
 
 
@@ -281,6 +288,22 @@ def test_a_default_that_could_not_be_put_back_is_never_changed(tmp_path):
     assert mps.restore() == [] and json.loads((fake.dir / "state.json").read_text())["defaults"] == {"0": 0}
 
 
+@pytest.mark.parametrize("after_set", ["garbage", "hang"])
+def test_a_set_whose_answer_fails_may_have_changed_the_default_and_restore_puts_it_back_all_the_same(
+        tmp_path, after_set):
+    # found by review: the default replaced was kept only after a set read back, so a set the daemon took but
+    # whose read-back failed (or whose answer never came) left every later MPS server on the host at the new one
+    fake = Fake(tmp_path, after_set=after_set)
+    mps = MPSLimit(str(fake.binary), timeout_s=1.0)
+    report = mps.apply(2 * GiB)
+    assert not report.applied and "the default it would replace (4.00 GiB) is put back at the end" in report.detail
+    assert json.loads((tmp_path / "state.json").read_text())["defaults"]["0"] == 2048  # the daemon took it
+    (restored,) = mps.restore()
+    assert "set_default_device_pinned_mem_limit 0 4G\n" in fake.stdin()
+    assert json.loads((tmp_path / "state.json").read_text())["defaults"]["0"] == 4096  # put back
+    assert restored.detail.startswith("restored (as the daemon showed it before)")
+
+
 @pytest.fixture
 def fake_on_path(fake, monkeypatch):
     """The fake control binary as the one on PATH, where rlctl's own commands find it."""
@@ -333,7 +356,10 @@ def test_sigterm_mid_replay_still_puts_the_daemons_default_back(fake_on_path, si
 
     address = f"unix://{tmp_path}/s.sock"
     sidecars(address, "static:1.2", "--fault-delay-ms", "100")  # slow decisions: a replay that runs a while
-    replay = subprocess.Popen([sys.executable, "-m", "rlctl.cli", *ARGS, "--controller", address, "--mps-next-limit"],
+    # rlctl replay's own main, on a tensor-free engine (one holding its KV on the CPU is refused the MPS limit)
+    main = ("import sys, rlctl.cli as cli, tests.test_live_metrics as t; cli.build_engine = t.profiled_engine; "
+            "sys.exit(cli.main(sys.argv[1:]))")
+    replay = subprocess.Popen([sys.executable, "-c", main, *ARGS, "--controller", address, "--mps-next-limit"],
                               cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.monotonic() + 120
@@ -351,6 +377,18 @@ def test_sigterm_mid_replay_still_puts_the_daemons_default_back(fake_on_path, si
     assert json.loads((fake_on_path.dir / "state.json").read_text())["defaults"]["0"] == 4096
     assert ("mps: restored (as the daemon showed it before): daemon-wide default pinned memory limit of device 0 "
             "set to 4G") in out
+
+
+def test_mps_next_limit_is_refused_for_an_engine_holding_its_kv_on_the_cpu(fake_on_path, sidecars, tmp_path, capsys):
+    # found by review: a replay of the tiny model on the CPU set the GPU's daemon-wide default to what it needs
+    import rlctl.cli as cli
+    from tests.test_live_metrics import ARGS
+
+    address = f"unix://{tmp_path}/s.sock"
+    sidecars(address, "static:1.2")
+    assert cli.main(ARGS + ["--controller", address, "--mps-next-limit"]) == 2
+    assert "this engine holds its KV on cpu: run it with --device cuda" in capsys.readouterr().err
+    assert fake_on_path.calls() == []  # the daemon was never asked anything
 
 
 def test_the_first_signal_ends_the_replay_a_second_waits_for_the_clean_up_and_an_ignored_one_stays_ignored():

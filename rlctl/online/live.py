@@ -15,7 +15,7 @@ that doubles up to ``backoff_max_s`` (decisions in between run under the safe po
 under the fault that started the backoff). The engine waits at most ``deadline_s`` on the
 sidecar per interval, and never while backing off. (The MPS actuator, given ``mps``, talks to
 its control daemon once per engine, when the loop first meets it, before that engine's first
-decision: at most three commands of ``MPSLimit.timeout_s`` (5 s) each, where the daemon hangs.)
+decision: at most four commands of ``MPSLimit.timeout_s`` (5 s) each, where the daemon hangs.)
 
 What a decision changes goes through the actuators (rlctl/online/actuators.py, rlctl/online/mps.py), and the
 controller keeps the last report of each and counts the reports that changed something:

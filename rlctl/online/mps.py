@@ -207,7 +207,8 @@ class MPSLimit:
     # ---- the policy's side ----------------------------------------------------------------------
     def apply(self, nbytes: int, device: int | str = 0) -> ActuatorReport:
         """Keep the default limit for the next engine process at ``nbytes``. The first time it
-        changes the default on a device, the default it replaced is kept for ``restore``; a
+        sets the default on a device, the default it replaces is kept for ``restore`` before the set
+        goes out (whether the daemon took a set that failed cannot be told); a
         default that could not be put back (none set, which no command restores, or one that
         cannot be read) is left alone, and the report says how to give the engine its own limit."""
         dev = self._device(device)
@@ -221,11 +222,15 @@ class MPSLimit:
                 "could not be put back afterwards, and every MPS server started on this host would keep the new "
                 f"one; give the engine process its own limit instead ({CLIENT_LIMIT_ENV}={dev}=<limit> in its "
                 "environment)"))
+        if before is not None:  # kept before the set: one the daemon took without an answer in time (or a
+            self._replaced[dev] = before  # signal while it was on its way) is put back too, the same value or not
         report = self.set_default(nbytes, dev)
         if not report.applied:
+            if dev in self._replaced:
+                report = dataclasses.replace(report, detail=(
+                    f"{report.detail}; the set may have reached the daemon, so the default it would replace "
+                    f"({_gib(self._replaced[dev].value)}) is put back at the end all the same"))
             return report
-        if before is not None:
-            self._replaced[dev] = before
         notes = [report.detail]
         servers = self.server_pids()
         if servers:  # the default does not reach a process that joins one of these
