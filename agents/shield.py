@@ -85,12 +85,18 @@ class Shield:
         growth = growth_blocks(snapshot, self.growth_interval_s) / max(snapshot.kv_blocks_total, 1)
         return min(self.admit_headroom + growth, MAX_HEADROOM)
 
+    def may_rise(self, snapshot: Snapshot) -> bool:
+        """Whether the factor may rise at all: not while free device memory is below ``min_device_free``,
+        nor while the engine restarts. A scale-up must also keep the rules of ``allowed``; a policy that
+        pins its factor (``static:K`` served) waits on this alone to raise the engine's to its own."""
+        return snapshot.device_free >= self.min_device_free and not snapshot.restarting
+
     def allowed(self, action: int, snapshot: Snapshot) -> bool:
         """Whether ``action`` keeps the hard rules, judged on the decision's snapshot."""
         snapshot = self.view(snapshot)
         if action != SCALE_UP:
             return True
-        if snapshot.device_free < self.min_device_free or snapshot.restarting:
+        if not self.may_rise(snapshot):
             return False
         if self.max_slack < math.inf and snapshot.overcommit >= self.max_slack * max(snapshot.reserved_ratio, 1.0):
             return False

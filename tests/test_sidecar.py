@@ -350,6 +350,20 @@ def test_a_replay_steered_over_loopback_completes_and_the_live_stream_answers_in
     assert figures["actions"]["hold"] == figures["controller_decisions"]
 
 
+def test_a_pinned_factor_above_the_engines_waits_while_the_shield_lets_no_factor_rise(sidecars, tmp_path):
+    # found by review: static:4 served took an engine restarting with 1 % of its device free from 1.0 to 4.0 in one
+    # decision, past the shield (which filters actions only), and counted no override
+    s = sidecars(f"unix://{tmp_path}/s.sock", "static:4")
+    base = dataclasses.replace(a_snapshot(), overcommit=1.0)
+    cases = [(base, 4.0, False), (dataclasses.replace(base, restarting=True), 1.0, True),
+             (dataclasses.replace(base, device_free=0.01), 1.0, True),
+             (dataclasses.replace(base, overcommit=6.0, restarting=True), 4.0, False)]  # lowering it always goes
+    with open_channel(s.address) as ch:
+        for seq, (snap, factor, override) in enumerate(cases, 1):
+            d = s.stub(ch).Decide(snapshot_message(snap, 2048, "pinned", seq), timeout=10)
+            assert (d.overcommit, d.shield_override) == (factor, override)
+
+
 def test_the_replay_command_prints_the_controllers_figures(watermark_sidecar, tmp_path, capsys):
     import json
 
@@ -510,7 +524,7 @@ def test_the_sidecar_killed_mid_replay_falls_back_reconnects_and_loses_no_reques
     assert "connection" in figures["last_fault"]
 
 
-def test_a_ca_file_rotated_while_the_sidecar_is_away_is_a_fault_and_a_fallback_clears_the_headroom(sidecars, tmp_path):
+def test_a_ca_file_rotated_while_the_sidecar_is_away_is_a_fault_and_the_fallback_keeps_the_headroom(sidecars, tmp_path):
     pki = make_pki(tmp_path)
     port = free_port()
     tls = ClientTLS(str(pki["ca"]), server_name="localhost")
@@ -524,8 +538,9 @@ def test_a_ca_file_rotated_while_the_sidecar_is_away_is_a_fault_and_a_fallback_c
         s.stop()
         rotated = pki["ca"].read_bytes()
         pki["ca"].unlink()  # the CA file is being replaced while the sidecar is away
+        headroom = engine.admit_headroom
         assert controller.step(engine, 2 * INTERVAL_S) is None and controller.fallbacks["connection"] == 1
-        assert engine.admit_headroom == 0.0 and engine.overcommit == 1.0  # static:1 exactly, not the shield's share
+        assert engine.admit_headroom == headroom and engine.overcommit == 1.0  # the shield's share kept
         time.sleep(0.01)
         assert controller.step(engine, 3 * INTERVAL_S) is None  # rebuilding the channel fails: a fault, not a crash
         assert controller.fallbacks["error"] == 1 and "reconnecting: FileNotFoundError" in controller.last_fault
@@ -535,6 +550,21 @@ def test_a_ca_file_rotated_while_the_sidecar_is_away_is_a_fault_and_a_fallback_c
         assert controller.step(engine, 4 * INTERVAL_S) is not None and controller.reconnects == 1
     finally:
         controller.close()
+
+
+@pytest.mark.parametrize("factor, fallback", [(1.5, 1.5), (3.0, 2.0)])
+def test_a_fallback_never_admits_more_than_the_decisions_it_stands_in_for(tmp_path, factor, fallback):
+    # found by review: an engine the policy had backed off to 1.5, with a headroom, fell back to the safe factor 2.0
+    # and no headroom, admitting more at the moment the sidecar was lost (an OOM restart, say)
+    engine = small_engine()
+    engine.set_overcommit(factor)
+    engine.set_admit_headroom(0.1)
+    controller = LiveController(f"unix://{tmp_path}/nobody.sock", deadline_s=0.5, safe_factor=2.0)
+    try:
+        assert controller.step(engine, INTERVAL_S) is None and controller.fallbacks["connection"] == 1
+    finally:
+        controller.close()
+    assert engine.overcommit == fallback and engine.admit_headroom == 0.1
 
 
 def test_a_decision_slower_than_the_deadline_falls_back_while_health_still_answers(sidecars, tmp_path):

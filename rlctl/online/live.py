@@ -8,8 +8,9 @@ the loop the environment runs too: the same action, the same effect, online and 
 
 A deadline miss, a lost connection, an RPC error, a decision that fails the check, or anything
 else that goes wrong in asking (a channel that cannot be rebuilt, say a TLS file being rotated) is
-a fault: the engine runs that interval under the safe static policy (factor ``safe_factor``, no
-admission headroom, hold: ``static:safe_factor`` exactly), the
+a fault: the engine runs that interval under the safe static policy (factor ``safe_factor``, or the
+factor in force where that is lower, the admission headroom in force kept, hold: a fallback never
+admits more than the decisions it stands in for), the
 fallback is counted by reason, the channel is dropped, and a fresh one is tried after a backoff
 that doubles up to ``backoff_max_s`` (decisions in between run under the safe policy too, counted
 under the fault that started the backoff). The engine waits at most ``deadline_s`` on the
@@ -281,9 +282,10 @@ class LiveController:
         return None
 
     def _safe_policy(self, engine: Engine) -> None:
-        self._quota.apply(self.safe_factor)  # the safe static policy: this factor, no headroom, hold
-        if engine.admit_headroom:
-            self._quota.apply_headroom(0.0)
+        """The safe static policy, which never admits more than the decisions it stands in for: the safe
+        factor, or the factor in force where that is lower, the admission headroom in force kept, hold."""
+        if engine.overcommit > self.safe_factor:
+            self._quota.apply(self.safe_factor)
 
     def report(self) -> dict:
         return {"controller": self.address, "controller_decisions": self.decisions,

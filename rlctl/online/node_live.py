@@ -12,7 +12,7 @@ the MPS limit that backs its quota (every request it held is requeued with its t
 Faults are handled as rlctl/online/live.py handles them for one engine (the same reasons,
 counts, backoff and reconnects): a deadline miss, a lost connection, an RPC error or a decision
 that fails the check runs that interval under the safe static policy, every engine at the safe
-factor, holding.
+factor (or the lower one in force), holding.
 """
 from __future__ import annotations
 
@@ -59,8 +59,9 @@ class NodeLiveController(LiveController):
         return d
 
     def _safe_policy(self, node: Node) -> None:
-        for e in node.engines.values():  # the safe static policy: every engine at this factor, holding
-            e.set_overcommit(self.safe_factor)
+        for e in node.engines.values():  # the safe static policy: every engine at this factor (or the lower one
+            if e.overcommit > self.safe_factor:  # in force), holding: a fallback never admits more
+                e.set_overcommit(self.safe_factor)
 
     def report(self) -> dict:
         out = super().report()

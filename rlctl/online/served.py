@@ -162,7 +162,13 @@ class ServedPolicy:
         return int(chosen), self.shield.filter(int(chosen), snapshot)
 
     def expected_overcommit(self, snapshot: Snapshot) -> float:
-        return self.pinned_overcommit if self.pinned_overcommit is not None else snapshot.overcommit
+        """The factor the engine is to run at: the one the policy pins, else the engine's own. A pinned
+        factor above the engine's (after a fallback, or where the engine started lower) waits while the
+        shield lets no factor rise (``Shield.may_rise``: the device nearly full, an OOM restart)."""
+        pinned = self.pinned_overcommit
+        if pinned is None or (pinned > snapshot.overcommit and not self.shield.may_rise(snapshot)):
+            return snapshot.overcommit
+        return pinned
 
     def info(self) -> pb.PolicyInfo:
         header = getattr(self.base, "header", {})

@@ -204,13 +204,14 @@ class ControllerService(pb_grpc.ControllerServicer):
             action = self.fault.action
         known = 0 <= action < len(ACTIONS)
         name = ACTIONS[action] if known else f"unknown:{action}"
-        overridden = action != chosen and self.fault.action is None
+        factor = served.expected_overcommit(snapshot)  # a pinned factor the shield holds back counts as an override
+        overridden = (action != chosen or factor != (served.pinned_overcommit or factor)) and self.fault.action is None
         (self.metrics.decided[action] if known else self.metrics.decisions.labels(action=name)).inc()
         if overridden:
             self.metrics.shield_overrides.inc()
         self.metrics.latency.observe(time.perf_counter() - t0)
         return pb.Decision(seq=msg.seq, action=action, action_name=name,
-                           overcommit=served.expected_overcommit(snapshot), shield_override=overridden,
+                           overcommit=factor, shield_override=overridden,
                            policy_action=chosen, policy_hash=served.policy_hash,
                            admit_headroom=served.shield.headroom(snapshot))
 
