@@ -324,7 +324,7 @@ def _node_live_run(a: argparse.Namespace) -> int:
     from rlctl.online.live import ClientTLS
     from rlctl.online.mps import CLIENT_LIMIT_ENV
     from rlctl.online.node_live import NodeLiveController, replay_node_live
-    from rlctl.online.process_node import ProcessNode
+    from rlctl.online.process_node import EngineProcessError, ProcessNode
 
     if not a.controller:
         raise ValueError("--node runs a node live, steered by a node sidecar (rlctl serve --node): give --controller ADDR")
@@ -347,7 +347,11 @@ def _node_live_run(a: argparse.Namespace) -> int:
         if given:
             raise ValueError(f"{option} belongs to one engine's live loop, not to --node")
     if a.processes:
-        node = ProcessNode(a.node, seed=a.seed or 0)
+        try:
+            node = ProcessNode(a.node, seed=a.seed or 0)
+        except EngineProcessError as exc:  # one that died or stopped answering, named: no traceback
+            print(f"rlctl replay: error: {exc}", file=sys.stderr)
+            return 1
         sc, shares = node.scenario, {t.name: t.share for t in node.scenario.tenants}
         print(f"replay: node scenario {sc.name}, seed {a.seed or 0}, every engine its own process: " + "; ".join(
             f"{n}: pid {e.pids[0]}, {CLIENT_LIMIT_ENV}={e.env_limits[0]}, {e.num_blocks} KV blocks"
@@ -366,6 +370,9 @@ def _node_live_run(a: argparse.Namespace) -> int:
                                     safe_factor=a.overcommit[0], evict_free_share=sc.evict_free_share, tls=tls)
     try:
         figures = replay_node_live(node, controller, sc.decision_interval_s)
+    except EngineProcessError as exc:
+        print(f"rlctl replay: error: {exc}", file=sys.stderr)
+        return 1
     finally:
         controller.close()
         if a.processes:

@@ -141,6 +141,24 @@ def test_a_process_that_refuses_or_dies_is_named(tmp_path):
     assert bad.returncode == 2 and CLIENT_LIMIT_ENV in bad.stderr
 
 
+def test_a_process_that_stops_answering_is_named_and_ended_and_the_node_does_not_wait_for_ever(tmp_path):
+    # found by review: an engine process stopped (SIGSTOP) held every tenant's lockstep advance with no error
+    import signal
+    import time
+
+    scenario = chat_pair(tmp_path, steps=5)
+    with ProcessNode(scenario, seed=0, environ=small_environ(), reply_timeout_s=2.0) as node:
+        a = node.engines["a"]
+        os.kill(a.proc.pid, signal.SIGSTOP)
+        start = time.monotonic()
+        with pytest.raises(EngineProcessError, match=r"engine 'a' \(pid \d+\) did not answer advance within 2 s"):
+            node.advance(node.slice_s)
+        assert time.monotonic() - start < 30 and a.proc.wait(timeout=10) == -signal.SIGKILL
+        assert node.engines["b"].snapshot() is not None  # the other engine's process still answers
+    with pytest.raises(ValueError, match="reply_timeout_s must be > 0 s"):
+        ProcessNode(scenario, environ=small_environ(), reply_timeout_s=0)
+
+
 def test_one_sidecar_steers_the_engine_processes_live(tmp_path):
     address = f"unix://{tmp_path}/node.sock"
     scenario = chat_pair(tmp_path, steps=15)

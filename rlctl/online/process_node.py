@@ -22,9 +22,11 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -81,24 +83,37 @@ class EngineHandle:
                 "--ledger", str(self.node.ledger_path), "--clock", repr(clock)] + (["--down"] if down else [])
         # its standard error goes to a file, never a pipe nobody reads while it runs (a full pipe would stall it)
         self.stderr_path = self.node.ledger_path.with_name(f"{self.name}.{len(self.pids)}.stderr")
-        with open(self.stderr_path, "w") as err:
-            self.proc = subprocess.Popen(args, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err,
-                                         text=True, bufsize=1)
+        with open(self.stderr_path, "w") as err:  # bytes; ``receive`` reads the answers' pipe itself (os.read)
+            self.proc = subprocess.Popen(args, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err)
+        self._unread = b""  # what the process wrote past the last answer read
         hello = self.call("hello")
         self.pids.append(hello["pid"])
         self.env_limits.append(hello["env_limit"])
 
     def send(self, op: str, **kw) -> None:
         try:
-            self.proc.stdin.write(json.dumps({"op": op, **kw}) + "\n")
+            self.proc.stdin.write((json.dumps({"op": op, **kw}) + "\n").encode())
             self.proc.stdin.flush()
         except (BrokenPipeError, OSError):
             self._died(op)
 
     def receive(self, op: str) -> dict:
-        line = self.proc.stdout.readline()
-        if not line:
-            self._died(op)
+        """The process's answer to ``op``. One that does not come within the node's ``reply_timeout_s``
+        (a process stopped or stuck) ends it and raises, naming it: the node's other engines, which
+        advance in lockstep with it, would otherwise wait on it for ever."""
+        deadline = time.monotonic() + self.node.reply_timeout_s
+        fd = self.proc.stdout.fileno()
+        while b"\n" not in self._unread:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([fd], [], [], left)[0]:
+                self.proc.kill()
+                raise EngineProcessError(f"engine {self.name!r} (pid {self.proc.pid}) did not answer {op} within "
+                                         f"{self.node.reply_timeout_s:g} s: it was killed")
+            chunk = os.read(fd, 1 << 16)
+            if not chunk:
+                self._died(op)
+            self._unread += chunk
+        line, _, self._unread = self._unread.partition(b"\n")
         out = json.loads(line)
         if not out["ok"]:
             raise EngineProcessError(f"engine {self.name!r} (pid {self.proc.pid}) refused {op}: {out['error']}")
@@ -179,7 +194,10 @@ class ProcessNode:
     own process under the MPS limit ``limits`` gives it (``NodeScenario.limit_bytes``'s rule)."""
 
     def __init__(self, scenario: str, seed: int = 0, limits: str | float = "scenario",
-                 workdir: str | Path | None = None, environ: dict | None = None) -> None:
+                 workdir: str | Path | None = None, environ: dict | None = None, reply_timeout_s: float = 120.0) -> None:
+        if not reply_timeout_s > 0:
+            raise ValueError(f"reply_timeout_s must be > 0 s, got {reply_timeout_s}")
+        self.reply_timeout_s = reply_timeout_s  # the longest an engine process may take to answer one operation
         sc = load_node_scenario(scenario)  # the engine processes read it again, by this name or path
         self.scenario, self.scenario_path, self.slice_s = sc, str(scenario), sc.slice_s
         self._tmp = tempfile.TemporaryDirectory(prefix="rlctl-node-") if workdir is None else None
@@ -228,9 +246,15 @@ class ProcessNode:
             self.clock = min(self.clock + self.slice_s, until)
             for e in self.engines.values():
                 e.send("advance", until=self.clock)
+            failed = None  # the first engine that fails; the others' answers are read all the same
             for name, e in self.engines.items():
-                for r in e.receive("advance")["finished"]:
-                    self.records[name][r["request_id"]] = RequestRecord(**r)
+                try:
+                    for r in e.receive("advance")["finished"]:
+                        self.records[name][r["request_id"]] = RequestRecord(**r)
+                except EngineProcessError as exc:
+                    failed = failed or exc
+            if failed is not None:
+                raise failed
 
     def limit_for(self, name: str, num_blocks: int) -> int:
         return self.engines[name].call("limit_for", blocks=num_blocks)["bytes"]
