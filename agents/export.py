@@ -46,6 +46,7 @@ import copy
 import dataclasses
 import hashlib
 import json
+import math
 import os
 import struct
 import subprocess
@@ -62,6 +63,7 @@ from agents.policy import Policy
 from agents.networks import NumpyQNetwork, q_network
 from env.node_observation import node_bounds, node_features
 from env.observation import FEATURES, HIGH, LOW, seen
+from env.scenario import Observation
 from engine.control import ACTIONS
 from engine.node_control import action_names
 
@@ -379,6 +381,12 @@ def _check_layout(path: Path, header: dict) -> list[int]:
     if net["obs_dim"] != len(features) or net["n_actions"] != len(ours_actions):
         raise fail(f"network shape obs_dim={net['obs_dim']!r} n_actions={net['n_actions']!r} does not match the "
                    f"{len(features)} features and {len(ours_actions)} actions")
+    scales, names = obs["scales"], [f.name for f in dataclasses.fields(Observation)]
+    if not isinstance(scales, dict) or set(scales) - set(names):
+        raise fail(f"observation.scales must map some of {names} to numbers, got {scales!r}")
+    for name, value in scales.items():  # each divides a feature: a sign or a zero would turn what the network reads
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+            raise fail(f"observation.scales.{name} must be a finite number > 0, got {value!r}")
     return positions
 
 

@@ -7,6 +7,7 @@ import dataclasses
 import hashlib
 import json
 import pickle
+import re
 import subprocess
 from pathlib import Path
 
@@ -357,6 +358,19 @@ def test_a_header_with_a_shape_or_switch_of_the_wrong_type_is_refused_saying_so(
                             ("duel", {"dueling": "false"}, r"network.dueling must be true or false, got 'false'")):
         refused(rewritten(trained[2], tmp_path / f"{name}.rlpolicy", header_edit=lambda h: h["network"].update(edit)),
                 why)
+
+
+def test_observation_scales_that_are_not_finite_positive_numbers_are_refused_saying_so(trained, tmp_path):
+    # found by review: negative scales loaded silently (flipping what the network reads) and a zero one
+    # crashed rlctl serve with a ZeroDivisionError
+    for name, value in (("slope_scale", 0), ("overcommit_scale", -16.0), ("queue_scale", float("inf")),
+                        ("swapped_scale", "256"), ("slope_scale", True)):
+        path = rewritten(trained[2], tmp_path / f"{name}.rlpolicy",
+                         header_edit=lambda h: h["observation"]["scales"].update({name: value}))
+        refused(path, rf"observation.scales.{name} must be a finite number > 0, got {re.escape(repr(value))}")
+    path = rewritten(trained[2], tmp_path / "extra.rlpolicy",
+                     header_edit=lambda h: h["observation"]["scales"].update(kv_scale=2.0))
+    refused(path, r"observation.scales must map some of \['queue_scale'")
 
 
 def test_a_header_naming_a_huge_network_is_refused_without_building_it(trained, tmp_path):
