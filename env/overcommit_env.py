@@ -206,14 +206,23 @@ class OvercommitEnv(gym.Env):
                 "clock": "cost model: " + self.cost.describe()}
 
 
+REFERENCE_DRAWS = 32  # windows tried for a reference that asks for something (a trace's window may fall in a gap)
+
+
 def offered_output_rate(scenario: Scenario) -> float:
     """Output tokens per second the scenario's workload asks for (each request's real output, up
-    to its max_tokens), on one reference draw: the goodput normaliser."""
+    to its max_tokens), on one reference draw: the goodput normaliser. A draw that asks for nothing
+    (a trace's window in one of its gaps) would make every reward a multiple of 1e9: the next seed's
+    draw is taken instead, and a workload that asks for nothing in ``REFERENCE_DRAWS`` is refused."""
     cfg = scenario.engine_config()
     mml = max_model_len(deployment(scenario.deployment).model, cfg)
-    requests, _ = episode_requests(scenario.workload, scenario.episode_s, mml, np.random.default_rng(0))
-    total = sum(min(r.output_len, r.max_tokens) for r in requests)
-    return max(total / scenario.episode_s, 1e-9)
+    for seed in range(REFERENCE_DRAWS):
+        requests, _ = episode_requests(scenario.workload, scenario.episode_s, mml, np.random.default_rng(seed))
+        total = sum(min(r.output_len, r.max_tokens) for r in requests)
+        if total > 0:
+            return total / scenario.episode_s
+    raise ValueError(f"scenario {scenario.name}: its workload asks for no output in any of {REFERENCE_DRAWS} "
+                     f"windows of {scenario.episode_s:g} s, so goodput has nothing to be measured against")
 
 
 def make_env(scenario: Scenario | str | Path = "burst", **kwargs) -> OvercommitEnv:

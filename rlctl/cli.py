@@ -231,6 +231,7 @@ def _replay_runs(a: argparse.Namespace, trace, factors: list[float]) -> dict[str
     with _flags_named():
         requests = load_requests(trace, spec)
     print(f"replay: {trace}: {len(requests)} requests; {spec.describe()}")
+    _say_zeros(trace)
     print(f"engine: {cfg.num_blocks} KV blocks x {cfg.block_size} tokens{_kv_dtype(a)}{_prefix(a)}, context {engines[0].max_model_len} tokens "
           f"(the least of --max-model-len, the model's max_position_embeddings and the KV), "
           f"oom={a.oom}, device={a.device}")
@@ -240,6 +241,13 @@ def _replay_runs(a: argparse.Namespace, trace, factors: list[float]) -> dict[str
                                      "trace": str(trace), "workload": spec.describe(), "engine": asdict(e.config),
                                      "model": asdict(e.model_config), "context_tokens": e.max_model_len}
     return runs
+
+
+def _say_zeros(trace) -> None:
+    from rlctl.load import zeros_note
+
+    if note := zeros_note(trace):
+        print(note)
 
 
 def _check_metrics(a: argparse.Namespace) -> str:
@@ -303,6 +311,7 @@ def _live_run(a: argparse.Namespace) -> dict[str, dict]:
     spec = _spec(a, engine.max_model_len)
     requests = load_requests(a.trace, spec)
     print(f"replay: {a.trace}: {len(requests)} requests; {spec.describe()}")
+    _say_zeros(a.trace)
     print(f"engine: {cfg.num_blocks} KV blocks x {cfg.block_size} tokens{_kv_dtype(a)}{_prefix(a)}, oom={a.oom}, device={a.device}; "
           f"controller {a.controller} every {a.decision_interval:g} s (deadline {a.deadline_ms:g} ms, "
           f"safe factor {factor:g})")

@@ -106,12 +106,23 @@ def lengths_note(trace: str, deployment: Deployment, cfg: EngineConfig | None = 
                      f"an engine would refuse {_verb(n, 'it', 'them')}")
     if n := int(((t.prompt_lens <= mml - 1) & (outputs < t.output_lens)).sum()):
         parts.append(f"{n} of the others' outputs {_verb(n, 'is', 'are')} cut to end at the context")
-    failed = " (BurstGPT's failed requests)" if t.format == "burstgpt" else ""
-    zero = [f"{n} {_verb(n, 'records', 'record')} 0 {what} tokens{note}" for n, what, note in
-            ((int((t.output_lens == 0).sum()), "output", failed), (int((t.prompt_lens == 0).sum()), "prompt", "")) if n]
-    if zero:
-        parts.append(" and ".join(zero) + ", replayed as 1 token")
+    if zero := _zero_lengths(t):
+        parts.append(zero)
     return f"lengths: {'; '.join(parts)}" if parts else ""
+
+
+def zeros_note(trace: str) -> str:
+    """The records of ``trace`` with zero lengths, which every replay serves as one token (``lengths_note``'s
+    part that no deployment changes: what ``rlctl replay`` says); empty where there are none."""
+    zero = _zero_lengths(load_trace(trace))
+    return f"lengths: {zero}" if zero else ""
+
+
+def _zero_lengths(t) -> str:
+    failed = " (BurstGPT's failed requests)" if t.format == "burstgpt" else ""
+    zero = [f"{n} {_verb(n, 'record', 'records')} with 0 {what} tokens{note}" for n, what, note in
+            ((int((t.output_lens == 0).sum()), "output", failed), (int((t.prompt_lens == 0).sum()), "prompt", "")) if n]
+    return " and ".join(zero) + ", replayed as 1 token" if zero else ""
 
 
 def prefix_note(trace: str, deployment: Deployment, cfg: EngineConfig | None = None) -> str:

@@ -174,8 +174,12 @@ def test_every_trace_replay_says_which_lengths_it_changed(tmp_path, capsys):
     line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("lengths: "))
     assert line == ("lengths: 1 of the trace's 4 prompts leaves no room for an output in llama3-8b-l40s's context "
                     "(32768 tokens) and is cut to 32767, where an engine would refuse it; 1 of the others' outputs "
-                    "is cut to end at the context; 1 records 0 output tokens (BurstGPT's failed requests), replayed "
+                    "is cut to end at the context; 1 record with 0 output tokens (BurstGPT's failed requests), replayed "
                     "as 1 token")
+    # rlctl replay says so too (found by review: it served them as one token without a word)
+    assert main(["replay", "--trace", str(burst), "--duration", "2", "--blocks", "64", "--max-tokens", "fixed:16"]) == 0
+    assert ("lengths: 1 record with 0 output tokens (BurstGPT's failed requests), replayed as 1 token"
+            in capsys.readouterr().out.splitlines())
     assert main(["eval", "--policy", "static:1.0", "--episodes", "1", "--steps", "2", "--trace", _azure(
         tmp_path / "plain.csv", [(0.0, 300, 40), (1.0, 200, 10)])]) == 0
     assert "lengths: " not in capsys.readouterr().out

@@ -1,6 +1,7 @@
 """Workloads: trace readers, replay rules and synthetic generators."""
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -135,12 +136,12 @@ def test_mooncake_and_length_files_of_any_size(tmp_path):
     moon = write(
         tmp_path,
         "m.jsonl",
-        mooncake_line(0, 100, 5, "[7, 8]") + '{"timestamp": 1500, "input_length": 3, '
+        mooncake_line(0, 600, 5, "[7, 8]") + '{"timestamp": 1500, "input_length": 3, '
         '"output_length": 1}\n\n',
     )
     records = read_trace(moon).records
     assert [(r.arrival_s, r.prompt_len, r.hash_ids) for r in records] == [
-        (0.0, 100, (7, 8)),
+        (0.0, 600, (7, 8)),
         (1.5, 3, ()),
     ]
     lengths = write(
@@ -234,6 +235,17 @@ def test_after_a_record_that_spans_lines_errors_still_name_the_right_line(tmp_pa
         ("burst2.csv", "Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n"
          "5,ChatGPT,4,x,7,API log\n", 2, "non-integer token count Response tokens='x'"),
         ("header.csv", "num_prefill_tokens,num_decode_tokens\n", 1, "header but no records"),
+        # found by review: a trace hashed in smaller blocks (Dynamo's converter's 128) read as Mooncake's 512
+        ("small.jsonl", mooncake_line(0, 600, 1, "[1, 2, 3, 4, 5]"), 1,
+         "bad hash_ids: 5 for 600 input tokens, where a mooncake hash id covers 512 tokens (at most 2)"),
+        ("huge.jsonl", mooncake_line("1" + "0" * 400, 4, 1), 1, "bad timestamp '1000"),
+        ("array.json", '[\n  {"timestamp": 0, "input_length": 4, "output_length": 1}\n]\n', 1,
+         "a JSON array: a JSON trace is read as JSONL, one object a line"),
+        ("pretty.jsonl", '{\n  "timestamp": 0,\n  "input_length": 4,\n  "output_length": 1\n}\n', 1,
+         "not JSON (Expecting property name enclosed in double quotes; a JSONL trace holds one object a line)"),
+        ("tabs.tsv", "TIMESTAMP\tContextTokens\tGeneratedTokens\n2023-11-16 18:00:00\t4\t3\n", 1,
+         "its columns look separated by tabs or semicolons, where CSV traces are read comma-separated"),
+        ("tar.csv", "trace.csv\x00\x00\x00ustar\n", 1, "binary data, not a text trace (a tar archive?"),
     ],
 )
 def test_a_bad_line_fails_the_read_naming_file_and_line(tmp_path, name, text, line, problem):
@@ -256,6 +268,51 @@ def test_an_empty_file_is_an_error(tmp_path, text):
 def test_a_missing_file_is_a_trace_error(tmp_path):
     with pytest.raises(TraceError, match="no such file"):
         read_trace(tmp_path / "absent.csv")
+
+
+@pytest.mark.parametrize("start, problem", [
+    (b"\xfd7zXZ\x00\x00", "an xz file: traces are read as text or gzip; decompress it first"),
+    (b"BZh91AY&SY", "a bzip2 file"), (b"PK\x03\x04\x14\x00", "a zip file"), (b"\x28\xb5\x2f\xfd\x00", "a zstd file"),
+    ("TIMESTAMP,ContextTokens,GeneratedTokens\n".encode("utf-16"),
+     "UTF-16 text: traces are read as UTF-8 (iconv -f UTF-16 -t UTF-8 converts it)"),
+    (b",,\n , ,\n", "no header: every line holds only empty fields"),
+])
+def test_files_that_are_not_a_text_trace_say_what_they_are(tmp_path, start, problem):
+    # found by review: other compressors' files and UTF-16 all read as "not UTF-8 text", and a file of
+    # empty fields ended in a StopIteration traceback
+    path = tmp_path / "trace.csv"
+    path.write_bytes(start)
+    with pytest.raises(TraceError) as caught:
+        read_trace(path)
+    assert str(caught.value) == f"{path}: {problem}" or problem in str(caught.value)
+
+
+def test_a_file_that_cannot_be_opened_is_a_trace_error(tmp_path, monkeypatch):
+    # found by review: a trace another user owns (permission denied) ended in a traceback
+    import env.workloads.traces as traces
+
+    def denied(*args, **kwargs):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(traces, "open", denied, raising=False)
+    with pytest.raises(TraceError, match=r"theirs\.csv: cannot be read \(permission denied\)"):
+        read_trace(tmp_path / "theirs.csv")
+
+
+def test_qwen_bailian_traces_read_in_seconds_with_their_16_token_hash_blocks(tmp_path):
+    # found by review: alibaba-edu/qwen-bailian-usagetraces-anon's rows (Mooncake's fields, a chat's own, seconds,
+    # 16-token SipHash blocks) were read as Mooncake's, 1000 times compressed and hashed in 512-token blocks
+    rows = [{"chat_id": 159, "parent_chat_id": -1, "timestamp": 61.114, "input_length": 40, "output_length": 132,
+             "type": "text", "turn": 1, "hash_ids": [1089, 1090, 1091]},
+            {"chat_id": 160, "parent_chat_id": 159, "timestamp": 62.5, "input_length": 60, "output_length": 80,
+             "type": "text", "turn": 2, "hash_ids": [1089, 1090, 1091, 1092]}]
+    path = write(tmp_path, "qwen_traceA_blksz_16.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
+    trace = read_trace(path)
+    assert trace.format == "bailian" and trace.hash_block_tokens == 16
+    assert [r.arrival_s for r in trace.records] == pytest.approx([0.0, 1.386])
+    assert trace.records[1].hash_ids == (1089, 1090, 1091, 1092)
+    with pytest.raises(TraceError, match=r":1: bad hash_ids: 3 for 20 input tokens, where a bailian hash id covers 16"):
+        read_trace(write(tmp_path, "cut.jsonl", json.dumps({**rows[0], "input_length": 20}) + "\n"))
 
 
 # ---- replay rules ----------------------------------------------------------------------------
@@ -283,7 +340,7 @@ def test_requests_are_sorted_by_arrival_and_limited(five_moon):
 
 
 def test_clipping_to_max_model_len(tmp_path):
-    trace = read_trace(write(tmp_path, "c.jsonl", mooncake_line(0, 150, 50, "[1, 2, 3]")
+    trace = read_trace(write(tmp_path, "c.jsonl", mooncake_line(0, 1100, 50, "[1, 2, 3]")
                              + mooncake_line(1, 60, 70)))
     long, mid = build_requests(trace, ReplaySpec("fixed:1000", max_model_len=100))
     assert (long.prompt_len, long.output_len, long.max_tokens) == (99, 1, 1)

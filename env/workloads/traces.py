@@ -1,4 +1,4 @@
-"""Readers for request traces: Azure LLM inference CSV, BurstGPT CSV, Mooncake JSONL, and
+"""Readers for request traces: Azure LLM inference CSV, BurstGPT CSV, Mooncake and Qwen Bailian JSONL, and
 length-only CSV (vidur's and sarathi-serve's processed traces; with their ``arrived_at`` column, arrivals
 too), each plain or gzip-compressed (told by the file's first bytes, not its name).
 
@@ -25,8 +25,15 @@ from pathlib import Path
 
 import numpy as np
 
-FORMATS = ("azure", "burstgpt", "mooncake", "vidur", "lengths")
+FORMATS = ("azure", "burstgpt", "mooncake", "bailian", "vidur", "lengths")
 MOONCAKE_HASH_BLOCK_TOKENS = 512  # Mooncake traces hash prompts in 512-token prefix blocks
+# Alibaba's Qwen Bailian traces (alibaba-edu/qwen-bailian-usagetraces-anon): Mooncake's fields and a chat's
+# own (chat_id, parent_chat_id, turn, type), told by those two; timestamps in seconds, hash ids of 16 tokens
+_BAILIAN_KEYS = ("chat_id", "parent_chat_id")
+BAILIAN_HASH_BLOCK_TOKENS = 16
+# each JSONL format's timestamp unit (its name, seconds in one) and prompt tokens per hash id
+_JSONL = {"mooncake": (("milliseconds", 1e-3), MOONCAKE_HASH_BLOCK_TOKENS),
+          "bailian": (("seconds", 1.0), BAILIAN_HASH_BLOCK_TOKENS)}
 MAX_COUNT = 10**15  # a token count past it is no request's: refused, where it would overflow the columns
 
 _AZURE_COLUMNS = ("timestamp", "contexttokens", "generatedtokens")
@@ -37,6 +44,12 @@ _VIDUR_COLUMNS = ("arrived_at", *_LENGTH_COLUMNS)
 # BurstGPT (HPMLL/BurstGPT): Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type,
 # the timestamp in seconds from the trace's start; a failed request has 0 response tokens
 _BURSTGPT_COLUMNS = ("timestamp", "request tokens", "response tokens")
+# what other compressors' files open with: named in the refusal, where reading them as text would say nothing useful
+_NOT_READ = tuple((start, f"{kind} file: traces are read as text or gzip; decompress it first")
+                  for kind, start in (("an xz", b"\xfd7zXZ\x00"), ("a bzip2", b"BZh"), ("a zip", b"PK\x03\x04"),
+                                      ("a zstd", b"\x28\xb5\x2f\xfd"))) + tuple(
+    (start, "UTF-16 text: traces are read as UTF-8 (iconv -f UTF-16 -t UTF-8 converts it)")
+    for start in (b"\xff\xfe", b"\xfe\xff"))
 # Azure writes 7 fractional digits, which datetime.fromisoformat rejects before Python 3.11.
 _TIMESTAMP = re.compile(
     r"(\d{4})-(\d\d)-(\d\d)[ T](\d\d):(\d\d):(\d\d)(?:\.(\d+))?(Z|[+-]\d\d:?\d\d)?"
@@ -121,7 +134,11 @@ def read_trace(path: str | os.PathLike) -> Trace:
     path = Path(path)
     try:
         with open(path, "rb") as f:
-            packed = f.read(2) == b"\x1f\x8b"  # gzip's magic number
+            magic = f.read(6)
+        packed = magic[:2] == b"\x1f\x8b"  # gzip's magic number
+        for start, what in _NOT_READ:
+            if magic.startswith(start):
+                raise TraceError(path, what)
         opener = gzip.open if packed else open
         with opener(path, "rt", encoding="utf-8-sig", newline="") as f:  # -sig: a spreadsheet's byte-order mark
             return _read(path, f)
@@ -129,6 +146,8 @@ def read_trace(path: str | os.PathLike) -> Trace:
         raise TraceError(path, "no such file") from None
     except IsADirectoryError:
         raise TraceError(path, "is a directory, not a trace file") from None
+    except PermissionError:
+        raise TraceError(path, "cannot be read (permission denied)") from None
     except UnicodeDecodeError as e:
         where = "once decompressed " if packed else ""
         raise TraceError(path, f"not UTF-8 text {where}({e.reason} at byte {e.start})") from None
@@ -147,11 +166,18 @@ def _read(path: Path, f) -> Trace:
     else:
         raise TraceError(path, "empty file")
     number, first = len(skipped), skipped[-1]
+    if "\x00" in first:
+        raise TraceError(path, "binary data, not a text trace (a tar archive? unpack it first)", number)
     lines = itertools.chain(skipped, f)
     if first.lstrip().startswith("{"):
-        return _mooncake(path, ((n, line) for n, line in enumerate(lines, start=1) if line.strip()))
+        return _jsonl(path, ((n, line) for n, line in enumerate(lines, start=1) if line.strip()))
+    if first.lstrip().startswith("["):
+        raise TraceError(path, "a JSON array: a JSON trace is read as JSONL, one object a line (jq -c '.[]' writes "
+                               "an array so)", number)
     rows = _csv_rows(path, lines)
-    _, header = next(rows)
+    header = next(rows, (None, None))[1]
+    if header is None:
+        raise TraceError(path, "no header: every line holds only empty fields")
     columns = set(c.lower() for c in header)
     if set(_AZURE_COLUMNS) <= columns:
         kind, columns, stamp = "azure", _AZURE_COLUMNS, _timestamp
@@ -167,7 +193,9 @@ def _read(path: Path, f) -> Trace:
             f"unknown trace format: header {first.strip()!r} has neither the Azure columns "
             f"({','.join(_AZURE_COLUMNS)}), nor BurstGPT's ({','.join(_BURSTGPT_COLUMNS)}), nor the "
             f"length-only ones ({','.join(_LENGTH_COLUMNS)}, with {_VIDUR_COLUMNS[0]} for arrivals), "
-            f"and the line is not a Mooncake JSON object",
+            f"and the line is not a Mooncake JSON object"
+            + ("; its columns look separated by tabs or semicolons, where CSV traces are read comma-separated"
+               if len(header) == 1 and ("\t" in first or ";" in first) else ""),
             number,
         )
     names = [c.lower() for c in header]
@@ -270,34 +298,50 @@ def _whole_seconds(fields: tuple[str | None, ...]) -> int:
     return datetime(year, month, day).toordinal() * 86400 + hour * 3600 + minute * 60 + second - offset
 
 
-def _mooncake(path: Path, numbered: Iterable[tuple[int, str]]) -> Trace:
-    """A Mooncake JSONL trace; its millisecond timestamps become seconds after the earliest row, as
-    every format's do (a trace may count from an epoch or start late)."""
-    stamps, prompts, outputs, hashes = array("d"), array("q"), array("q"), []
+def _jsonl(path: Path, numbered: Iterable[tuple[int, str]]) -> Trace:
+    """A Mooncake or a Qwen Bailian JSONL trace (the first row's fields tell which); its timestamps
+    become seconds after the earliest row, as every format's do (a trace may count from an epoch or
+    start late)."""
+    stamps, prompts, outputs, hashes, kind = array("d"), array("q"), array("q"), [], None
     for number, line in numbered:
-        stamp, prompt, output, hash_ids = _mooncake_row(path, number, line)
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise TraceError(path, f"malformed line: not JSON ({e.msg}; a JSONL trace holds one object a line)",
+                             number) from None
+        except (ValueError, RecursionError) as e:  # an integer too long to read, nesting too deep
+            raise TraceError(path, f"malformed line: not JSON a trace holds ({e})", number) from None
+        if not isinstance(row, dict):
+            raise TraceError(path, "malformed line: not a JSON object (a JSONL trace holds one object a line)", number)
+        if kind is None:
+            kind = "bailian" if all(k in row for k in _BAILIAN_KEYS) else "mooncake"
+        stamp, prompt, output, hash_ids = _jsonl_row(path, number, row, kind)
         stamps.append(stamp)
         prompts.append(prompt)
         outputs.append(output)
         hashes.append(hash_ids)
-    ms = np.frombuffer(stamps, dtype=np.float64)
-    return Trace((ms - ms.min()) / 1000.0, np.frombuffer(prompts, dtype=np.int64),
-                 np.frombuffer(outputs, dtype=np.int64), "mooncake", path, tuple(hashes), MOONCAKE_HASH_BLOCK_TOKENS)
+    (_, seconds), block = _JSONL[kind]
+    t = np.frombuffer(stamps, dtype=np.float64)
+    return Trace((t - t.min()) * seconds, np.frombuffer(prompts, dtype=np.int64),
+                 np.frombuffer(outputs, dtype=np.int64), kind, path, tuple(hashes), block)
 
 
-def _mooncake_row(path: Path, number: int, line: str) -> tuple[float, int, int, tuple[int, ...]]:
+def _finite(x: int | float) -> bool:
+    """Whether ``x`` is a finite number a float can hold (an integer past 1.8e308 cannot)."""
     try:
-        row = json.loads(line)
-    except json.JSONDecodeError as e:
-        raise TraceError(path, f"malformed line: not JSON ({e.msg})", number) from None
-    if not isinstance(row, dict):
-        raise TraceError(path, "malformed line: not a JSON object", number)
+        return math.isfinite(float(x))
+    except OverflowError:
+        return False
+
+
+def _jsonl_row(path: Path, number: int, row: dict, kind: str) -> tuple[float, int, int, tuple[int, ...]]:
+    (unit, _), block = _JSONL[kind]
     for key in ("timestamp", "input_length", "output_length"):
         if key not in row:
             raise TraceError(path, f"missing field {key!r}", number)
     stamp = row["timestamp"]
-    if isinstance(stamp, bool) or not isinstance(stamp, (int, float)) or not math.isfinite(stamp):
-        raise TraceError(path, f"bad timestamp {stamp!r}: not a number of milliseconds", number)
+    if isinstance(stamp, bool) or not isinstance(stamp, (int, float)) or not _finite(stamp):
+        raise TraceError(path, f"bad timestamp {str(stamp)[:40]!r}: not a number of {unit} ({kind})", number)
     if stamp < 0:
         raise TraceError(path, f"bad timestamp {stamp!r}: negative", number)
     hashes = row.get("hash_ids", [])
@@ -305,5 +349,9 @@ def _mooncake_row(path: Path, number: int, line: str) -> tuple[float, int, int, 
         isinstance(h, int) and not isinstance(h, bool) for h in hashes
     ):
         raise TraceError(path, "bad hash_ids: not a list of integers", number)
-    return (float(stamp), _count(path, number, "input_length", row["input_length"]),
-            _count(path, number, "output_length", row["output_length"]), tuple(hashes))
+    prompt = _count(path, number, "input_length", row["input_length"])
+    if len(hashes) > -(-prompt // block):  # more ids than the prompt has blocks: hashed in smaller ones
+        raise TraceError(path, f"bad hash_ids: {len(hashes)} for {prompt} input tokens, where a {kind} hash id "
+                               f"covers {block} tokens (at most {-(-prompt // block)}): a trace hashed in other "
+                               f"blocks is not {kind}'s", number)
+    return float(stamp), prompt, _count(path, number, "output_length", row["output_length"]), tuple(hashes)
