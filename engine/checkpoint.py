@@ -1324,7 +1324,7 @@ def _quantization_config(directory: str | Path) -> tuple[dict | None, Path]:
     from; None where there is none."""
     path = Path(directory) / "config.json"
     raw = json.loads(path.read_text())
-    q = raw.get("quantization_config")
+    q = raw.get("quantization_config") or raw.get("compression_config")  # compressed-tensors' older key, as vLLM reads it
     text = raw.get("text_config")
     if not q and isinstance(text, dict):
         q = text.get("quantization_config")
@@ -1356,7 +1356,7 @@ def weight_bits(directory: str | Path) -> int | None:
             raise CheckpointError(f"{path}: quantization_config.bits must be one of "
                                   f"{', '.join(map(str, WEIGHT_BITS))}, got {q['bits']!r}")
         return int(q["bits"])
-    if method == "fp8":
+    if method in ("fp8", "fbgemm_fp8"):  # fbgemm_fp8: Meta's FP8 releases (Llama 3.1 405B's)
         return 8
     if method == "mxfp4":  # the experts alone: ``expert_bits``
         return None
@@ -1367,6 +1367,20 @@ def weight_bits(directory: str | Path) -> int | None:
     if method == "bitsandbytes":  # neither flag: nothing quantised
         return 4 if q.get("load_in_4bit") else 8 if q.get("load_in_8bit") else None
     raise CheckpointError(f"{path}: quantization_config with quant_method {method!r} and no 'bits' is not supported")
+
+
+def declared_kv_cache_dtype(directory: str | Path) -> str | None:
+    """The KV cache dtype a checkpoint declares its KV calibrated for, which vLLM holds its KV in unless
+    told otherwise: "fp8" where ModelOpt's ``kv_cache_quant_algo`` is FP8 or compressed-tensors names a
+    ``kv_cache_scheme``; None where it declares none."""
+    q, _ = _quantization_config(directory)
+    if not q:
+        return None
+    fields = q.get("quantization", q) if isinstance(q.get("quantization", q), dict) else q
+    algo = fields.get("kv_cache_quant_algo", q.get("kv_cache_quant_algo"))
+    if isinstance(algo, str) and algo.upper() == "FP8":
+        return "fp8"
+    return "fp8" if q.get("quant_method") == "compressed-tensors" and q.get("kv_cache_scheme") else None
 
 
 def float8_weights(directory: str | Path) -> tuple[bool, tuple[int, int] | None]:
@@ -1643,8 +1657,8 @@ def _experts_as_held(state: dict[str, torch.Tensor], mc: ModelConfig) -> dict[st
 # transformers saved, and a multimodal checkpoint's vision tower and projector under transformers 4's names
 ROPE_TABLES = ("rotary_emb.inv_freq", "rotary_emb.cos_cached", "rotary_emb.sin_cached")
 # a quantised KV cache's scales (compressed-tensors' kv_cache_scheme, ModelOpt's kv_cache_quant_algo): read by
-# _kv_scales, applied by an 8-bit KV cache (ModelConfig.kv_cache_dtype), unused with the model's dtype, as vLLM's
-# default kv_cache_dtype (auto) leaves them
+# _kv_scales, applied by an 8-bit KV cache (ModelConfig.kv_cache_dtype, which a checkpoint declaring one defaults
+# to: declared_kv_cache_dtype), unused with the model's dtype
 KV_SCALES = (".k_scale", ".v_scale", ".q_scale", ".prob_scale", ".kv_scale", "k_proj.output_scale", "v_proj.output_scale")
 VISION_PREFIXES = ("visual.", "vision_tower.", "multi_modal_projector.")
 

@@ -279,7 +279,8 @@ def _checkpoint_deployment(name: str) -> Deployment:
     quantised weights' bits, 90 % of the GPU, blocks of 16, 256 sequences,
     8,192 batched tokens; the context is its own, at most ``CHECKPOINT_MAX_MODEL_LEN``, or the
     ``:LEN`` the name gives."""
-    from engine.checkpoint import declared_context, expert_bits, read_sizes, weight_bits  # the loader's, not the roofline's
+    from engine.checkpoint import (declared_context, declared_kv_cache_dtype, expert_bits, read_sizes,  # the loader's
+                                   weight_bits)
     from experiments import CHECKPOINTS
 
     directory, gpu = name.rsplit("@", 1)
@@ -304,7 +305,7 @@ def _checkpoint_deployment(name: str) -> Deployment:
         if experts is not None and not model.num_experts:
             raise ValueError(f"{directory}: quant_method 'mxfp4' quantises a mixture of experts' experts "
                              "(gpt-oss's); this checkpoint has none")
-        declared = declared_context(directory)
+        declared, kv_declared = declared_context(directory), declared_kv_cache_dtype(directory)
     except ValueError as exc:  # the checkpoint's own refusal names its file and field
         shipped = "" if Path(directory).exists() else f" (shipped checkpoints: {', '.join(_shipped_checkpoints())})"
         raise ValueError(f"deployment {name!r}: {exc}{shipped}") from None
@@ -316,6 +317,10 @@ def _checkpoint_deployment(name: str) -> Deployment:
         raise ValueError(f"deployment {name!r}: a context of {context} tokens is past the model's own "
                          f"({model.max_position}: {source})")
     model = replace(model, weight_bits=bits, expert_weight_bits=experts)
+    if not kv and kv_declared and not model.kv_lora_rank:  # as vLLM holds it unless told otherwise (':auto')
+        kv = [kv_declared]
+        notes = [*notes, f"its KV in {kv_declared}, as the checkpoint declares it calibrated (vLLM holds it so by "
+                         "default; ':auto' holds it in the model's dtype)"]
     if kv:
         try:
             model = replace(model, kv_cache_dtype=kv[0])

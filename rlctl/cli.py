@@ -157,9 +157,10 @@ def _add_deployment(p: argparse.ArgumentParser) -> None:
                    help="clients give up a request still without its first token this long after it arrived, and "
                         "the engine drops it (default: they wait for ever)")
     g.add_argument("--model-dir", default=None, help='local Hugging Face checkpoint of a family the engine runs (README, "Replaying a trace") (default: tiny seeded model)')
-    g.add_argument("--kv-cache-dtype", choices=list(KV_CACHE_DTYPES), default="auto",
+    g.add_argument("--kv-cache-dtype", choices=list(KV_CACHE_DTYPES), default=None,
                    help="what the KV cache holds: the model's dtype (auto), or 8-bit floats read back to attend, as "
-                        "vLLM's --kv-cache-dtype (default %(default)s)")
+                        "vLLM's --kv-cache-dtype (default: fp8 where the checkpoint declares its KV calibrated for it, "
+                        "as vLLM holds it, else auto)")
     g.add_argument("--prefix-caching", action="store_true",
                    help="keep a prefix cache, as vLLM's (on by default there) and SGLang's radix cache: a request takes "
                         "the KV blocks of its first tokens that another computed (a trace's hash_ids, or the same "
@@ -214,9 +215,11 @@ def _spec(a: argparse.Namespace, max_model_len: int) -> ReplaySpec:
                           max_model_len=max_model_len, rate_rps=a.rate, seed=a.seed, limit=a.limit)
 
 
-def _kv_dtype(a: argparse.Namespace) -> str:
-    """What the engine line says of --kv-cache-dtype: nothing for the model's dtype."""
-    return "" if a.kv_cache_dtype == "auto" else f" in {a.kv_cache_dtype}"
+def _kv_dtype(engine) -> str:
+    """What the engine line says of the KV cache's dtype (--kv-cache-dtype, or the checkpoint's): nothing for the
+    model's dtype."""
+    held = engine.model_config.kv_cache_dtype
+    return "" if held == "auto" else f" in {held}"
 
 
 def _prefix(a: argparse.Namespace) -> str:
@@ -232,7 +235,7 @@ def _replay_runs(a: argparse.Namespace, trace, factors: list[float]) -> dict[str
         requests = load_requests(trace, spec)
     print(f"replay: {trace}: {len(requests)} requests; {spec.describe()}")
     _say_zeros(trace)
-    print(f"engine: {cfg.num_blocks} KV blocks x {cfg.block_size} tokens{_kv_dtype(a)}{_prefix(a)}, context {engines[0].max_model_len} tokens "
+    print(f"engine: {cfg.num_blocks} KV blocks x {cfg.block_size} tokens{_kv_dtype(engines[0])}{_prefix(a)}, context {engines[0].max_model_len} tokens "
           f"(the least of --max-model-len, the model's max_position_embeddings and the KV), "
           f"oom={a.oom}, device={a.device}")
     runs = {}
@@ -312,7 +315,7 @@ def _live_run(a: argparse.Namespace) -> dict[str, dict]:
     requests = load_requests(a.trace, spec)
     print(f"replay: {a.trace}: {len(requests)} requests; {spec.describe()}")
     _say_zeros(a.trace)
-    print(f"engine: {cfg.num_blocks} KV blocks x {cfg.block_size} tokens{_kv_dtype(a)}{_prefix(a)}, oom={a.oom}, device={a.device}; "
+    print(f"engine: {cfg.num_blocks} KV blocks x {cfg.block_size} tokens{_kv_dtype(engine)}{_prefix(a)}, oom={a.oom}, device={a.device}; "
           f"controller {a.controller} every {a.decision_interval:g} s (deadline {a.deadline_ms:g} ms, "
           f"safe factor {factor:g})")
     tls = ClientTLS(a.controller_ca, a.controller_cert, a.controller_key) if a.controller_ca else None
@@ -343,7 +346,7 @@ def _node_live_run(a: argparse.Namespace) -> int:
     if a.client_timeout is not None:
         raise ValueError("--client-timeout applies to one engine's replay; a node scenario's engines take theirs from "
                          "its engine: settings (client_timeout_s)")
-    if a.kv_cache_dtype != "auto":
+    if a.kv_cache_dtype is not None:
         raise ValueError("--kv-cache-dtype applies to one engine's replay; a node scenario's engines take theirs from "
                          "their deployments (CHECKPOINT_DIR@GPU:fp8)")
     if a.prefix_caching:

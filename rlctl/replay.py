@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-from engine.checkpoint import load_checkpoint
+from engine.checkpoint import declared_kv_cache_dtype, load_checkpoint
 from engine.config import EngineConfig, ModelConfig
 from engine.engine import Engine
 from engine.executor import ProfiledExecutor
@@ -20,13 +20,17 @@ DEFAULT_ENGINE = EngineConfig(num_blocks=640)
 
 
 def build_engine(cfg: EngineConfig, overcommit: float, oom_mode: str, model_dir: str | None = None,
-                 device: str = "cpu", executor: ProfiledExecutor | None = None, kv_cache_dtype: str = "auto") -> Engine:
+                 device: str = "cpu", executor: ProfiledExecutor | None = None,
+                 kv_cache_dtype: str | None = None) -> Engine:
     """An engine on ``cfg`` running a static policy: ``overcommit`` fixed (its range widened to
     admit it), ``oom_mode`` semantics, the tiny seeded model or the checkpoint in ``model_dir``, its KV
-    held in ``kv_cache_dtype`` (``ModelConfig.kv_cache_dtype``), timed by ``executor`` (default: the torch
-    executor's measured time)."""
+    held in ``kv_cache_dtype`` (``ModelConfig.kv_cache_dtype``; None: the one the checkpoint declares, as
+    vLLM holds it, else the model's), timed by ``executor`` (default: the torch executor's measured time)."""
     model = load_checkpoint(model_dir, device=device) if model_dir else None
     cfg = replace(cfg, oom_mode=oom_mode).pinned(overcommit)
+    if kv_cache_dtype is None:
+        declared = declared_kv_cache_dtype(model_dir) if model_dir else None
+        kv_cache_dtype = declared if declared and not model.config.kv_lora_rank else "auto"
     model_config = replace(model.config if model else ModelConfig(), kv_cache_dtype=kv_cache_dtype)
     return Engine(model_config, cfg, model=model, torch_device=device, executor=executor)
 

@@ -424,6 +424,36 @@ def test_compressed_tensors_and_modelopt_weights_are_counted_at_their_bits(tmp_p
         deployment(f"{checkpoint(tmp_path, 'ctj', {**QWEN25_7B, 'quantization_config': junk})}@a10")
 
 
+def test_a_checkpoint_declaring_an_fp8_kv_cache_is_sized_with_it_as_vllm_holds_it(tmp_path):
+    # found by review: vLLM holds the KV in FP8 where the checkpoint declares it calibrated (ModelOpt's
+    # kv_cache_quant_algo, compressed-tensors' kv_cache_scheme) unless told otherwise; sized here in bf16 it had half
+    plain = deployment(f"{checkpoint(tmp_path, 'plain', QWEN25_7B)}@h100")
+    modelopt = checkpoint(tmp_path, "mo", QWEN25_7B)
+    (modelopt / "hf_quant_config.json").write_text(json.dumps({"producer": {"name": "modelopt"}, "quantization": {
+        "quant_algo": "FP8", "kv_cache_quant_algo": "FP8"}}))
+    ct = checkpoint(tmp_path, "ct", {**QWEN25_7B, "quantization_config": {
+        "quant_method": "compressed-tensors", "config_groups": {},
+        "kv_cache_scheme": {"num_bits": 8, "type": "float", "strategy": "tensor"}}})
+    for directory in (modelopt, ct):
+        d = deployment(f"{directory}@h100")
+        assert d.model.kv_cache_dtype == "fp8" and "its KV in fp8, as the checkpoint declares it" in d.describe()
+        assert d.model.kv_bytes_per_token() == plain.model.kv_bytes_per_token() // 2
+        assert deployment(f"{directory}@h100:auto").model.kv_cache_dtype == "auto"  # the model's dtype, on request
+        assert deployment(f"{directory}@h100:fp8_e5m2").model.kv_cache_dtype == "fp8_e5m2"
+    assert deployment(f"{directory}@h100:8192").model.kv_cache_dtype == "fp8"
+    assert plain.model.kv_cache_dtype == "auto" and "declares" not in plain.describe()
+
+
+def test_fbgemm_fp8_and_compressed_tensors_older_key_are_read(tmp_path):
+    # found by review: Meta's own FP8 releases (quant_method fbgemm_fp8) were refused, and a compressed-tensors
+    # checkpoint under its older key (compression_config, which vLLM reads) was sized at 16 bits
+    fbgemm = {"quant_method": "fbgemm_fp8", "activation_scale_ub": 1200.0, "modules_to_not_convert": ["lm_head"]}
+    assert deployment(f"{checkpoint(tmp_path, 'fb', {**QWEN25_7B, 'quantization_config': fbgemm})}@a10").model.weight_bits == 8
+    w4 = {"quant_method": "compressed-tensors", "config_groups": {"group_0": {"weights": {"num_bits": 4}}}}
+    old = checkpoint(tmp_path, "old", {**QWEN25_7B, "compression_config": w4})
+    assert deployment(f"{old}@a10").model.weight_bits == 4
+
+
 def test_a_config_json_that_is_not_an_object_is_refused_by_name(tmp_path):
     directory = tmp_path / "list"
     directory.mkdir()

@@ -143,6 +143,12 @@ def test_an_fp8_kv_cache_applies_the_checkpoints_kv_scales(tmp_path, monkeypatch
     (tmp_path / "config.json").write_text(json.dumps({**cfg, "quantization_config": {
         "quant_method": "modelopt", "kv_cache_quant_algo": "FP8"}}))  # ModelOpt's FP8 KV cache, the weights as they are
     model = load_checkpoint(tmp_path)
+    # an engine built on it holds its KV in FP8 unless told otherwise, as vLLM does (rlctl replay --model-dir)
+    from rlctl.replay import build_engine
+
+    assert build_engine(EngineConfig(num_blocks=8), 1.0, "crash", str(tmp_path)).model_config.kv_cache_dtype == "fp8"
+    assert build_engine(EngineConfig(num_blocks=8), 1.0, "crash", str(tmp_path),
+                        kv_cache_dtype="auto").model_config.kv_cache_dtype == "auto"
     scales = [[0.004, 0.05], [0.03, 0.03], [1.0, 1.0]]
     assert torch.equal(model.kv_scales, torch.tensor(scales))
     outputs = generate(model, "fp8", ps)
