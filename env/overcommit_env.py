@@ -48,7 +48,6 @@ that evaluation never recomputes a figure differently.
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import replace
 from pathlib import Path
 
 import gymnasium as gym
@@ -63,9 +62,9 @@ from engine.metrics import summarize
 from engine.roofline import deployment
 from engine.config import max_model_len
 from env.observation import FEATURES, HIGH, LOW, observe
-from env.scenario import Backlog, Scenario, TraceWorkload
+from env.scenario import Backlog, Scenario
 from env.scenario_yaml import load_scenario
-from env.workload_builder import earlier_outputs, episode_requests, front_loaded, trace_span
+from env.workload_builder import asked_output_rate, earlier_outputs, episode_requests, front_loaded
 
 # reward term -> (weight of the scenario's ``reward``, sign)
 REWARD_TERMS = {"goodput": ("alpha", 1.0), "late": ("kappa", 1.0), "slo_violation": ("gamma", -1.0),
@@ -209,24 +208,13 @@ class OvercommitEnv(gym.Env):
 
 def offered_output_rate(scenario: Scenario) -> float:
     """Output tokens per second the scenario's workload asks for (each request's real output, up
-    to its max_tokens), on one reference draw: the goodput normaliser. Where that draw asks for
-    nothing (a trace's window in one of its gaps), which would make every reward a multiple of 1e9,
-    the rate over the whole trace (a generated workload: over 32 episodes' time) is taken instead."""
+    to its max_tokens), on one reference draw (``asked_output_rate``): the goodput normaliser."""
     cfg = scenario.engine_config()
-    mml = max_model_len(deployment(scenario.deployment).model, cfg)
-    w, episode_s = scenario.workload, scenario.episode_s
-    requests, _ = episode_requests(w, episode_s, mml, np.random.default_rng(0))
-    if not requests:
-        if isinstance(w, TraceWorkload):  # one window from its start that holds every record
-            episode_s = (trace_span(w) + 1.0) / w.time_scale
-            w = replace(w, starts=(0.0, 0.0))
-        else:
-            episode_s *= 32
-        requests, _ = episode_requests(w, episode_s, mml, np.random.default_rng(0))
-    if not requests:
-        raise ValueError(f"scenario {scenario.name}: its workload asks for no output in {episode_s:g} s, so goodput "
-                         "has nothing to be measured against")
-    return sum(min(r.output_len, r.max_tokens) for r in requests) / episode_s
+    rate = asked_output_rate(scenario.workload, scenario.episode_s, max_model_len(deployment(scenario.deployment).model, cfg))
+    if not rate:
+        raise ValueError(f"scenario {scenario.name}: its workload asks for no output, so goodput has nothing to be "
+                         "measured against")
+    return rate
 
 
 def make_env(scenario: Scenario | str | Path = "burst", **kwargs) -> OvercommitEnv:

@@ -40,7 +40,7 @@ from engine.roofline import deployment
 from engine.config import max_model_len
 from env.node_observation import node_bounds, node_features, observe_node
 from env.node_scenario import NodeScenario, load_node_scenario
-from env.workload_builder import episode_requests
+from env.workload_builder import asked_output_rate, episode_requests
 
 TENANT_FIGURES = ("goodput_tokens_per_s", "slo_attainment", "requests_completed", "requests_unfinished", "oom_events",
                   "preemptions", "ttft_p99_s", "kv_util_mean", "restarts", "requests_abandoned")
@@ -200,8 +200,13 @@ def node_requests(sc: NodeScenario, max_model_lens: dict[str, int], rng: np.rand
 
 def offered_output_rate(sc: NodeScenario) -> float:
     """Output tokens per second the node's workloads ask for (each request's real output, up to
-    its max_tokens), on one reference draw: the goodput normaliser."""
+    its max_tokens), on one reference draw: the goodput normaliser. Where that draw asks for nothing
+    (traces' windows in their gaps), the sum of each tenant's ``asked_output_rate``."""
     lens = {t.name: max_model_len(deployment(t.deployment).model, sc.engine_config(t)) for t in sc.tenants}
     requests = node_requests(sc, lens, np.random.default_rng(0))
     total = sum(min(r.output_len, r.max_tokens) for reqs, _ in requests.values() for r in reqs)
-    return max(total / sc.episode_s, 1e-9)
+    rate = total / sc.episode_s or sum(asked_output_rate(t.workload, sc.episode_s, lens[t.name]) for t in sc.tenants)
+    if not rate:
+        raise ValueError(f"node scenario {sc.name}: its workloads ask for no output, so goodput has nothing to be "
+                         "measured against")
+    return rate

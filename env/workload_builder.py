@@ -176,6 +176,22 @@ def episode_requests(w: Workload, episode_s: float, max_model_len: int, rng: np.
     return requests, f"generated: {w.arrivals.kind} arrivals, max_tokens {w.max_tokens}, {len(requests)} requests"
 
 
+def asked_output_rate(w: Workload, episode_s: float, max_model_len: int) -> float:
+    """Output tokens per second ``w`` asks for (each request's real output, up to its max_tokens) on one
+    reference draw (seed 0) of an episode of ``episode_s``. Where that draw asks for nothing (a trace's
+    window in one of its gaps), which as a normaliser would make every reward a multiple of 1e9, the rate
+    over the whole trace (a generated workload: over 32 episodes' time); 0 where even that asks for nothing."""
+    requests, _ = episode_requests(w, episode_s, max_model_len, np.random.default_rng(0))
+    if not requests:
+        if isinstance(w, TraceWorkload):  # one window from its start that holds every record
+            episode_s = (trace_span(w) + 1.0) / w.time_scale
+            w = replace(w, starts=(0.0, 0.0))
+        else:
+            episode_s *= 32
+        requests, _ = episode_requests(w, episode_s, max_model_len, np.random.default_rng(0))
+    return sum(min(r.output_len, r.max_tokens) for r in requests) / episode_s
+
+
 def front_loaded(requests: list[Request], tokens: float) -> list[Request]:
     """``requests`` with the first of them in arrival order arriving at time 0 instead, until their
     prompts hold ``tokens`` (the one that reaches it included): a backlog the engine starts behind.

@@ -56,7 +56,9 @@ for line in data.decode().splitlines():
         print("\n".join(str(p) for p in state["servers"]))
     elif name == "set_default_device_pinned_mem_limit" and len(args) == 2:
         dev, value = args
-        if dev not in state["devices"]:
+        if state.get("refuse_sets"):
+            print("Operation not permitted: the default is locked")
+        elif dev not in state["devices"]:
             print(f"Invalid device {{dev}}")
         elif mib(value) is None:
             print(f"Invalid memory limit {{value}}: an integer followed by G or M")
@@ -302,6 +304,16 @@ def test_a_set_whose_answer_fails_may_have_changed_the_default_and_restore_puts_
     assert "set_default_device_pinned_mem_limit 0 4G\n" in fake.stdin()
     assert json.loads((tmp_path / "state.json").read_text())["defaults"]["0"] == 4096  # put back
     assert restored.detail.startswith("restored (as the daemon showed it before)")
+
+
+def test_a_set_the_daemon_refused_leaves_nothing_to_put_back(tmp_path):
+    # found by review: a refused set was "restored" all the same, and the daemon shows a default between whole GiB
+    # rounded down, so a run that changed nothing lowered the default from 2.5 GiB to 2
+    fake = Fake(tmp_path, refuse_sets=True, defaults={"0": 2560})
+    mps = MPSLimit(str(fake.binary))
+    report = mps.apply(3 * GiB)
+    assert not report.applied and "refused" in report.detail and "put back" not in report.detail
+    assert mps.restore() == [] and json.loads((tmp_path / "state.json").read_text())["defaults"]["0"] == 2560
 
 
 @pytest.fixture

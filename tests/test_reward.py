@@ -48,6 +48,17 @@ def test_a_reference_window_in_a_traces_gap_is_not_the_normaliser(tmp_path):
     sc = replace(load_scenario("burst"), workload=TraceWorkload(str(trace), max_tokens="fixed:1024"),
                  max_steps=10)  # 20 s windows over 11 minutes: most of them empty, the reference's among them
     assert offered_output_rate(sc) == pytest.approx(60 * 100 / (658.0 + 1.0))  # 60 requests of 100 over the trace
+    # a node's too, each tenant's over its trace (found by review: the node's normaliser stayed at 1e-9)
+    from env.node_scenario import load_node_scenario
+    from env.shared_gpu_env import offered_output_rate as node_rate
+
+    rows = [f"2023-11-16 18:00:{s:02d}.0,500,100" for s in range(0, 20, 2)] + ["2023-11-16 19:03:00.0,500,100"]
+    hour = tmp_path / "hour.csv"  # a busy 18 s, then one request an hour on
+    hour.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + "\n".join(rows) + "\n")
+    workload = TraceWorkload(str(hour), max_tokens="fixed:1024")
+    node = load_node_scenario("node_chat_pair")
+    node = replace(node, tenants=tuple(replace(t, workload=workload) for t in node.tenants), max_steps=10)
+    assert node_rate(node) == pytest.approx(len(node.tenants) * 11 * 100 / (3780.0 + 1.0))
 
 
 @pytest.mark.parametrize("name", bundled_scenarios())

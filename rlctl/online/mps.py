@@ -110,6 +110,7 @@ class MPSLimit:
     def __init__(self, binary: str = DEFAULT_BINARY, timeout_s: float = 5.0, env: dict | None = None) -> None:
         self.binary, self.timeout_s, self.env = binary, timeout_s, env
         self._replaced: dict[str, ActuatorReport] = {}  # device -> the default read before the first apply set it
+        self._timed_out = False  # whether the last command got no answer in time (whatever the daemon did with it)
 
     # ---- the control channel ------------------------------------------------------------------
     def _run(self, command: str) -> tuple[str | None, str]:
@@ -117,10 +118,12 @@ class MPSLimit:
         path = shutil.which(self.binary)
         if path is None:
             return f"{NOT_AVAILABLE}: {self.binary} was not found", ""
+        self._timed_out = False
         try:
             done = subprocess.run([path], input=command + "\n", capture_output=True, text=True,
                                   timeout=self.timeout_s, env=self.env)
         except subprocess.TimeoutExpired:
+            self._timed_out = True
             return f"{NOT_AVAILABLE}: the control daemon did not answer within {self.timeout_s:g} s", ""
         except OSError as exc:
             return f"{NOT_AVAILABLE}: {self.binary} could not be run ({exc})", ""
@@ -168,14 +171,16 @@ class MPSLimit:
     def _set(self, set_command: str, get_command: str, what: str, nbytes: int, reaches: str) -> ActuatorReport:
         value = format_limit(nbytes)
         reason, answer = self._run(f"{set_command} {value}")
+        # whether the daemon may have taken it: no answer in time, or taken and not read back (``unknown``)
+        unknown = {"requested": value, "requested_bytes": parse_limit(value), "outcome": "unknown"}
         if reason:
-            return ActuatorReport(self.name, False, reason)
+            return ActuatorReport(self.name, False, reason, unknown if self._timed_out else None)
         if answer:
             return ActuatorReport(self.name, False, f"the MPS control daemon refused {set_command} {value}: {answer}")
         read = self._get(get_command, what)
         if not read.applied:
             return ActuatorReport(self.name, False, f"{what} set to {value}, but reading it back failed: {read.detail}",
-                                  {"requested": value, "requested_bytes": parse_limit(value)})
+                                  unknown)
         detail = f"{what} set to {value}, read back {_gib(read.value)}"
         if read.value != parse_limit(value):
             detail += " (the daemon shows it coarser than it was set)"
@@ -223,14 +228,17 @@ class MPSLimit:
                 f"one; give the engine process its own limit instead ({CLIENT_LIMIT_ENV}={dev}=<limit> in its "
                 "environment)"))
         if before is not None:  # kept before the set: one the daemon took without an answer in time (or a
-            self._replaced[dev] = before  # signal while it was on its way) is put back too, the same value or not
+            self._replaced[dev] = before  # signal while it was on its way) is put back too
         report = self.set_default(nbytes, dev)
         if not report.applied:
-            if dev in self._replaced:
-                report = dataclasses.replace(report, detail=(
-                    f"{report.detail}; the set may have reached the daemon, so the default it would replace "
-                    f"({_gib(self._replaced[dev].value)}) is put back at the end all the same"))
-            return report
+            if before is None:
+                return report
+            if not (isinstance(report.value, dict) and report.value.get("outcome") == "unknown"):
+                del self._replaced[dev]  # refused, or never sent: the default is as it was, nothing to put back
+                return report
+            return dataclasses.replace(report, detail=(
+                f"{report.detail}; the set may have reached the daemon, so the default it would replace "
+                f"({_gib(before.value)}) is put back at the end all the same"))
         notes = [report.detail]
         servers = self.server_pids()
         if servers:  # the default does not reach a process that joins one of these

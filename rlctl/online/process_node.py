@@ -103,17 +103,18 @@ class EngineHandle:
         advance in lockstep with it, would otherwise wait on it for ever."""
         deadline = time.monotonic() + self.node.reply_timeout_s
         fd = self.proc.stdout.fileno()
-        while b"\n" not in self._unread:
+        chunks, chunk = [self._unread], self._unread  # a long answer comes in many reads: joined once, at its end
+        while b"\n" not in chunk:
             left = deadline - time.monotonic()
             if left <= 0 or not select.select([fd], [], [], left)[0]:
                 self.proc.kill()
                 raise EngineProcessError(f"engine {self.name!r} (pid {self.proc.pid}) did not answer {op} within "
                                          f"{self.node.reply_timeout_s:g} s: it was killed")
-            chunk = os.read(fd, 1 << 16)
+            chunk = os.read(fd, 1 << 20)
             if not chunk:
                 self._died(op)
-            self._unread += chunk
-        line, _, self._unread = self._unread.partition(b"\n")
+            chunks.append(chunk)
+        line, _, self._unread = b"".join(chunks).partition(b"\n")
         out = json.loads(line)
         if not out["ok"]:
             raise EngineProcessError(f"engine {self.name!r} (pid {self.proc.pid}) refused {op}: {out['error']}")
