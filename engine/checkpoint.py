@@ -16,7 +16,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from engine.config import WEIGHT_BITS, ModelConfig, RopeScaling, is_positive, is_whole, torch_dtype
+from engine.config import (MXFP4_BITS, NVFP4_BITS, WEIGHT_BITS, ModelConfig, RopeScaling, is_positive, is_whole,
+                           torch_dtype)
 from engine.model import LlamaModel
 
 
@@ -1313,8 +1314,8 @@ def _unfused(state: dict[str, torch.Tensor], mc: ModelConfig, directory) -> dict
 
 # NVIDIA ModelOpt's quantisation algorithms (``quant_algo``), by the bits of the weights they store
 MODELOPT_BITS = {"FP8": 8, "FP8_PER_CHANNEL_PER_TOKEN": 8, "FP8_BLOCK_SCALES": 8, "FP8_PB_WO": 8, "MXFP8": 8,
-                 "INT8_SQ": 8, "W8A16": 8,
-                 "NVFP4": 4, "MXFP4": 4, "W4A16_AWQ": 4, "W4A8_AWQ": 4, "W4A8_MXFP4_FP8": 4}
+                 "INT8_SQ": 8, "W8A16": 8, "NVFP4": NVFP4_BITS, "MXFP4": MXFP4_BITS, "W4A16_AWQ": 4, "W4A8_AWQ": 4,
+                 "W4A8_MXFP4_FP8": MXFP4_BITS}
 
 
 def _quantization_config(directory: str | Path) -> tuple[dict | None, Path]:
@@ -1342,7 +1343,7 @@ def _quantization_config(directory: str | Path) -> tuple[dict | None, Path]:
     return q or None, path
 
 
-def weight_bits(directory: str | Path) -> int | None:
+def weight_bits(directory: str | Path) -> float | None:
     """The bits of a quantised checkpoint's weights, from its ``quantization_config`` (AWQ's and
     GPTQ's ``bits``, FP8, bitsandbytes' 4 or 8 bits, compressed-tensors' ``config_groups``, ModelOpt's
     ``quant_algo``) or ModelOpt's ``hf_quant_config.json``; None where the weights are not quantised
@@ -1478,7 +1479,6 @@ def _float8_dequantised(state: dict[str, torch.Tensor], block: tuple[int, int] |
     return out
 
 
-MXFP4_BITS = 4.25  # MXFP4: a 4-bit float (E2M1) for each weight and an 8-bit power of two for each 32
 
 
 def expert_bits(directory: str | Path) -> float | None:
@@ -1532,7 +1532,7 @@ def _dequantised(state: dict[str, torch.Tensor], dtype: torch.dtype, directory) 
     return out
 
 
-def _modelopt_bits(q: dict, path: Path) -> int | None:
+def _modelopt_bits(q: dict, path: Path) -> float | None:
     """ModelOpt's weights' bits, by ``quant_algo`` (written under ``quantization`` in its own file);
     None where it names none (only the KV cache quantised, ``kv_cache_quant_algo``)."""
     fields = q.get("quantization", q)
@@ -1568,7 +1568,7 @@ def _longest_context(cfg: dict, max_position: int) -> int:
     return max(max_position, int(max_position * factor)) if factor > 0 else max_position
 
 
-def _compressed_tensors_bits(q: dict, path: Path) -> int | None:
+def _compressed_tensors_bits(q: dict, path: Path) -> float | None:
     """The weights' bits of a compressed-tensors checkpoint (``config_groups.*.weights.num_bits``; the
     most of its groups', where they differ); None where no group quantises weights (only the KV cache
     or the activations, or a sparsity-only configuration)."""
@@ -1577,11 +1577,15 @@ def _compressed_tensors_bits(q: dict, path: Path) -> int | None:
                                                for g in groups.values()):
         raise CheckpointError(f"{path}: a compressed-tensors config_groups must map names to groups, each with a "
                               f"weights object or none, got {groups!r}")
-    bits = [g["weights"].get("num_bits") for g in groups.values() if g.get("weights")]
+    weights = [g["weights"] for g in groups.values() if g.get("weights")]
+    bits = [w.get("num_bits") for w in weights]
     if any(isinstance(b, bool) or b not in WEIGHT_BITS for b in bits):
         raise CheckpointError(f"{path}: a compressed-tensors quantization_config needs config_groups whose weights' "
                               f"num_bits are each one of {', '.join(map(str, WEIGHT_BITS))}, got {bits!r}")
-    return int(max(bits)) if bits else None
+    # 4-bit floats in blocks of 16 (NVFP4) or 32 (MXFP4) are counted with their 8-bit scales
+    counted = [{16: NVFP4_BITS, 32: MXFP4_BITS}.get(w.get("group_size"), 4) if b == 4 and w.get("type") == "float"
+               else int(b) for w, b in zip(weights, bits)]
+    return max(counted) if counted else None
 
 
 def _window_layers(cfg: dict, num_layers: int) -> tuple[int, ...]:

@@ -20,6 +20,9 @@ def torch_dtype(name: str) -> torch.dtype:
 ROUTERS = ("softmax", "softmax_groups", "sigmoid_groups", "softmax_biased", "sigmoid_input")  # how a mixture of experts' router picks (ModelConfig)
 ACTIVATIONS = ("silu", "gelu_tanh")  # the MLP's gate: SwiGLU's, or GeGLU's with GELU's tanh approximation
 WEIGHT_BITS = (2, 3, 4, 8, 16, 32)  # the bits a weight may be stored in: quantised, or a float dtype's
+# 4-bit floats with a scale for each block, counted with their scales: NVFP4 (an 8-bit float for every 16),
+# MXFP4 (an 8-bit power of two for every 32)
+NVFP4_BITS, MXFP4_BITS = 4.5, 4.25
 # the KV cache's dtype, as vLLM's --kv-cache-dtype names it: the model's ("auto"), or 8-bit floats over the
 # checkpoint's KV scales (1 where it gives none, vLLM's default), "fp8" being E4M3
 KV_CACHE_DTYPES = {"auto": None, "fp8": torch.float8_e4m3fn, "fp8_e4m3": torch.float8_e4m3fn,
@@ -129,6 +132,12 @@ class RopeScaling:
         return math.sqrt(1 + math.log(self.factor) / math.log(self.original_max_position)) if self.factor > 1 else 1.0
 
 
+def _bytes(params: int, bits: float) -> int:
+    """Bytes of ``params`` weights at ``bits`` each: whole bits floored, as ever; a block-scaled format's
+    fractional bits rounded up."""
+    return params * bits // 8 if isinstance(bits, int) else math.ceil(params * bits / 8)
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     """A Llama-architecture decoder. The default is tiny so that it runs fast on a CPU.
@@ -172,7 +181,8 @@ class ModelConfig:
     # stored in 8 bits over its layer's scale (saturated at the format's largest) and read back into the model's
     # dtype to attend (KVPool)
     kv_cache_dtype: str = "auto"
-    weight_bits: int | None = None  # quantised weights (4, 8); None: ``dtype``. Only the ledger and cost models read it
+    weight_bits: float | None = None  # quantised weights (4, 8; 4.5 NVFP4's, 4.25 MXFP4's with their block scales);
+    # None: ``dtype``. Only the ledger and cost models read it
     num_experts: int = 0  # 0: a dense model
     experts_per_token: int = 0
     moe_intermediate_size: int = 0
@@ -273,8 +283,10 @@ class ModelConfig:
         torch_dtype(self.dtype)
         if self.rope_scaling is not None and not isinstance(self.rope_scaling, RopeScaling):
             raise ValueError(f"rope_scaling must be a RopeScaling or None, got {self.rope_scaling!r}")
-        if self.weight_bits is not None and self.weight_bits not in WEIGHT_BITS:
-            raise ValueError(f"weight_bits must be one of {', '.join(map(str, WEIGHT_BITS))}, got {self.weight_bits}")
+        if self.weight_bits is not None and (isinstance(self.weight_bits, bool)
+                                             or self.weight_bits not in (*WEIGHT_BITS, NVFP4_BITS, MXFP4_BITS)):
+            raise ValueError(f"weight_bits must be one of {', '.join(map(str, (*WEIGHT_BITS, NVFP4_BITS, MXFP4_BITS)))}, "
+                             f"got {self.weight_bits}")
         if self.num_experts < 0:
             raise ValueError(f"num_experts must be >= 0, got {self.num_experts}")
         _count("shared_expert_intermediate_size", self.shared_expert_intermediate_size, minimum=0)
@@ -497,9 +509,9 @@ class ModelConfig:
         """Bytes of the weights on the device (quantised when ``weight_bits`` is set; an encoder beside
         the decoder is held in ``dtype``, as quantised multimodal checkpoints leave their vision tower)."""
         if self.expert_weight_bits is None:
-            return (self.param_count() - self.encoder_params) * self._weight_bits // 8 + self.encoder_bytes()
+            return _bytes(self.param_count() - self.encoder_params, self._weight_bits) + self.encoder_bytes()
         matrices = self._expert_matrices()
-        return ((self.param_count() - self.encoder_params - matrices) * self._weight_bits // 8
+        return (_bytes(self.param_count() - self.encoder_params - matrices, self._weight_bits)
                 + math.ceil(matrices * self.expert_weight_bits / 8) + self.encoder_bytes())
 
     def _expert_matrices(self) -> int:
@@ -513,12 +525,12 @@ class ModelConfig:
     def routed_expert_bytes(self) -> int:
         """Bytes of every layer's routed experts, of ``weight_bytes`` (0 for a dense model)."""
         if self.expert_weight_bits is None:
-            return self.sparse_layers * self.num_experts * self.expert_params() * self._weight_bits // 8
+            return _bytes(self.sparse_layers * self.num_experts * self.expert_params(), self._weight_bits)
         biases = self.sparse_layers * self.num_experts * self._expert_biases
-        return math.ceil(self._expert_matrices() * self.expert_weight_bits / 8) + biases * self._weight_bits // 8
+        return math.ceil(self._expert_matrices() * self.expert_weight_bits / 8) + _bytes(biases, self._weight_bits)
 
     @property
-    def _weight_bits(self) -> int:
+    def _weight_bits(self) -> float:
         return self.weight_bits or 8 * self.dtype_bytes
 
     def kv_bytes_per_token(self) -> int:

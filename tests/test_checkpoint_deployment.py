@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -398,7 +399,17 @@ def test_compressed_tensors_and_modelopt_weights_are_counted_at_their_bits(tmp_p
         deployment(f"{checkpoint(tmp_path, 'ct5', {**QWEN25_7B, 'quantization_config': bad})}@a10")
     # ModelOpt: the block in config.json, or its own hf_quant_config.json beside a config.json without one
     inline = {"quant_method": "modelopt", "quant_algo": "NVFP4"}
-    assert deployment(f"{checkpoint(tmp_path, 'mo', {**QWEN25_7B, 'quantization_config': inline})}@a10").model.weight_bits == 4
+    nvfp4 = deployment(f"{checkpoint(tmp_path, 'mo', {**QWEN25_7B, 'quantization_config': inline})}@a10")
+    # 4-bit floats are counted with their block scales (found by review: NVFP4 at a flat 4 bits left out its
+    # 8-bit scale for every 16 weights, 12 % of them): 4.5 bits, rounded up to whole bytes
+    params = nvfp4.model.param_count()
+    assert nvfp4.model.weight_bits == 4.5 and nvfp4.model.weight_bytes() == math.ceil(params * 4.5 / 8)
+    assert "at 4.5 bits" in nvfp4.describe()
+    ct_fp4 = {**fp8, "config_groups": {"group_0": {"weights": {"num_bits": 4, "type": "float", "group_size": 16}}}}
+    assert deployment(f"{checkpoint(tmp_path, 'ctfp4', {**QWEN25_7B, 'quantization_config': ct_fp4})}@a10").model.weight_bits == 4.5
+    mx = {"quant_method": "modelopt", "quant_algo": "MXFP4"}
+    assert deployment(f"{checkpoint(tmp_path, 'mx', {**QWEN25_7B, 'quantization_config': mx})}@a10").model.weight_bits == 4.25
+    assert deployment(f"{tmp_path / 'ct4'}@a10").model.weight_bytes() == params * 4 // 8  # whole bits as ever
     beside = checkpoint(tmp_path, "mo8", QWEN25_7B)
     (beside / "hf_quant_config.json").write_text(json.dumps({"producer": {"name": "modelopt"},
                                                              "quantization": {"quant_algo": "FP8", "kv_cache_quant_algo": None}}))
