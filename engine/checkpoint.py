@@ -1372,8 +1372,8 @@ def weight_bits(directory: str | Path) -> float | None:
 
 def declared_kv_cache_dtype(directory: str | Path) -> str | None:
     """The KV cache dtype a checkpoint declares its KV calibrated for, which vLLM holds its KV in unless
-    told otherwise: "fp8" where ModelOpt's ``kv_cache_quant_algo`` is FP8 or compressed-tensors names a
-    ``kv_cache_scheme``; None where it declares none."""
+    told otherwise: "fp8" where ModelOpt's ``kv_cache_quant_algo`` is FP8 or a ``kv_cache_scheme`` (compressed-
+    tensors', ModelOpt's in config.json) of 8 bits is given; None where it declares none."""
     q, _ = _quantization_config(directory)
     if not q:
         return None
@@ -1381,7 +1381,9 @@ def declared_kv_cache_dtype(directory: str | Path) -> str | None:
     algo = fields.get("kv_cache_quant_algo", q.get("kv_cache_quant_algo"))
     if isinstance(algo, str) and algo.upper() == "FP8":
         return "fp8"
-    return "fp8" if q.get("quant_method") == "compressed-tensors" and q.get("kv_cache_scheme") else None
+    # compressed-tensors', and ModelOpt's current config.json form: a scheme of 8-bit floats
+    scheme = fields.get("kv_cache_scheme", q.get("kv_cache_scheme"))
+    return "fp8" if isinstance(scheme, dict) and scheme.get("num_bits", 8) == 8 else None
 
 
 def float8_weights(directory: str | Path) -> tuple[bool, tuple[int, int] | None]:

@@ -317,7 +317,10 @@ def _checkpoint_deployment(name: str) -> Deployment:
         raise ValueError(f"deployment {name!r}: a context of {context} tokens is past the model's own "
                          f"({model.max_position}: {source})")
     model = replace(model, weight_bits=bits, expert_weight_bits=experts)
-    if not kv and kv_declared and not model.kv_lora_rank:  # as vLLM holds it unless told otherwise (':auto')
+    if not kv and kv_declared and model.kv_lora_rank:
+        notes = [*notes, f"the checkpoint declares its KV calibrated for {kv_declared}, which vLLM holds it in; this "
+                         "engine holds a latent cache in the model's dtype only: about half vLLM's tokens"]
+    elif not kv and kv_declared:  # as vLLM holds it unless told otherwise (':auto')
         kv = [kv_declared]
         notes = [*notes, f"its KV in {kv_declared}, as the checkpoint declares it calibrated (vLLM holds it so by "
                          "default; ':auto' holds it in the model's dtype)"]

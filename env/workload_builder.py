@@ -180,16 +180,33 @@ def asked_output_rate(w: Workload, episode_s: float, max_model_len: int) -> floa
     """Output tokens per second ``w`` asks for (each request's real output, up to its max_tokens) on one
     reference draw (seed 0) of an episode of ``episode_s``. Where that draw asks for nothing (a trace's
     window in one of its gaps), which as a normaliser would make every reward a multiple of 1e9, the rate
-    over the whole trace (a generated workload: over 32 episodes' time); 0 where even that asks for nothing."""
+    over what the trace's episodes draw from (``_trace_output_rate``; a generated workload: over 32
+    episodes' time); 0 where even that asks for nothing."""
     requests, _ = episode_requests(w, episode_s, max_model_len, np.random.default_rng(0))
+    if not requests and isinstance(w, TraceWorkload):
+        return _trace_output_rate(w, episode_s, max_model_len)
     if not requests:
-        if isinstance(w, TraceWorkload):  # one window from its start that holds every record
-            episode_s = (trace_span(w) + 1.0) / w.time_scale
-            w = replace(w, starts=(0.0, 0.0))
-        else:
-            episode_s *= 32
+        episode_s *= 32
         requests, _ = episode_requests(w, episode_s, max_model_len, np.random.default_rng(0))
     return sum(min(r.output_len, r.max_tokens) for r in requests) / episode_s
+
+
+def _trace_output_rate(w: TraceWorkload, episode_s: float, max_model_len: int) -> float:
+    """The output rate over what a trace workload's episodes draw from: trace time from its first window
+    start to its last window's end where the workload gives ``starts``, else the whole trace (a
+    length-only trace's rows at their drawn arrivals, however late the last comes)."""
+    if w.starts is not None:
+        low, high = w.starts
+        duration = high + episode_s * w.time_scale - low
+    else:
+        low, duration = 0.0, None
+    spec = ReplaySpec(max_tokens=w.max_tokens, time_scale=w.time_scale, start_s=low, duration_s=duration,
+                      max_model_len=max_model_len, rate_rps=w.rate_rps, seed=0)
+    requests = build_requests(_trace(trace_path(w.trace)), spec)
+    if not requests:
+        return 0.0
+    seconds = duration / w.time_scale if duration is not None else max(r.arrival_s for r in requests) + 1.0 / w.time_scale
+    return sum(min(r.output_len, r.max_tokens) for r in requests) / seconds
 
 
 def front_loaded(requests: list[Request], tokens: float) -> list[Request]:

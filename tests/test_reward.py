@@ -48,6 +48,24 @@ def test_a_reference_window_in_a_traces_gap_is_not_the_normaliser(tmp_path):
     sc = replace(load_scenario("burst"), workload=TraceWorkload(str(trace), max_tokens="fixed:1024"),
                  max_steps=10)  # 20 s windows over 11 minutes: most of them empty, the reference's among them
     assert offered_output_rate(sc) == pytest.approx(60 * 100 / (658.0 + 1.0))  # 60 requests of 100 over the trace
+    # a length-only trace's every row, at its drawn arrival; a scenario's own range of window starts, not the whole
+    # trace (found by review: rows past the expected span were cut, and time no episode replays counted)
+    from env.workloads import ReplaySpec, build_requests, read_trace
+    from env.workload_builder import asked_output_rate
+
+    lengths = tmp_path / "lengths.csv"
+    lengths.write_text("num_prefill_tokens,num_decode_tokens\n" + "500,100\n" * 40)
+    rows = build_requests(read_trace(lengths), ReplaySpec("fixed:1024", rate_rps=0.005, seed=0))
+    only = TraceWorkload(str(lengths), max_tokens="fixed:1024", rate_rps=0.005)
+    assert asked_output_rate(only, 20.0, 4096) == pytest.approx(40 * 100 / (max(r.arrival_s for r in rows) + 1.0))
+    from datetime import datetime, timedelta
+
+    times = [2.0 * i for i in range(50)] + [1000.0 * k for k in range(1, 37)]  # busy 100 s, then one every 1,000 s
+    busy = tmp_path / "busy.csv"
+    busy.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + "".join(
+        f"{(datetime(2023, 11, 16) + timedelta(seconds=t)).isoformat(sep=' ')}.0,500,100\n" for t in times))
+    ranged = TraceWorkload(str(busy), max_tokens="fixed:1024", starts=(0.0, 300.0))  # seed 0's window: [191 s, 211 s)
+    assert asked_output_rate(ranged, 20.0, 4096) == pytest.approx(50 * 100 / 320.0)  # over [0, 300 + 20), not 10 hours
     # a node's too, each tenant's over its trace (found by review: the node's normaliser stayed at 1e-9)
     from env.node_scenario import load_node_scenario
     from env.shared_gpu_env import offered_output_rate as node_rate
