@@ -31,8 +31,8 @@ MOONCAKE_HASH_BLOCK_TOKENS = 512  # Mooncake traces hash prompts in 512-token pr
 # own (chat_id, parent_chat_id, turn, type), told by those two; timestamps in seconds, hash ids of 16 tokens
 _BAILIAN_KEYS = ("chat_id", "parent_chat_id")
 BAILIAN_HASH_BLOCK_TOKENS = 16
-# each JSONL format's timestamp unit (its name, seconds in one) and prompt tokens per hash id
-_JSONL = {"mooncake": (("milliseconds", 1e-3), MOONCAKE_HASH_BLOCK_TOKENS),
+# each JSONL format's timestamp unit (its name, how many make a second) and prompt tokens per hash id
+_JSONL = {"mooncake": (("milliseconds", 1000.0), MOONCAKE_HASH_BLOCK_TOKENS),
           "bailian": (("seconds", 1.0), BAILIAN_HASH_BLOCK_TOKENS)}
 MAX_COUNT = 10**15  # a token count past it is no request's: refused, where it would overflow the columns
 
@@ -320,9 +320,9 @@ def _jsonl(path: Path, numbered: Iterable[tuple[int, str]]) -> Trace:
         prompts.append(prompt)
         outputs.append(output)
         hashes.append(hash_ids)
-    (_, seconds), block = _JSONL[kind]
+    (_, per_second), block = _JSONL[kind]
     t = np.frombuffer(stamps, dtype=np.float64)
-    return Trace((t - t.min()) * seconds, np.frombuffer(prompts, dtype=np.int64),
+    return Trace((t - t.min()) / per_second, np.frombuffer(prompts, dtype=np.int64),
                  np.frombuffer(outputs, dtype=np.int64), kind, path, tuple(hashes), block)
 
 
