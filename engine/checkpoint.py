@@ -1325,7 +1325,8 @@ def _quantization_config(directory: str | Path) -> tuple[dict | None, Path]:
     from; None where there is none."""
     path = Path(directory) / "config.json"
     raw = json.loads(path.read_text())
-    q = raw.get("quantization_config") or raw.get("compression_config")  # compressed-tensors' older key, as vLLM reads it
+    # compression_config: compressed-tensors' older key, which vLLM reads too
+    q = raw.get("quantization_config") or raw.get("compression_config")
     text = raw.get("text_config")
     if not q and isinstance(text, dict):
         q = text.get("quantization_config")

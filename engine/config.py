@@ -285,8 +285,8 @@ class ModelConfig:
             raise ValueError(f"rope_scaling must be a RopeScaling or None, got {self.rope_scaling!r}")
         if self.weight_bits is not None and (isinstance(self.weight_bits, bool)
                                              or self.weight_bits not in (*WEIGHT_BITS, NVFP4_BITS, MXFP4_BITS)):
-            raise ValueError(f"weight_bits must be one of {', '.join(map(str, (*WEIGHT_BITS, NVFP4_BITS, MXFP4_BITS)))}, "
-                             f"got {self.weight_bits}")
+            allowed = ", ".join(map(str, (*WEIGHT_BITS, NVFP4_BITS, MXFP4_BITS)))
+            raise ValueError(f"weight_bits must be one of {allowed}, got {self.weight_bits}")
         if self.num_experts < 0:
             raise ValueError(f"num_experts must be >= 0, got {self.num_experts}")
         _count("shared_expert_intermediate_size", self.shared_expert_intermediate_size, minimum=0)

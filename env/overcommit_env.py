@@ -210,7 +210,8 @@ def offered_output_rate(scenario: Scenario) -> float:
     """Output tokens per second the scenario's workload asks for (each request's real output, up
     to its max_tokens), on one reference draw (``asked_output_rate``): the goodput normaliser."""
     cfg = scenario.engine_config()
-    rate = asked_output_rate(scenario.workload, scenario.episode_s, max_model_len(deployment(scenario.deployment).model, cfg))
+    mml = max_model_len(deployment(scenario.deployment).model, cfg)
+    rate = asked_output_rate(scenario.workload, scenario.episode_s, mml)
     if not rate:
         raise ValueError(f"scenario {scenario.name}: its workload asks for no output, so goodput has nothing to be "
                          "measured against")

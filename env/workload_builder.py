@@ -205,7 +205,10 @@ def _trace_output_rate(w: TraceWorkload, episode_s: float, max_model_len: int) -
     requests = build_requests(_trace(trace_path(w.trace)), spec)
     if not requests:
         return 0.0
-    seconds = duration / w.time_scale if duration is not None else max(r.arrival_s for r in requests) + 1.0 / w.time_scale
+    if duration is not None:
+        seconds = duration / w.time_scale
+    else:  # to a second of trace time past the last arrival
+        seconds = max(r.arrival_s for r in requests) + 1.0 / w.time_scale
     return sum(min(r.output_len, r.max_tokens) for r in requests) / seconds
 
 

@@ -309,8 +309,9 @@ def _live_run(a: argparse.Namespace) -> dict[str, dict]:
     cfg = _engine_config(a)
     engine = build_engine(cfg, factor, a.oom, a.model_dir, a.device, kv_cache_dtype=a.kv_cache_dtype)
     if a.mps_next_limit is not None and engine.pool.materialize and engine.device.torch_device.type != "cuda":
-        raise ValueError(f"--mps-next-limit sizes the GPU's MPS limit for the next engine process from this engine's "
-                         f"memory, and this engine holds its KV on {engine.device.torch_device}: run it with --device cuda")
+        raise ValueError(f"--mps-next-limit sizes the GPU's MPS limit for the next engine process from this "
+                         f"engine's memory, and this engine holds its KV on {engine.device.torch_device}: run it "
+                         "with --device cuda")
     spec = _spec(a, engine.max_model_len)
     requests = load_requests(a.trace, spec)
     print(f"replay: {a.trace}: {len(requests)} requests; {spec.describe()}")

@@ -195,7 +195,8 @@ class ProcessNode:
     own process under the MPS limit ``limits`` gives it (``NodeScenario.limit_bytes``'s rule)."""
 
     def __init__(self, scenario: str, seed: int = 0, limits: str | float = "scenario",
-                 workdir: str | Path | None = None, environ: dict | None = None, reply_timeout_s: float = 120.0) -> None:
+                 workdir: str | Path | None = None, environ: dict | None = None,
+                 reply_timeout_s: float = 120.0) -> None:
         if not reply_timeout_s > 0:
             raise ValueError(f"reply_timeout_s must be > 0 s, got {reply_timeout_s}")
         self.reply_timeout_s = reply_timeout_s  # the longest an engine process may take to answer one operation
