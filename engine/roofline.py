@@ -317,6 +317,10 @@ def _checkpoint_deployment(name: str) -> Deployment:
         raise ValueError(f"deployment {name!r}: a context of {context} tokens is past the model's own "
                          f"({model.max_position}: {source})")
     model = replace(model, weight_bits=bits, expert_weight_bits=experts)
+    if bits is None and (Path(directory) / "quantize_config.json").is_file():
+        notes = [*notes, "its quantize_config.json (AutoGPTQ's and AutoAWQ's own file) is not read: vLLM reads it only "
+                         "given --quantization, and config.json declares no quantisation, so the weights are sized "
+                         "unquantised (a quantization_config in config.json sizes them at its bits)"]
     if not kv and kv_declared and model.kv_lora_rank:
         notes = [*notes, f"the checkpoint declares its KV calibrated for {kv_declared}, which vLLM holds it in; this "
                          "engine holds a latent cache in the model's dtype only: about half vLLM's tokens"]

@@ -463,6 +463,15 @@ def test_a_checkpoint_declaring_an_fp8_kv_cache_is_sized_with_it_as_vllm_holds_i
     assert d.model.kv_cache_dtype == "auto" and "declares its KV calibrated for fp8, which vLLM holds it in" in d.describe()
 
 
+def test_a_quantize_config_json_beside_an_unquantised_config_is_named_not_read(tmp_path):
+    # found by review: a GPTQ checkpoint whose bits live only in quantize_config.json was sized at 16 bits silently
+    sidecar = checkpoint(tmp_path, "gptq", QWEN25_7B)
+    (sidecar / "quantize_config.json").write_text(json.dumps({"bits": 4, "group_size": 128, "desc_act": False}))
+    d = deployment(f"{sidecar}@h100")
+    assert d.model.weight_bits is None and "its quantize_config.json (AutoGPTQ's and AutoAWQ's own file) is not read" \
+        in d.describe()
+
+
 def test_fbgemm_fp8_and_compressed_tensors_older_key_are_read(tmp_path):
     # found by review: Meta's own FP8 releases (quant_method fbgemm_fp8) were refused, and a compressed-tensors
     # checkpoint under its older key (compression_config, which vLLM reads) was sized at 16 bits
