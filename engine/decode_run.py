@@ -10,7 +10,8 @@ the counters, and the sequences that finish at the run's last iteration.
 
 A run stops before anything an iteration-by-iteration engine would do differently: an arrival
 due, a waiting request's client giving up (``client_timeout_s``), the caller's time limit, an
-allocation that could fail (no free block, a pool segment the device cannot hold), a workspace the
+allocation that could fail (no free block, a pool segment the device cannot hold), an eviction of a
+prefix cache's block that would cut the queue head's cached prefix short, a workspace the
 device cannot hold, the iteration in which SGLang's falling ratio would admit the queue's head,
 and it ends with the first iteration in which a sequence finishes (the next iteration may admit).
 It starts only when nothing could be admitted now: the waiting queue is empty, or its head is held

@@ -6,7 +6,9 @@ and the crash that sends everything back. Each iteration mixes decodes and prefi
 ``max_num_seqs`` and ``max_num_batched_tokens``. New requests are admitted first come, first
 served by the overcommit rule: the peak demand (``prompt + max_tokens``, in blocks) of everything
 held may reach ``overcommit x`` KV capacity, and the prompt's blocks must be free now (or, as vLLM
-v1 allocates, its first chunk's: ``prompt_chunks``).
+v1 allocates, its first chunk's: ``prompt_chunks``). With a prefix cache, a block running requests
+share counts once, and a request is not charged the cached blocks of its prefix that running
+requests hold (``shared_blocks``), in every rule.
 """
 from __future__ import annotations
 

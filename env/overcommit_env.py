@@ -12,7 +12,8 @@ scenario's ``reward`` (env/scenario.py ``Reward``):
 
 - goodput: output tokens of requests that finished in the interval and met the SLO (every
   finished one when no SLO is set), per ``decision_interval_s``, over ``tokens_per_s_scale`` (default: the
-  scenario's offered output tokens per second, measured on one draw of its workload, so a step
+  scenario's offered output tokens per second, measured on one draw of its workload, or where that
+  asks for nothing over the windows its episodes draw from: ``asked_output_rate``, so a step
   that serves all that is asked is about 1 on every deployment). A request counts once, when it
   finishes, so the rewards of an episode add up to its goodput (``tests/test_reward.py``).
 - late: output tokens of requests that finished in the interval past their SLO, on goodput's

@@ -11,7 +11,8 @@ Reward over the interval, the node's sums of each engine's figures (``engine.met
     r = alpha * goodput + kappa * late - gamma * slo_violation - omega * ooms - rho * recompute
 
 goodput is the output tokens that finished within their tenant's SLO over what the node's
-workloads ask for in an interval (their offered output tokens per second, on one draw), so an
+workloads ask for in an interval (their offered output tokens per second, on one draw, or where
+that asks for nothing each tenant's ``asked_output_rate``), so an
 episode's rewards add up to its node goodput; late is those that finished past it, on the same
 scale (kappa 0 by default); slo_violation is the worst tenant's; an OOM of any engine costs omega.
 A graceful restart (``resize``) costs what it costs: the engine's downtime and the recomputation

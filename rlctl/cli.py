@@ -1,4 +1,5 @@
-"""``rlctl``: one command line for everything (replay, serve, train, eval, explain, bench, profile, demo).
+"""``rlctl``: one command line for everything (replay, serve, train, eval, sweep, results, compare, explain, bench,
+profile, demo).
 
 This file holds every subcommand's options, their checks and the dispatch, and so runs past 350
 lines; the work itself lives in the modules each command calls."""
@@ -160,7 +161,7 @@ def _add_deployment(p: argparse.ArgumentParser) -> None:
     g.add_argument("--kv-cache-dtype", choices=list(KV_CACHE_DTYPES), default=None,
                    help="what the KV cache holds: the model's dtype (auto), or 8-bit floats read back to attend, as "
                         "vLLM's --kv-cache-dtype (default: fp8 where the checkpoint declares its KV calibrated for it, "
-                        "as vLLM holds it, else auto)")
+                        "as vLLM holds it, but for a latent-attention cache, else auto)")
     g.add_argument("--prefix-caching", action="store_true",
                    help="keep a prefix cache, as vLLM's (on by default there) and SGLang's radix cache: a request takes "
                         "the KV blocks of its first tokens that another computed (a trace's hash_ids, or the same "
@@ -171,7 +172,7 @@ def _add_deployment(p: argparse.ArgumentParser) -> None:
 
 def _add_workload(p: argparse.ArgumentParser, trace_required: bool) -> None:
     g = p.add_argument_group("workload")
-    g.add_argument("--trace", required=trace_required, default=None, help="trace file (Azure CSV, BurstGPT CSV, Mooncake JSONL, vidur or length-only CSV), or a bundled trace by name")
+    g.add_argument("--trace", required=trace_required, default=None, help="trace file (Azure CSV, BurstGPT CSV, Mooncake or Qwen Bailian JSONL, vidur or length-only CSV), or a bundled trace by name")
     g.add_argument("--time-scale", type=_positive, default=1.0, help="arrival compression factor (default %(default)s)")
     g.add_argument("--start", type=float, default=0.0, help="window start in trace seconds")
     g.add_argument("--duration", type=float, default=60.0, help="window length in trace seconds (default %(default)s)")
@@ -787,10 +788,12 @@ def parser() -> argparse.ArgumentParser:
     _json_option(r, "the figures")
     c = r.add_argument_group("controller (a sidecar steering the engine: rlctl serve)")
     c.add_argument("--controller", default=None, metavar="ADDR",
-                   help="the sidecar's address, unix:///path or HOST:PORT; --overcommit is then the safe factor")
+                   help="the sidecar's address, unix:///path or HOST:PORT; --overcommit is then the safe factor (a "
+                        "fallback's, where it is lower than the factor in force)")
     c.add_argument("--decision-interval", type=_positive, default=2.0, help="engine seconds between decisions (default %(default)s)")
     c.add_argument("--deadline-ms", type=_positive, default=200.0,
-                   help="wall-clock deadline of a decision; later, the safe factor holds (default %(default)s)")
+                   help="wall-clock deadline of a decision; later, the safe factor (or the lower one in force) holds "
+                        "(default %(default)s)")
     c.add_argument("--controller-ca", default=None, help="TLS: the CA (PEM) that signed the sidecar's certificate")
     c.add_argument("--controller-cert", default=None, help="mutual TLS: this client's certificate (PEM)")
     c.add_argument("--controller-key", default=None, help="mutual TLS: this client's key (PEM)")
@@ -803,7 +806,8 @@ def parser() -> argparse.ArgumentParser:
                         "running server takes that server's limit instead, and a running one keeps its limit. The "
                         "previous default is restored as the daemon shows it (in whole GiB from 1 GiB) when the replay "
                         "ends, on an error, SIGTERM or SIGHUP too, not after a SIGKILL; where no default is set, or it "
-                        "cannot be read, nothing is changed, as it could not be put back (with --controller)")
+                        "cannot be read, nothing is changed, as it could not be put back. Refused for an engine holding its KV on the "
+                        "CPU (--device cuda; with --controller)")
     c.add_argument("--node", default=None, metavar="SCENARIO",
                    help="run a node scenario's engines (several on one GPU, its own workloads; --seed picks the draw) "
                         "steered live by the node sidecar at --controller (rlctl serve --node)")

@@ -127,7 +127,7 @@ def _zero_lengths(t) -> str:
 
 def prefix_note(trace: str, deployment: Deployment, cfg: EngineConfig | None = None) -> str:
     """With a prefix cache (``cfg.prefix_caching``) and a trace that gives its prompts' hash ids
-    (Mooncake's), the share of its prompt tokens (cut to the context) that open with hash ids an
+    (Mooncake's, Qwen Bailian's), the share of its prompt tokens (cut to the context) that open with hash ids an
     earlier prompt had, in file order: what a cache that kept everything would serve, a bound on
     what one engine's KV serves; empty otherwise."""
     cfg = cfg or deployment.engine_config()

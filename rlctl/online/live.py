@@ -23,8 +23,8 @@ controller keeps the last report of each and counts the reports that changed som
 
 * ``EngineQuota``: the factor in force after every decision (moved by the action, set by a
   policy that pins its factor, or a fallback's safe factor), and the shield's admission headroom
-  that the decision carries (a fallback clears it: a sidecar that is gone does not keep the
-  engine admitting into a share of its KV it chose), immediate;
+  that the decision carries (a fallback keeps the one in force: it never admits more than the
+  decisions it stands in for), immediate;
 * ``TorchMemoryFraction``: the fraction of its device this process's CUDA allocator may take,
   once per engine: it is the engine's weights, workspace and whole KV capacity over the device
   (``engine_memory_bytes``), which no overcommit factor changes (the factor changes how much

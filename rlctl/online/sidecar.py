@@ -128,7 +128,8 @@ class SidecarMetrics:
         self.latency = Histogram("rlctl_sidecar_decision_latency_seconds",
                                  "Time from a snapshot's arrival to its decision (check, observe, act, shield)",
                                  buckets=LATENCY_BUCKETS, registry=r)
-        self.shield_overrides = Counter("rlctl_sidecar_shield_overrides", "Actions the safety shield replaced with hold",
+        self.shield_overrides = Counter("rlctl_sidecar_shield_overrides",
+                                        "Decisions the safety shield changed (the action, or a pinned factor held back)",
                                         registry=r)
         self.invalid = Counter("rlctl_sidecar_invalid_requests", "Snapshots refused (INVALID_ARGUMENT), by field",
                                ["field"], registry=r)
