@@ -573,7 +573,8 @@ def _eval_node(a: argparse.Namespace) -> int:
 
     for value, option in ((a.trace, "--trace"), (a.time_scale, "--time-scale"), (a.load, "--load"),
                           (a.deployment, "--deployment"), (a.max_tokens, "--max-tokens"), (a.rate_scale, "--rate-scale"),
-                          (a.client_timeout, "--client-timeout"), (a.prefix_caching or None, "--prefix-caching")):
+                          (a.client_timeout, "--client-timeout"), (a.prefix_caching or None, "--prefix-caching"),
+                          (a.kv_tokens, "--kv-tokens")):
         if value is not None:
             raise ValueError(f"{option} applies to one engine's scenarios, not to node scenario {a.scenario}")
     if a.static_sweep:
@@ -605,7 +606,8 @@ def cmd_eval(a: argparse.Namespace) -> int:
         return _eval_node(a)
 
     sc = eval_scenario(a.scenario, a.trace, a.time_scale, a.max_tokens, a.steps, a.load, a.deployment,
-                       rate_scale=a.rate_scale, client_timeout=a.client_timeout, prefix_caching=a.prefix_caching)
+                       rate_scale=a.rate_scale, client_timeout=a.client_timeout, prefix_caching=a.prefix_caching,
+                       kv_tokens=a.kv_tokens)
     sweep = static_sweep(sc.engine_config().overcommit_max) if a.static_sweep else []
     specs = list(dict.fromkeys(canonical(s) for s in a.policy + (baselines(sc.best_static) if a.baselines else []) + sweep))
     if not specs:
@@ -883,6 +885,10 @@ def parser() -> argparse.ArgumentParser:
                    help="the engine keeps a prefix cache, as vLLM's (on by default there) and SGLang's radix cache: a "
                         "request takes the KV blocks of its first tokens another computed (a trace's hash_ids) "
                         "(default: as the scenario sets prefix_caching, off in every bundled one)")
+    e.add_argument("--kv-tokens", type=int, default=None, metavar="N",
+                   help="size the engine's KV to N tokens, as your engine reports its own (vLLM: 'GPU KV cache size: "
+                        "N tokens'; SGLang: 'KV Cache is allocated. #tokens: N'), the GPU holding what it needs beside "
+                        "the weights (default: the deployment's, sized as vLLM sizes it, conservatively)")
     e.add_argument("--episodes", type=_count, default=1)
     e.add_argument("--steps", type=int, default=None, help="decisions per episode (default: the scenario's)")
     e.add_argument("--seed", type=_seed, default=0, help="episode k uses seed + k, the same for every policy")

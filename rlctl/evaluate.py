@@ -59,14 +59,16 @@ TRACE_BASE = "trace"  # the bundled scenario a bare --trace replays on: its depl
 
 def eval_scenario(scenario: str | None, trace: str | None, time_scale: float | None, max_tokens: str | None,
                   steps: int | None, load: float | None = None, deployment: str | None = None, say=print,
-                  rate_scale: float | None = None, client_timeout: float | None = None, prefix_caching: bool = False):
+                  rate_scale: float | None = None, client_timeout: float | None = None, prefix_caching: bool = False,
+                  kv_tokens: int | None = None):
     """The scenario ``rlctl eval`` runs: a scenario file (or bundled name), or a trace replayed on
     a scenario's deployment and settings (``--scenario``, default the bundled ``trace`` scenario),
     at a time scale given, or computed for ``--load`` (rlctl/load.py) on ``--deployment``; a
     scenario's own workload with its arrivals ``rate_scale`` times as frequent (``Scenario.at_load``,
     as training's ``loads``); with ``client_timeout``, clients that give up a request still without its
     first token that many seconds after its arrival (``EngineConfig.client_timeout_s``); with
-    ``prefix_caching``, the engine keeps a prefix cache (``EngineConfig.prefix_caching``)."""
+    ``prefix_caching``, the engine keeps a prefix cache (``EngineConfig.prefix_caching``); with ``kv_tokens``,
+    its KV holds that many tokens (``with_kv_tokens``)."""
     import math
 
     from engine.roofline import deployment as find_deployment
@@ -86,13 +88,16 @@ def eval_scenario(scenario: str | None, trace: str | None, time_scale: float | N
             raise ValueError("--deployment applies to --trace")
         find_deployment(deployment)  # an unknown name is refused, naming the known ones
         sc = dataclasses.replace(sc, deployment=deployment)
+    if kv_tokens is not None:
+        sc = with_kv_tokens(sc, kv_tokens)
     if trace is not None:
         if load is not None and time_scale is not None:
             raise ValueError("give --load or --time-scale, not both")
         base = sc.workload if isinstance(sc.workload, TraceWorkload) else None
         rule = max_tokens or sc.workload.max_tokens
         if load is not None:
-            fit = trace_load(trace, find_deployment(sc.deployment), rule, load)
+            fit = trace_load(trace, find_deployment(sc.deployment), rule, load,
+                             num_blocks=None if kv_tokens is None else sc.engine_config().num_blocks)
             say(fit.describe(trace, sc.deployment))
             time_scale = fit.time_scale
         # a length-only trace gets Poisson arrivals, one per trace second
@@ -126,6 +131,22 @@ def eval_scenario(scenario: str | None, trace: str | None, time_scale: float | N
     return sc
 
 
+def with_kv_tokens(sc, tokens: int):
+    """``sc`` with its engine's KV sized to ``tokens`` (in whole blocks, as an engine sizes its pool), as an
+    engine reports its own: the device holds what the KV needs beside the weights and workspace, the
+    margin the deployment leaves (its 10 %) kept."""
+    from engine.roofline import deployment as find_deployment
+
+    if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1:
+        raise ValueError(f"--kv-tokens must be a whole number of tokens > 0, got {tokens!r}")
+    d, cfg = find_deployment(sc.deployment), sc.engine_config()
+    blocks = tokens // cfg.block_size
+    if blocks < 1:
+        raise ValueError(f"--kv-tokens {tokens} is less than one block of {cfg.block_size} tokens")
+    more = max(0, blocks - d.num_blocks()) * d.model.kv_bytes_per_token() * cfg.block_size
+    return dataclasses.replace(sc, engine={**sc.engine, "num_blocks": blocks, "device_bytes": cfg.device_bytes + more})
+
+
 def deployment_line(sc) -> str:
     """What the scenario's engine runs on: the model, its weights, the GPU and the KV capacity it is
     sized to (``Deployment.describe``), with the context and batch limits, and the scenario's own KV
@@ -139,7 +160,9 @@ def deployment_line(sc) -> str:
     if cfg.num_blocks != d.num_blocks():
         line += f"; the scenario sizes its KV to {cfg.num_blocks} blocks ({cfg.num_blocks * cfg.block_size} tokens)"
         if cfg.num_blocks > d.num_blocks():
-            line += f", more than the {d.gpu.name} holds beside the weights"
+            line += f", more than the {d.gpu.name} holds beside the weights here"
+            if cfg.device_bytes > d.gpu.memory_bytes:  # --kv-tokens: the GPU as the engine that reported it has it
+                line += f" (its memory taken as {cfg.device_bytes / 1e9:.1f} GB to hold it)"
     return line
 
 

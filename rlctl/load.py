@@ -57,12 +57,13 @@ def decode_keys(prompt: float, output: float, window: int, chunked: bool) -> flo
     return windowed(n, int(prompt) + n, window, chunked=True)[1] / n
 
 
-def trace_load(trace: str, deployment: Deployment, max_tokens: str, load: float) -> Load:
-    """The demand of ``trace`` and what ``deployment`` sustains of it (see the module docstring)."""
+def trace_load(trace: str, deployment: Deployment, max_tokens: str, load: float, num_blocks: int | None = None) -> Load:
+    """The demand of ``trace`` and what ``deployment`` sustains of it (see the module docstring), its KV
+    ``num_blocks`` where given (``rlctl eval --kv-tokens``), else the deployment's."""
     if not (load > 0 and math.isfinite(load)):
         raise ValueError(f"--load must be a finite number > 0 (a multiple of what the deployment sustains), got {load}")
     t = load_trace(trace)
-    cfg = deployment.engine_config()
+    cfg = deployment.engine_config(**({} if num_blocks is None else {"num_blocks": num_blocks}))
     mml = max_model_len(deployment.model, cfg)
     MaxTokensRule.parse(max_tokens, name="--max-tokens")  # a declared limit is at least the real output, so
     # it never lowers an output here: the lengths are fitted to the context as a replay fits them

@@ -162,6 +162,30 @@ def test_eval_names_the_windows_a_gappy_trace_leaves_thin_and_states_the_deploym
     assert "drew a window" not in out and "only drains" in out
 
 
+def test_eval_sizes_the_kv_to_what_a_users_engine_reports(tmp_path, capsys):
+    # vLLM logs "GPU KV cache size: N tokens", SGLang "#tokens: N": --kv-tokens replays on that KV, --load's batch and
+    # the device (its memory as the engine that reported it has it) following; the deployment's sizing is conservative
+    trace = _azure(tmp_path / "long.csv", [(float(i), 3000, 1000) for i in range(60)])
+    base = ["eval", "--policy", "static:1.0", "--episodes", "1", "--steps", "2", "--deployment", "llama3-8b-l40s",
+            "--load", "1.2", "--trace", trace]
+    assert main(base) == 0
+    plain = capsys.readouterr().out
+    assert "(48 decoding together)" in plain and "the scenario sizes its KV" not in plain  # 194,176 tokens / 4,000
+    assert main([*base, "--kv-tokens", "300000"]) == 0
+    out = capsys.readouterr().out
+    assert "(75 decoding together)" in out and "the scenario sizes its KV to 18750 blocks (300000 tokens), more than " \
+        "the NVIDIA L40S 48GB holds beside the weights here (its memory taken as 61.9 GB to hold it)" in out
+    assert main([*base, "--kv-tokens", "100000"]) == 0
+    out = capsys.readouterr().out
+    assert "the scenario sizes its KV to 6250 blocks (100000 tokens)" in out and "more than" not in out
+    for value, why in (("0", "--kv-tokens must be a whole number of tokens > 0, got 0"),
+                       ("5", "--kv-tokens 5 is less than one block of 16 tokens")):
+        assert main([*base, "--kv-tokens", value]) == 2
+        assert why in capsys.readouterr().err
+    assert main(["eval", "--policy", "static:1.0", "--scenario", "node_chat_pair", "--kv-tokens", "1000"]) == 2
+    assert "--kv-tokens" in capsys.readouterr().err
+
+
 def test_every_trace_replay_says_which_lengths_it_changed(tmp_path, capsys):
     # with --time-scale as with --load: prompts past the context, outputs cut to end at it, and a
     # BurstGPT failed request's 0 response tokens (served as one token) are counted, not replayed silently
