@@ -59,7 +59,7 @@ def _admission_held(engine) -> int | None:
         need_now = head.blocks_for(start + min(len(head) - start, s.max_num_batched_tokens - len(s.running)))
     else:
         need_now = need
-    shared = len(hits) - kv.blocks.num_free_among(hits)  # ``Scheduler.shared_blocks``: no rule charges them
+    shared = s.shared_blocks(hits)  # no rule charges them
     need_now -= shared
     short = need_now > kv.blocks.num_free
 
@@ -97,7 +97,7 @@ def _sglang_first(engine, k: int, over: bool) -> int:
     arithmetic, as the scheduler's)."""
     s = engine.scheduler
     ratio, head = s.ratio, s.waiting[0]
-    shared = s.shared_blocks(head)  # running sequences hold the same blocks through the run
+    shared = s.shared_blocks(engine.kv.cached_prefix(head))  # running sequences hold them through the run
     held, _, _ = s.sglang_books()
     nd = len(s.running)
     remaining = np.array([q.request.max_tokens - q.num_generated for q in s.running], dtype=np.int64)

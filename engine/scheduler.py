@@ -208,12 +208,9 @@ class Scheduler:
         return (sum(s.peak_blocks for s in self.running) + sum(s.peak_blocks for s in self.swapped)
                 - self.kv.blocks.num_shared)
 
-    def shared_blocks(self, seq: Sequence) -> int:
-        """Blocks of ``seq``'s cached prefix that running requests hold: admitting it takes no more
-        memory for them, so no admission rule charges them again (0 without a prefix cache)."""
-        if not self.kv.blocks.caching:
-            return 0
-        found = self.kv.cached_prefix(seq)
+    def shared_blocks(self, found: list[int]) -> int:
+        """Blocks of a cached prefix ``found`` (``KVCache.cached_prefix``) that running requests hold:
+        admitting its request takes no more memory for them, so no admission rule charges them again."""
         return len(found) - self.kv.blocks.num_free_among(found)
 
     def holders(self) -> Iterator:
@@ -345,7 +342,8 @@ class Scheduler:
                 break
             if not self.sessions.admissible(seq):
                 continue
-            shared = self.shared_blocks(seq)
+            found = self.kv.cached_prefix(seq)  # what a prefix cache holds of its first tokens ([] without one)
+            shared = self.shared_blocks(found)
             # with nothing held the head is admitted whatever the rule, so the engine never stalls
             if self.running or self.swapped:
                 if self.ratio is None and reserved + seq.peak_blocks - shared > limit:
@@ -361,12 +359,11 @@ class Scheduler:
             hits = 0
             try:
                 self._attach(seq)
-                if not seq.block_table:  # what a prefix cache holds of its first tokens (``KVCache.cached_prefix``)
-                    found = self.kv.cached_prefix(seq)
+                if not seq.block_table:  # a session turn (never cached) may have taken its context's blocks
                     if found:  # taken only if the rest fits (or reclaiming may make it fit), as vLLM checks first
                         start = len(found) * seq.block_size
                         end = start + min(len(seq) - start, budget) if self.prompt_chunks else len(seq)
-                        take = seq.blocks_for(end) - len(found) + self.kv.blocks.num_free_among(found)
+                        take = seq.blocks_for(end) - shared
                         free = self.kv.blocks.num_free + self.reclaimable_blocks()
                         if take > free:
                             raise NeedBlocks(take, OutOfBlocks(f"{take} blocks needed, {free} free or reclaimable"))
